@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// cmdDemo runs the whole path on this machine: a throwaway PostgreSQL,
+// local receivers (one healthy, one failing for a while, one gone), the
+// relay, and an application transaction that writes postbacks.
+func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var cf commonFlags
+	fs := newFlagSet("demo", stderr, &cf)
+	verbose := fs.Bool("v", false, "show the relay's log")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := demo(ctx, stdout, stderr, *verbose); err != nil {
+		fmt.Fprintln(stderr, "postbox demo:", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+type demoLine struct {
+	mu sync.Mutex
+	w  io.Writer
+	t0 time.Time
+}
+
+func (d *demoLine) printf(format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fmt.Fprintf(d.w, "%6.0fms  ", float64(time.Since(d.t0).Microseconds())/1000)
+	fmt.Fprintf(d.w, format, args...)
+	fmt.Fprintln(d.w)
+}
+
+func demo(ctx context.Context, stdout, stderr io.Writer, verbose bool) error {
+	out := &demoLine{w: stdout, t0: time.Now()}
+	fmt.Fprintln(stdout, "postbox demo: a throwaway PostgreSQL, three local receivers and the relay.")
+	fmt.Fprintln(stdout)
+
+	out.printf("starting PostgreSQL (initdb in a temporary directory)…")
+	cluster, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = cluster.Stop()
+		out.printf("PostgreSQL stopped and %s removed", cluster.Dir())
+	}()
+	dbURL, err := cluster.CreateDatabase(ctx, "demo")
+	if err != nil {
+		return err
+	}
+	out.printf("PostgreSQL ready (wal_level=logical)")
+
+	secret := outbox.NewSecret()
+	verify := func(r *http.Request, body []byte) string {
+		if err := outbox.Verify([]string{secret}, r.Header, body, time.Now()); err != nil {
+			return "signature INVALID: " + err.Error()
+		}
+		return "signature verified"
+	}
+	receiver := func(name string, answer func(n int64) int) *httptest.Server {
+		var calls atomic.Int64
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			n := calls.Add(1)
+			code := answer(n)
+			out.printf("%-7s ← %s %-14s webhook-id %.8s…  answers %d  (%s)", name, r.Method, r.URL.Path,
+				r.Header.Get("webhook-id"), code, verify(r, body))
+			w.WriteHeader(code)
+		}))
+	}
+	shop := receiver("shop", func(int64) int { return http.StatusOK })
+	defer shop.Close()
+	crm := receiver("crm", func(n int64) int {
+		if n <= 2 {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	})
+	defer crm.Close()
+	legacy := receiver("legacy", func(int64) int { return http.StatusGone })
+	defer legacy.Close()
+	out.printf("receivers: shop (healthy), crm (503 twice, then recovers), legacy (410 Gone)")
+
+	cfg := config.Default()
+	cfg.DatabaseURL = dbURL
+	cfg.AllowPrivateTargets = true // the receivers listen on loopback
+	cfg.Signing.Secrets = []string{secret}
+	cfg.ShutdownGrace = config.Duration(5 * time.Second)
+	base := config.Duration(300 * time.Millisecond)
+	cfg.Defaults.BackoffBase = &base
+	cfg.Endpoints = map[string]config.EndpointConfig{
+		"shop":   {URL: ptr(shop.URL + "/hooks/orders")},
+		"crm":    {URL: ptr(crm.URL + "/webhooks")},
+		"legacy": {URL: ptr(legacy.URL + "/v1/callback")},
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	logw := io.Discard
+	if verbose {
+		logw = stderr
+	}
+	r, err := relay.New(cfg, relay.Options{Logger: zerolog.New(logw).With().Timestamp().Logger()})
+	if err != nil {
+		return err
+	}
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = r.Stop(stopCtx)
+		cancel()
+		out.printf("relay stopped")
+	}()
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The relay creates the outbox table; wait for it like an application
+	// whose migrations ran first would not need to.
+	if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
+		var ok bool
+		err := pool.QueryRow(ctx, `SELECT to_regclass('postbox.outbox') IS NOT NULL AND EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'postbox')`).Scan(&ok)
+		return ok, err
+	}); err != nil {
+		return fmt.Errorf("relay did not come up: %w", err)
+	}
+	out.printf("relay streaming (slot postbox, table postbox.outbox)")
+
+	// The application's business transaction: an order, and its postbacks.
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, total numeric NOT NULL)`); err != nil {
+		return err
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var orderID int64
+		if err := tx.QueryRow(ctx, `INSERT INTO orders (total) VALUES (42.50) RETURNING id`).Scan(&orderID); err != nil {
+			return err
+		}
+		payload := fmt.Sprintf(`{"order_id": %d, "total": "42.50", "click_id": "clk_7Hq2"}`, orderID)
+		for _, ep := range []string{"shop", "crm", "legacy"} {
+			if _, err := outbox.Insert(ctx, tx, outbox.Event{Endpoint: ep, Type: "order.created", Payload: []byte(payload)}); err != nil {
+				return err
+			}
+		}
+		// An endpoint nobody configured, without a URL: a dead letter.
+		_, err := outbox.Insert(ctx, tx, outbox.Event{Endpoint: "ghost", Type: "order.created", Payload: []byte(payload)})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	out.printf("application committed 1 order and 4 postbacks in one transaction")
+
+	if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
+		var settled, total int
+		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status IN ('delivered', 'dead_letter')), count(*) FROM postbox.deliveries`).Scan(&settled, &total)
+		return total == 4 && settled == 4, err
+	}); err != nil {
+		return fmt.Errorf("deliveries did not settle: %w", err)
+	}
+	out.printf("all deliveries settled")
+	fmt.Fprintln(stdout)
+	return demoReport(ctx, stdout, pool)
+}
+
+func demoReport(ctx context.Context, w io.Writer, pool *pgxpool.Pool) error {
+	rows, err := pool.Query(ctx, `
+		SELECT d.endpoint, d.status, d.attempt_count, coalesce(d.last_status_code::text, '-'),
+		       coalesce(d.commit_to_delivery_ms::text || ' ms', '-'), coalesce(d.last_error, '')
+		FROM postbox.deliveries d ORDER BY d.endpoint`)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ENDPOINT\tSTATUS\tATTEMPTS\tLAST STATUS\tCOMMIT→DELIVERY\tLAST ERROR")
+	for rows.Next() {
+		var ep, status, code, c2d, lastErr string
+		var attempts int
+		if err := rows.Scan(&ep, &status, &attempts, &code, &c2d, &lastErr); err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", ep, status, attempts, code, c2d, lastErr)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	var pending, delivered, dead, samples int
+	var p50 *float64
+	err = pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE status IN ('pending', 'failed', 'in_flight')),
+		       count(*) FILTER (WHERE status = 'delivered'),
+		       count(*) FILTER (WHERE status = 'dead_letter'),
+		       (SELECT count(*) FROM postbox.latency_samples),
+		       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY response_ms) FROM postbox.latency_samples)
+		FROM postbox.deliveries`).Scan(&pending, &delivered, &dead, &samples, &p50)
+	if err != nil {
+		return err
+	}
+	med := "-"
+	if p50 != nil {
+		med = fmt.Sprintf("%.0f ms", *p50)
+	}
+	fmt.Fprintf(w, "delivered %d, dead letters %d, still queued %d; %d attempts recorded, median response %s\n\n",
+		delivered, dead, pending, samples, med)
+	return nil
+}
+
+func waitFor(ctx context.Context, limit time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = errors.New("timed out")
+			}
+			return fmt.Errorf("after %s: %w", limit, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,220 @@
+// Command postbox delivers webhooks and affiliate postbacks from a
+// PostgreSQL outbox table. See `postbox help`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// Exit codes.
+const (
+	exitOK        = 0
+	exitFailure   = 1 // a runtime failure, a failed check, or an alert firing
+	exitUsage     = 2 // bad flags or configuration
+	exitInterrupt = 130
+)
+
+const usage = `postbox delivers webhooks and affiliate postbacks from a PostgreSQL outbox.
+
+Usage: postbox <command> [flags]
+
+Commands:
+  run          stream the outbox and deliver until SIGTERM
+  migrate      create or upgrade the outbox table and postbox's schema
+  demo         run postbox against a throwaway PostgreSQL and local receivers
+  version      print the version
+
+Every command takes --config (or POSTBOX_CONFIG) and honours
+POSTBOX_DATABASE_URL. Run 'postbox <command> -h' for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// command is one subcommand.
+type command struct {
+	name string
+	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+var commands = []command{
+	{"run", cmdRun},
+	{"migrate", cmdMigrate},
+	{"demo", cmdDemo},
+	{"version", cmdVersion},
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(context.Background(), args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "postbox: unknown command %q\n\n%s", args[0], usage)
+	return exitUsage
+}
+
+// commonFlags are the flags every command takes.
+type commonFlags struct {
+	config string
+}
+
+func newFlagSet(name string, stderr io.Writer, cf *commonFlags) *flag.FlagSet {
+	fs := flag.NewFlagSet("postbox "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cf.config, "config", os.Getenv(config.EnvConfig), "configuration file (YAML); env "+config.EnvConfig)
+	return fs
+}
+
+// loadConfig reads the configuration, printing a config error naming the
+// key and returning exitUsage.
+func loadConfig(path string, stderr io.Writer) (*config.Config, int) {
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return nil, exitUsage
+	}
+	return cfg, exitOK
+}
+
+func newLogger(level string, w io.Writer) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil {
+		lvl = zerolog.InfoLevel
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+}
+
+func cmdVersion(_ context.Context, _ []string, stdout, _ io.Writer) int {
+	fmt.Fprintln(stdout, "postbox", relay.Version)
+	return exitOK
+}
+
+func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var cf commonFlags
+	fs := newFlagSet("migrate", stderr, &cf)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	cfg, code := loadConfig(cf.config, stderr)
+	if cfg == nil {
+		return code
+	}
+	if cfg.DatabaseURL == "" {
+		fmt.Fprintln(stderr, "postbox: config: database_url: not set (set it in the file or "+config.EnvDatabaseURL+")")
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	pool, err := store.Open(ctx, cfg.DatabaseURL, 2)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	defer pool.Close()
+	if err := store.Migrate(ctx, pool, cfg.Table()); err != nil {
+		fmt.Fprintln(stderr, "postbox: migrate:", err)
+		return exitFailure
+	}
+	v, _ := store.SchemaVersion(ctx, pool)
+	fmt.Fprintf(stdout, "schema postbox at version %d; outbox table %s ready\n", v, cfg.Table())
+	return exitOK
+}
+
+func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) int {
+	var cf commonFlags
+	fs := newFlagSet("run", stderr, &cf)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	cfg, code := loadConfig(cf.config, stderr)
+	if cfg == nil {
+		return code
+	}
+	log := newLogger(cfg.LogLevel, stderr)
+	r, err := relay.New(cfg, relay.Options{Logger: log})
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		var ce *config.Error
+		if errors.As(err, &ce) {
+			return exitUsage
+		}
+		return exitFailure
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	if err := r.Start(ctx); err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	for {
+		select {
+		case <-r.Stopped():
+			if err := r.Err(); err != nil {
+				fmt.Fprintln(stderr, "postbox:", err)
+				return exitFailure
+			}
+			return exitOK
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				reload(r, cf.config, log)
+				continue
+			}
+			log.Info().Str("signal", sig.String()).Msg("stopping; a second signal exits at once")
+			go func() {
+				for s := range sigs {
+					if s == syscall.SIGHUP {
+						continue
+					}
+					log.Warn().Str("signal", s.String()).Msg("second signal: exiting now; leases return unfinished deliveries to the queue")
+					os.Exit(exitInterrupt)
+				}
+			}()
+			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace.D()+15*time.Second)
+			err := r.Stop(stopCtx)
+			cancel()
+			if err != nil {
+				fmt.Fprintln(stderr, "postbox:", err)
+				return exitFailure
+			}
+			return exitOK
+		}
+	}
+}
+
+// reload re-reads the configuration on SIGHUP.
+func reload(r *relay.Relay, path string, log zerolog.Logger) {
+	cfg, err := config.Load(path, nil)
+	if err == nil {
+		err = r.Reload(cfg)
+	}
+	if err != nil {
+		log.Error().Err(err).Msg("configuration not reloaded")
+		return
+	}
+	log.Info().Msg("configuration reloaded")
+}

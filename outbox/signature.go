@@ -1,0 +1,150 @@
+package outbox
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Standard Webhooks header names (https://www.standardwebhooks.com/).
+const (
+	HeaderID        = "webhook-id"
+	HeaderTimestamp = "webhook-timestamp"
+	HeaderSignature = "webhook-signature"
+)
+
+// SecretPrefix starts every signing secret: "whsec_" + base64(key).
+const SecretPrefix = "whsec_"
+
+// DefaultTolerance is how far a webhook-timestamp may lie in the past or the
+// future before Verify rejects it.
+const DefaultTolerance = 5 * time.Minute
+
+// Errors returned by Verify; test them with errors.Is.
+var (
+	ErrMissingHeaders   = errors.New("webhook: missing webhook-id, webhook-timestamp or webhook-signature")
+	ErrInvalidTimestamp = errors.New("webhook: invalid webhook-timestamp")
+	ErrTimestampTooOld  = errors.New("webhook: timestamp too old")
+	ErrTimestampFuture  = errors.New("webhook: timestamp too far in the future")
+	ErrNoMatch          = errors.New("webhook: no signature matches")
+	ErrInvalidSecret    = errors.New("webhook: invalid secret (want whsec_ followed by base64)")
+)
+
+// Secret is a decoded signing key. Its String method never reveals the key.
+type Secret struct {
+	key []byte
+}
+
+// ParseSecret decodes a "whsec_<base64>" secret. A secret without the
+// prefix is accepted as base64, as the Standard Webhooks libraries do.
+func ParseSecret(s string) (Secret, error) {
+	raw := strings.TrimPrefix(strings.TrimSpace(s), SecretPrefix)
+	key, err := base64.StdEncoding.DecodeString(raw)
+	if err != nil || len(key) == 0 {
+		return Secret{}, ErrInvalidSecret
+	}
+	return Secret{key: key}, nil
+}
+
+// NewSecret returns a fresh random 32-byte secret in "whsec_" form.
+func NewSecret() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return SecretPrefix + base64.StdEncoding.EncodeToString(b[:])
+}
+
+// String hides the key so a secret can never be printed by accident.
+func (s Secret) String() string { return "whsec_[redacted]" }
+
+// GoString hides the key from %#v as well.
+func (s Secret) GoString() string { return s.String() }
+
+// MarshalText hides the key from encoders (JSON, YAML, logs).
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Sign returns the "v1,<base64>" signature of body for id and timestamp.
+func (s Secret) Sign(id string, ts int64, body []byte) string {
+	return "v1," + base64.StdEncoding.EncodeToString(s.mac(id, ts, body))
+}
+
+func (s Secret) mac(id string, ts int64, body []byte) []byte {
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte(id))
+	m.Write([]byte{'.'})
+	m.Write(strconv.AppendInt(nil, ts, 10))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// SignatureHeader returns the webhook-signature value: one "v1," entry per
+// secret, space-separated, so receivers holding any one secret can verify
+// during a rotation.
+func SignatureHeader(secrets []Secret, id string, ts int64, body []byte) string {
+	var b strings.Builder
+	for i, s := range secrets {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(s.Sign(id, ts, body))
+	}
+	return b.String()
+}
+
+// Verify checks a delivery's Standard Webhooks signature: the timestamp must
+// be within DefaultTolerance of now (either way) and one v1 signature must
+// match one of the secrets ("whsec_…"), compared in constant time.
+func Verify(secrets []string, header http.Header, body []byte, now time.Time) error {
+	keys := make([]Secret, 0, len(secrets))
+	for _, s := range secrets {
+		k, err := ParseSecret(s)
+		if err != nil {
+			return err
+		}
+		keys = append(keys, k)
+	}
+	return VerifyWith(keys, DefaultTolerance, header, body, now)
+}
+
+// VerifyWith is Verify with parsed secrets and a chosen tolerance.
+func VerifyWith(secrets []Secret, tolerance time.Duration, header http.Header, body []byte, now time.Time) error {
+	id, tsText, sigs := header.Get(HeaderID), header.Get(HeaderTimestamp), header.Get(HeaderSignature)
+	if id == "" || tsText == "" || sigs == "" {
+		return ErrMissingHeaders
+	}
+	ts, err := strconv.ParseInt(tsText, 10, 64)
+	if err != nil {
+		return ErrInvalidTimestamp
+	}
+	sent := time.Unix(ts, 0)
+	switch {
+	case now.Sub(sent) > tolerance:
+		return ErrTimestampTooOld
+	case sent.Sub(now) > tolerance:
+		return ErrTimestampFuture
+	}
+	for _, s := range secrets {
+		want := s.mac(id, ts, body)
+		for _, entry := range strings.Fields(sigs) {
+			version, sig, ok := strings.Cut(entry, ",")
+			if !ok || version != "v1" {
+				continue
+			}
+			got, err := base64.StdEncoding.DecodeString(sig)
+			if err != nil {
+				continue
+			}
+			if hmac.Equal(got, want) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%w (%d secret(s) tried)", ErrNoMatch, len(secrets))
+}

@@ -1,0 +1,159 @@
+// Package deliver makes one HTTP attempt: it builds the request (Standard
+// Webhooks headers signed afresh with every active secret), sends it with a
+// keep-alive client that never follows redirects, and reads at most 64 KiB
+// of the response.
+//
+// There are no in-attempt retries: the durable retry schedule is postbox's
+// (see package policy). go-retryablehttp's Client is deliberately not used
+// to send, because when it gives up it closes every idle connection of its
+// transport, which would cost every other endpoint its keep-alive pool.
+package deliver
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+// MaxResponseBody is how much of a response is read and kept.
+const MaxResponseBody = 64 << 10
+
+// drainLimit is how much more is read (and discarded) so the connection can
+// be reused; a larger response closes the connection instead.
+const drainLimit = 256 << 10
+
+// Request is one attempt to send.
+type Request struct {
+	EventID string
+	Method  string
+	URL     string
+	Body    []byte // nil for GET
+	Header  http.Header
+	Secrets []outbox.Secret
+	Timeout time.Duration
+}
+
+// Response is what came back: a status, or a transport error.
+type Response struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte // at most MaxResponseBody bytes
+	Err        error
+	Duration   time.Duration // from send to the end of the read, monotonic
+}
+
+// Options configure a Client.
+type Options struct {
+	UserAgent string
+	// DialContext replaces the dialer (the SSRF guard plugs in here).
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Now is the clock for webhook-timestamp; time.Now when nil.
+	Now func() time.Time
+}
+
+// Client sends attempts. It is safe for concurrent use.
+type Client struct {
+	hc        *http.Client
+	userAgent string
+	now       func() time.Time
+}
+
+// NewClient returns a Client with a pooled keep-alive transport.
+func NewClient(opts Options) *Client {
+	dial := opts.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
+	tr := &http.Transport{
+		Proxy:                 nil, // a proxy would bypass the dial-time address checks
+		DialContext:           dial,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   128,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+	}
+	ua := opts.UserAgent
+	if ua == "" {
+		ua = "postbox"
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Client{
+		hc: &http.Client{
+			Transport: tr,
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				return http.ErrUseLastResponse // never follow: classified as permanent
+			},
+		},
+		userAgent: ua,
+		now:       now,
+	}
+}
+
+// CloseIdle closes idle keep-alive connections.
+func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }
+
+// Do makes one attempt. The context bounds it together with req.Timeout.
+func (c *Client) Do(ctx context.Context, req Request) Response {
+	if req.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, req.Timeout)
+		defer cancel()
+	}
+	var body io.Reader
+	if req.Body != nil {
+		body = bytes.NewReader(req.Body)
+	}
+	hr, err := http.NewRequestWithContext(ctx, req.Method, req.URL, body)
+	if err != nil {
+		return Response{Err: err}
+	}
+	for k, vs := range req.Header {
+		hr.Header[k] = vs
+	}
+	if req.Body != nil && hr.Header.Get("Content-Type") == "" {
+		hr.Header.Set("Content-Type", "application/json")
+	}
+	hr.Header.Set("User-Agent", c.userAgent)
+	// Signature headers last, so nothing configured can override them.
+	ts := c.now().Unix()
+	hr.Header.Set(outbox.HeaderID, req.EventID)
+	hr.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
+	if len(req.Secrets) > 0 {
+		hr.Header.Set(outbox.HeaderSignature, outbox.SignatureHeader(req.Secrets, req.EventID, ts, req.Body))
+	} else {
+		hr.Header.Del(outbox.HeaderSignature)
+	}
+	// An Idempotency-Key lets net/http resend a POST on a keep-alive
+	// connection the server closed before reading it.
+	hr.Header.Set("Idempotency-Key", req.EventID)
+
+	start := time.Now()
+	resp, err := c.hc.Do(hr)
+	if err != nil {
+		return Response{Err: err, Duration: time.Since(start)}
+	}
+	data, readErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBody))
+	if readErr == nil {
+		// Drain a little more to keep the connection reusable.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
+	}
+	_ = resp.Body.Close()
+	out := Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: data, Duration: time.Since(start)}
+	if readErr != nil && ctx.Err() != nil {
+		// The status arrived but the body did not finish within the timeout.
+		out.Err = ctx.Err()
+	}
+	return out
+}

@@ -1,0 +1,284 @@
+// Package dispatch runs delivery attempts in memory: one lane per endpoint,
+// each with its own bounded number of attempts in flight and a small queue,
+// so a slow or failing endpoint only ever occupies its own slots.
+//
+// Jobs arrive two ways: straight from ingestion (the fast path: the
+// ingester reserves a slot before it writes the delivery as in_flight), or
+// claimed from the queue table. Each finished attempt is handed to the
+// OnOutcome callback, which records it.
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// Job is one delivery attempt to make.
+type Job struct {
+	DeliveryID  int64
+	Endpoint    string
+	Attempt     int // the number of this attempt, from 1
+	EventID     string
+	URL         string // the row's own URL ("" for the endpoint's)
+	EventType   string
+	Payload     []byte
+	Headers     []byte
+	CreatedAt   time.Time
+	CommittedAt time.Time // zero when unknown
+	// Ingest, when not nil, is the transaction that writes this delivery;
+	// its result can be recorded only once that has committed.
+	Ingest *Ingest
+}
+
+// Ingest tracks an ingest transaction that jobs depend on.
+type Ingest struct {
+	done chan struct{}
+	err  error
+}
+
+// NewIngest returns an unfinished Ingest.
+func NewIngest() *Ingest { return &Ingest{done: make(chan struct{})} }
+
+// Finish marks the transaction committed (nil) or failed.
+func (i *Ingest) Finish(err error) {
+	i.err = err
+	close(i.done)
+}
+
+// Done is closed when the transaction has finished.
+func (i *Ingest) Done() <-chan struct{} { return i.done }
+
+// Wait blocks until the transaction finished and returns its error.
+func (i *Ingest) Wait(ctx context.Context) error {
+	select {
+	case <-i.done:
+		return i.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Outcome is a finished (or released) job and its result.
+type Outcome struct {
+	Job    *Job
+	Result store.Result
+}
+
+// Options configure a Dispatcher.
+type Options struct {
+	// Capacity is an endpoint's max_in_flight.
+	Capacity func(endpoint string) int
+	// Execute makes one attempt. Its context is cancelled only when a
+	// shutdown runs out of grace; it should then return a released result.
+	Execute func(ctx context.Context, j *Job) store.Result
+	// OnOutcome receives every finished job. It must not block for long.
+	OnOutcome func(Outcome)
+	// OnFree is called (without locks held) when a slot frees up, so the
+	// queue can be claimed from.
+	OnFree func()
+}
+
+// Dispatcher runs attempts, endpoint by endpoint.
+type Dispatcher struct {
+	opts      Options
+	attemptCx context.Context
+	cancel    context.CancelFunc
+
+	mu       sync.Mutex
+	lanes    map[string]*lane
+	stopping bool
+	running  sync.WaitGroup
+}
+
+type lane struct {
+	cap      int
+	inFlight int
+	reserved int
+	queue    []*Job
+}
+
+// held is how many jobs the lane holds or has promised room for.
+func (l *lane) held() int { return l.inFlight + l.reserved + len(l.queue) }
+
+// limit is how many jobs a lane may hold: its in-flight cap plus an equal
+// buffer, so a slot that frees is refilled without a database round trip.
+func (l *lane) limit() int { return 2 * l.cap }
+
+// New returns a Dispatcher.
+func New(opts Options) *Dispatcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}}
+}
+
+func (d *Dispatcher) laneLocked(endpoint string) *lane {
+	l := d.lanes[endpoint]
+	if l == nil {
+		l = &lane{cap: max(1, d.opts.Capacity(endpoint))}
+		d.lanes[endpoint] = l
+	}
+	return l
+}
+
+// Reserve promises room for one job on endpoint, for the fast path. It
+// reports false when the lane is full (the delivery then waits in the
+// queue table) or the dispatcher is stopping.
+func (d *Dispatcher) Reserve(endpoint string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopping {
+		return false
+	}
+	l := d.laneLocked(endpoint)
+	if l.held() >= l.limit() {
+		return false
+	}
+	l.reserved++
+	return true
+}
+
+// Unreserve gives back a reservation that will not be used.
+func (d *Dispatcher) Unreserve(endpoint string) {
+	d.mu.Lock()
+	if l := d.lanes[endpoint]; l != nil && l.reserved > 0 {
+		l.reserved--
+	}
+	d.mu.Unlock()
+	d.notifyFree()
+}
+
+// Submit adds a job; reserved says it uses a reservation made by Reserve.
+// A job submitted while stopping is released at once.
+func (d *Dispatcher) Submit(j *Job, reserved bool) {
+	d.mu.Lock()
+	l := d.laneLocked(j.Endpoint)
+	if reserved && l.reserved > 0 {
+		l.reserved--
+	}
+	if d.stopping {
+		d.mu.Unlock()
+		d.opts.OnOutcome(Outcome{Job: j, Result: Released(j)})
+		return
+	}
+	l.queue = append(l.queue, j)
+	d.pumpLocked(l)
+	d.mu.Unlock()
+}
+
+// Free returns, per endpoint with a lane, how many more jobs it can take.
+// Endpoints not listed can take 2 × their max_in_flight.
+func (d *Dispatcher) Free() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]int, len(d.lanes))
+	for name, l := range d.lanes {
+		if d.stopping {
+			out[name] = 0
+			continue
+		}
+		out[name] = max(0, l.limit()-l.held())
+	}
+	return out
+}
+
+// Stopping reports whether Stop has begun.
+func (d *Dispatcher) Stopping() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stopping
+}
+
+// pumpLocked starts queued jobs while the lane has free slots.
+func (d *Dispatcher) pumpLocked(l *lane) {
+	for l.inFlight < l.cap && len(l.queue) > 0 {
+		j := l.queue[0]
+		l.queue[0] = nil
+		l.queue = l.queue[1:]
+		l.inFlight++
+		d.running.Add(1)
+		go d.run(l, j)
+	}
+}
+
+func (d *Dispatcher) run(l *lane, j *Job) {
+	defer d.running.Done()
+	var res store.Result
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				// A bug must not take the relay down or lose the event:
+				// count it as a failed attempt, to be retried.
+				res = store.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: store.StatusFailed,
+					Attempted: true, Delay: time.Minute, At: time.Now(), CommitToDeliveryMS: -1,
+					LastError: fmt.Sprintf("internal error: %v", p)}
+				debug.PrintStack()
+			}
+		}()
+		res = d.opts.Execute(d.attemptCx, j)
+	}()
+	d.mu.Lock()
+	l.inFlight--
+	if !d.stopping {
+		d.pumpLocked(l)
+	}
+	d.mu.Unlock()
+	d.opts.OnOutcome(Outcome{Job: j, Result: res})
+	d.notifyFree()
+}
+
+func (d *Dispatcher) notifyFree() {
+	if d.opts.OnFree != nil {
+		d.opts.OnFree()
+	}
+}
+
+// Stop starts no more attempts, releases the queued ones, and waits for
+// those in flight. When ctx ends first, their contexts are cancelled (the
+// attempts then return released results) and Stop waits for them to return.
+func (d *Dispatcher) Stop(ctx context.Context) {
+	d.mu.Lock()
+	d.stopping = true
+	var queued []*Job
+	for _, l := range d.lanes {
+		queued = append(queued, l.queue...)
+		l.queue = nil
+	}
+	d.mu.Unlock()
+	for _, j := range queued {
+		d.opts.OnOutcome(Outcome{Job: j, Result: Released(j)})
+	}
+	done := make(chan struct{})
+	go func() {
+		d.running.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		d.cancel()
+		<-done
+	}
+	d.cancel()
+}
+
+// InFlight returns the number of attempts running.
+func (d *Dispatcher) InFlight() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, l := range d.lanes {
+		n += l.inFlight
+	}
+	return n
+}
+
+// Released is the result that returns a job's delivery to the queue
+// without counting an attempt.
+func Released(j *Job) store.Result {
+	return store.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: store.StatusReleased,
+		At: time.Now(), CommitToDeliveryMS: -1}
+}

@@ -1,0 +1,265 @@
+package relay_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// testBundle is one test's database, configuration and pool.
+type testBundle struct {
+	dbURL  string
+	pool   *pgxpool.Pool
+	cfg    *config.Config
+	secret string
+	logs   *syncBuffer
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	dbURL := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg := config.Default()
+	cfg.DatabaseURL = dbURL
+	cfg.AllowPrivateTargets = true
+	secret := outbox.NewSecret()
+	cfg.Signing.Secrets = []string{secret}
+	cfg.ShutdownGrace = config.Duration(3 * time.Second)
+	cfg.SweepInterval = config.Duration(200 * time.Millisecond)
+	cfg.StatusInterval = config.Duration(time.Second)
+	cfg.Lease = config.Duration(3 * time.Second)
+	base := config.Duration(50 * time.Millisecond)
+	cfg.Defaults.BackoffBase = &base
+	require.NoError(t, cfg.Validate())
+	tb := &testBundle{dbURL: dbURL, pool: pool, cfg: cfg, secret: secret, logs: &syncBuffer{}}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay log:\n%s", tb.logs.String())
+		}
+	})
+	return tb
+}
+
+// endpoint configures an endpoint with URL u.
+func (tb *testBundle) endpoint(t *testing.T, name, u string, mod func(*config.EndpointConfig)) {
+	t.Helper()
+	if tb.cfg.Endpoints == nil {
+		tb.cfg.Endpoints = map[string]config.EndpointConfig{}
+	}
+	ec := config.EndpointConfig{URL: &u}
+	if mod != nil {
+		mod(&ec)
+	}
+	tb.cfg.Endpoints[name] = ec
+	require.NoError(t, tb.cfg.Validate())
+}
+
+// start starts a relay and waits until it streams; it is stopped at cleanup.
+func (tb *testBundle) start(t *testing.T, opts relay.Options) *relay.Relay {
+	t.Helper()
+	opts.Logger = zerolog.New(tb.logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
+	r, err := relay.New(tb.cfg, opts)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+	waitUntil(t, 30*time.Second, "relay streaming", func() bool {
+		select {
+		case <-r.Stopped():
+			t.Fatalf("relay stopped: %v", r.Err())
+		default:
+		}
+		return r.Streaming()
+	})
+	return r
+}
+
+// insert commits events into the outbox in one transaction.
+func (tb *testBundle) insert(t *testing.T, evs ...outbox.Event) []string {
+	t.Helper()
+	var ids []string
+	err := pgx.BeginFunc(context.Background(), tb.pool, func(tx pgx.Tx) error {
+		for _, e := range evs {
+			id, err := outbox.Insert(context.Background(), tx, e)
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return ids
+}
+
+// deliveries counts deliveries by status.
+func (tb *testBundle) deliveries(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := tb.pool.Query(context.Background(), `SELECT status, count(*) FROM postbox.deliveries GROUP BY status`)
+	require.NoError(t, err)
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		require.NoError(t, rows.Scan(&s, &n))
+		out[s] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// delivery is a delivery row as a test looks at it.
+type delivery struct {
+	Status       string
+	Attempts     int
+	LastError    string
+	LastStatus   int
+	NextAttempt  time.Time
+	DeliveredAt  *time.Time
+	C2DMS        *int
+	LastResponse string
+}
+
+func (tb *testBundle) delivery(t *testing.T, eventID string) delivery {
+	t.Helper()
+	var d delivery
+	var lastErr, lastResp *string
+	var code *int
+	err := tb.pool.QueryRow(context.Background(), `
+		SELECT d.status, d.attempt_count, d.last_error, d.last_status_code, d.next_attempt_at, d.delivered_at,
+		       d.commit_to_delivery_ms, d.last_response
+		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE e.event_id = $1 ORDER BY d.id DESC LIMIT 1`, eventID).
+		Scan(&d.Status, &d.Attempts, &lastErr, &code, &d.NextAttempt, &d.DeliveredAt, &d.C2DMS, &lastResp)
+	require.NoError(t, err)
+	if lastErr != nil {
+		d.LastError = *lastErr
+	}
+	if lastResp != nil {
+		d.LastResponse = *lastResp
+	}
+	if code != nil {
+		d.LastStatus = *code
+	}
+	return d
+}
+
+func (tb *testBundle) waitSettled(t *testing.T, n int, within time.Duration) {
+	t.Helper()
+	waitUntil(t, within, "deliveries settled", func() bool {
+		c := tb.deliveries(t)
+		return c[store.StatusDelivered]+c[store.StatusDeadLetter] >= n
+	})
+}
+
+// receiver is an HTTP server that records what it receives and answers
+// with what answer returns for the n-th request (from 1).
+type receiver struct {
+	*httptest.Server
+	mu     sync.Mutex
+	reqs   []received
+	answer func(n int, r received) int
+}
+
+type received struct {
+	ID     string
+	Method string
+	Path   string
+	Query  string
+	Header http.Header
+	Body   []byte
+	At     time.Time
+}
+
+func newReceiver(t *testing.T, answer func(n int, r received) int) *receiver {
+	t.Helper()
+	rc := &receiver{answer: answer}
+	if rc.answer == nil {
+		rc.answer = func(int, received) int { return http.StatusOK }
+	}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got := received{ID: r.Header.Get(outbox.HeaderID), Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
+			Header: r.Header.Clone(), Body: body, At: time.Now()}
+		rc.mu.Lock()
+		rc.reqs = append(rc.reqs, got)
+		n := len(rc.reqs)
+		rc.mu.Unlock()
+		w.WriteHeader(rc.answer(n, got))
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+func (rc *receiver) requests() []received {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]received(nil), rc.reqs...)
+}
+
+func (rc *receiver) count() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.reqs)
+}
+
+// byID counts the requests per webhook-id.
+func (rc *receiver) byID() map[string]int {
+	out := map[string]int{}
+	for _, r := range rc.requests() {
+		out[r.ID]++
+	}
+	return out
+}
+
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}

@@ -1,0 +1,399 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/dispatch"
+	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/wal"
+)
+
+// streamLoop keeps a replication session going: it sets up publication and
+// slot, reconciles when the slot is new, streams, and after a failure
+// reconnects with backoff. A slot another instance streams means standing
+// by, not failing.
+func (r *Relay) streamLoop(ctx context.Context) {
+	failures := 0
+	standby := false
+	for ctx.Err() == nil {
+		err := r.streamOnce(ctx)
+		r.streaming.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		var wait time.Duration
+		switch {
+		case errors.Is(err, wal.ErrSlotBusy):
+			if !standby {
+				r.log.Info().Msg("another instance streams the slot; standing by")
+				standby = true
+			}
+			wait = 2 * time.Second
+		case errors.Is(err, wal.ErrSlotMissing):
+			r.log.Error().Err(err).Msg("REPLICATION SLOT LOST: it was dropped; recreating it and reconciling the outbox table")
+			continue
+		case errors.Is(err, wal.ErrSlotInvalidated):
+			r.log.Error().Err(err).Msg("REPLICATION SLOT INVALIDATED (max_slot_wal_keep_size exceeded?): recreating it and reconciling the outbox table")
+			if derr := wal.DropSlot(ctx, r.pool, r.cfg.Load().Slot); derr != nil {
+				r.log.Error().Err(derr).Msg("could not drop the invalidated slot")
+			}
+			continue
+		default:
+			failures++
+			wait = retryWait(failures)
+			r.log.Warn().Err(err).Dur("retry_in", wait).Msg("replication session ended")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// streamOnce runs one replication session.
+func (r *Relay) streamOnce(ctx context.Context) error {
+	cfg := r.cfg.Load()
+	if err := wal.EnsurePublication(ctx, r.pool, cfg.Publication, cfg.Table()); err != nil {
+		return err
+	}
+	slot, err := wal.Slot(ctx, r.pool, cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if slot.Exists && slot.Plugin != "pgoutput" {
+		return fmt.Errorf("replication slot %s uses plugin %s, not pgoutput: drop it or choose another slot name", cfg.Slot, slot.Plugin)
+	}
+	if slot.Exists && slot.WALStatus == "lost" {
+		return fmt.Errorf("%w: wal_status is lost", wal.ErrSlotInvalidated)
+	}
+	if slot.Exists && slot.Active {
+		return fmt.Errorf("%w: pid %d", wal.ErrSlotBusy, slot.ActivePID)
+	}
+	if !slot.Exists {
+		created, err := wal.CreateSlot(ctx, cfg.DatabaseURL, cfg.Slot)
+		if err != nil {
+			return err
+		}
+		if created {
+			r.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
+			r.reconciled.Store(false) // rows written while there was no slot
+		}
+	}
+	if !r.reconciled.Load() {
+		go r.reconcile(ctx)
+	}
+	checkpoint, err := r.store.Checkpoint(ctx)
+	if err != nil {
+		return err
+	}
+	r.advanceDurable(checkpoint)
+
+	chunks := make(chan wal.Chunk, 4)
+	sessCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ing := &ingester{r: r, in: chunks, drained: make(chan struct{}), fail: cancel}
+	go ing.run(r.hardCtx)
+	stream := wal.NewStream(wal.Options{
+		ConnString:     cfg.DatabaseURL,
+		Slot:           cfg.Slot,
+		Publication:    cfg.Publication,
+		Table:          cfg.Table(),
+		StatusInterval: cfg.StatusInterval.D(),
+		Logger:         r.log.With().Str("component", "wal").Logger(),
+	})
+	err = stream.Run(sessCtx, checkpoint, checkpoint, chunks, ing, func(s wal.Session) {
+		r.streaming.Store(true)
+		r.log.Info().Str("slot", cfg.Slot).Stringer("from", checkpoint).Str("system_id", s.SystemID).
+			Int32("timeline", s.Timeline).Msg("streaming")
+	})
+	<-ing.drained
+	if ing.err != nil {
+		return ing.err
+	}
+	return err
+}
+
+// ingester writes what the stream sends into postbox.events and
+// postbox.deliveries, with the checkpoint, and hands deliveries it could
+// reserve room for straight to the dispatcher.
+type ingester struct {
+	r       *Relay
+	in      <-chan wal.Chunk
+	drained chan struct{}
+	fail    context.CancelFunc // ends the session after an error
+	err     error
+
+	conn   *store.IngestConn
+	tx     *dispatch.Ingest // the open transaction's handle
+	ids    []int64          // outbox rows written in the open transaction
+	queued map[string]bool  // endpoints with pending rows in it
+}
+
+func (ing *ingester) Durable() pglogrepl.LSN   { return ing.r.Durable() }
+func (ing *ingester) Drained() <-chan struct{} { return ing.drained }
+
+// maxBatchRows bounds one insert statement (and so memory and latency).
+const maxBatchRows = 2000
+
+func (ing *ingester) run(ctx context.Context) {
+	defer close(ing.drained)
+	r := ing.r
+	conn, err := r.store.AcquireIngest(ctx, r.owner, r.cfg.Load().Lease.D())
+	if err != nil {
+		ing.abort(fmt.Errorf("ingest connection: %w", err))
+		return
+	}
+	ing.conn = conn
+	defer conn.Release()
+	for {
+		c, ok := <-ing.in
+		if !ok {
+			break
+		}
+		batch, rows, closed := []wal.Chunk{c}, len(c.Rows), false
+	collect:
+		for rows < maxBatchRows {
+			select {
+			case c2, ok := <-ing.in:
+				if !ok {
+					closed = true
+					break collect
+				}
+				batch, rows = append(batch, c2), rows+len(c2.Rows)
+			default:
+				break collect
+			}
+		}
+		// Commit up to the last finished transaction; a transaction still
+		// arriving stays open in its own database transaction.
+		split := 0
+		for i, ch := range batch {
+			if ch.Final {
+				split = i + 1
+			}
+		}
+		if split > 0 {
+			if err := ing.write(ctx, batch[:split], true); err != nil {
+				ing.abort(err)
+				return
+			}
+		}
+		if split < len(batch) {
+			if err := ing.write(ctx, batch[split:], false); err != nil {
+				ing.abort(err)
+				return
+			}
+		}
+		if closed {
+			break
+		}
+	}
+	// The stream stopped. A transaction cut off mid-way is abandoned; the
+	// server sends it again next session, since it was never confirmed.
+	if ing.tx != nil {
+		conn.Rollback(ctx)
+		ing.tx.Finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
+		ing.tx = nil
+	}
+}
+
+func (ing *ingester) abort(err error) {
+	ing.err = err
+	if ing.tx != nil {
+		ing.tx.Finish(err)
+		ing.tx = nil
+	}
+	ing.fail()
+	// Keep draining so the stream is never blocked on a dead consumer.
+	go func() {
+		for range ing.in {
+		}
+	}()
+}
+
+// write inserts the chunks' rows into the open transaction (opening one)
+// and, when commit is set, commits it with the checkpoint of the last
+// chunk, which then is a transaction's end.
+func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool) error {
+	r := ing.r
+	cfg := r.cfg.Load()
+	var evs []store.NewEvent
+	var reserved []bool
+	for _, c := range chunks {
+		for _, row := range c.Rows {
+			ev, res := r.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true)
+			evs, reserved = append(evs, ev), append(reserved, res)
+			if row.OutboxID != 0 {
+				ing.ids = append(ing.ids, row.OutboxID)
+			}
+		}
+	}
+	if len(evs) > 0 {
+		if ing.tx == nil {
+			ing.tx = dispatch.NewIngest()
+			ing.queued = map[string]bool{}
+		}
+		got, err := ing.conn.Insert(ctx, evs)
+		if err != nil {
+			for i, ok := range reserved {
+				if ok {
+					r.disp.Unreserve(evs[i].Endpoint)
+				}
+			}
+			return fmt.Errorf("ingest: %w", err)
+		}
+		r.afterInsert(evs, reserved, got, ing.tx, ing.queued)
+	}
+	if !commit {
+		return nil
+	}
+	end := chunks[len(chunks)-1].EndLSN
+	if ing.tx == nil {
+		r.advanceDurable(end) // empty transactions: nothing to write
+		return nil
+	}
+	var del []int64
+	if cfg.OutboxRetention.D() == 0 {
+		del = ing.ids
+	}
+	err := ing.conn.Commit(ctx, end, del)
+	tx, queued := ing.tx, ing.queued
+	ing.tx, ing.ids, ing.queued = nil, nil, nil
+	tx.Finish(err)
+	if err != nil {
+		return fmt.Errorf("ingest: %w", err)
+	}
+	r.advanceDurable(end)
+	if len(queued) > 0 {
+		r.backlog.Store(true)
+		r.wakeClaimer()
+	}
+	return nil
+}
+
+// newEvent turns an outbox row into the event to ingest and decides its
+// delivery's first state. With fast set, a deliverable event whose endpoint
+// has room is reserved a slot and written in_flight, owned by this
+// instance.
+func (r *Relay) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LSN, commitTime time.Time, fast bool) (store.NewEvent, bool) {
+	ev := store.NewEvent{
+		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
+		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
+		CommitLSN: commitLSN, CommittedAt: commitTime, Status: store.StatusPending,
+	}
+	t := resolve(cfg, row.Endpoint, row.URL, len(row.Payload), row.Invalid)
+	switch {
+	case t.reason != "":
+		ev.Status, ev.LastError = store.StatusDeadLetter, t.reason
+	case fast && r.disp.Reserve(row.Endpoint):
+		ev.Status = store.StatusInFlight
+		return ev, true
+	}
+	return ev, false
+}
+
+// afterInsert hands the fast-path deliveries to the dispatcher (their
+// attempts may start before the transaction commits; their results wait
+// for it) and gives back reservations for events that were already
+// ingested.
+func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.Ingested, tx *dispatch.Ingest, queued map[string]bool) {
+	inserted := make([]int64, len(evs))
+	for _, g := range got {
+		inserted[g.Index] = g.DeliveryID
+	}
+	for i := range evs {
+		ev := &evs[i]
+		id := inserted[i]
+		switch {
+		case reserved[i] && id == 0:
+			r.disp.Unreserve(ev.Endpoint)
+		case reserved[i]:
+			r.disp.Submit(&dispatch.Job{
+				DeliveryID: id, Endpoint: ev.Endpoint, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
+				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
+				CreatedAt: parsePGTime(ev.CreatedAt), CommittedAt: ev.CommittedAt, Ingest: tx,
+			}, true)
+		case id != 0 && ev.Status == store.StatusPending:
+			queued[ev.Endpoint] = true
+		case id != 0 && ev.Status == store.StatusDeadLetter:
+			r.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
+		}
+	}
+}
+
+// reconcile ingests outbox rows that never came through the stream: rows
+// written while no slot existed, or whose WAL a lost slot took with it.
+// Rows the stream brings as well are ingested once (the unique key), and
+// only the first ingest delivers them.
+func (r *Relay) reconcile(ctx context.Context) {
+	if !r.reconMu.TryLock() {
+		return
+	}
+	defer r.reconMu.Unlock()
+	cfg := r.cfg.Load()
+	conn, err := r.store.AcquireIngest(ctx, r.owner, cfg.Lease.D())
+	if err != nil {
+		r.log.Warn().Err(err).Msg("reconcile: no connection; will retry")
+		return
+	}
+	defer conn.Release()
+	var after, total int64
+	for ctx.Err() == nil {
+		rows, err := r.store.UningestedOutbox(ctx, after, 1000)
+		if err != nil {
+			r.log.Warn().Err(err).Msg("reconcile: read failed; will retry")
+			return
+		}
+		if len(rows) == 0 {
+			break
+		}
+		evs := make([]store.NewEvent, len(rows))
+		ids := make([]int64, len(rows))
+		for i, o := range rows {
+			evs[i], _ = r.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
+				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt}, 0, time.Time{}, false)
+			ids[i] = o.ID
+		}
+		got, err := conn.Insert(ctx, evs)
+		if err == nil {
+			if cfg.OutboxRetention.D() > 0 {
+				ids = nil
+			}
+			err = conn.Commit(ctx, 0, ids)
+		}
+		if err != nil {
+			conn.Rollback(ctx)
+			r.log.Warn().Err(err).Msg("reconcile: write failed; will retry")
+			return
+		}
+		total += int64(len(got))
+		after = rows[len(rows)-1].ID
+		r.backlog.Store(true)
+		r.wakeClaimer()
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	r.reconciled.Store(true)
+	if total > 0 {
+		r.log.Warn().Int64("events", total).Msg("reconciled outbox rows the stream had not delivered")
+	}
+}
+
+// parsePGTime parses a timestamptz as PostgreSQL prints it with DateStyle
+// ISO; the zero time when it cannot.
+func parsePGTime(s string) time.Time {
+	for _, layout := range []string{"2006-01-02 15:04:05.999999-07", "2006-01-02 15:04:05.999999-07:00", "2006-01-02 15:04:05.999999-07:00:00"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t
+		}
+	}
+	return time.Time{}
+}

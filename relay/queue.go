@@ -1,0 +1,280 @@
+package relay
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/postbox-relay/postbox/relay/dispatch"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// claimLoop claims due deliveries from the queue table when woken: by the
+// ingester (rows it could not hand over in memory), by a freed slot while
+// a backlog exists, by the timer of the earliest retry this instance
+// scheduled, and by the slow sweep that catches everything else (other
+// instances' retries, expired leases).
+func (r *Relay) claimLoop(ctx context.Context) {
+	sweep := time.NewTicker(r.cfg.Load().SweepInterval.D())
+	defer sweep.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	failures := 0
+	for {
+		if next, ok := r.due.next(); ok {
+			timer.Reset(max(time.Until(next), time.Millisecond))
+		} else {
+			timer.Reset(time.Hour)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.claimWake:
+		case <-timer.C:
+			r.due.popDue(time.Now())
+		case <-sweep.C:
+		}
+		n, err := r.claimOnce(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			wait := retryWait(failures)
+			r.log.Warn().Err(err).Dur("retry_in", wait).Msg("claim failed")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			r.wakeClaimer()
+			continue
+		}
+		failures = 0
+		r.backlog.Store(n > 0)
+	}
+}
+
+// claimOnce claims what the dispatcher has room for and submits it.
+func (r *Relay) claimOnce(ctx context.Context) (int, error) {
+	if r.disp.Stopping() {
+		return 0, nil
+	}
+	cfg := r.cfg.Load()
+	free := r.disp.Free()
+	for name, ep := range cfg.ConfiguredEndpoints() {
+		if _, ok := free[name]; !ok {
+			free[name] = 2 * ep.MaxInFlight
+		}
+	}
+	defaultFree := 2 * cfg.Endpoint("").MaxInFlight
+	claimed, err := r.store.Claim(ctx, r.owner, cfg.Lease.D(), defaultFree, free, 1000)
+	if err != nil {
+		return 0, err
+	}
+	for _, c := range claimed {
+		r.disp.Submit(&dispatch.Job{
+			DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Attempt: c.AttemptCount + 1,
+			EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
+			CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt,
+		}, false)
+	}
+	return len(claimed), nil
+}
+
+// onOutcome queues a finished attempt for recording. It never blocks.
+func (r *Relay) onOutcome(o dispatch.Outcome) {
+	r.outMu.Lock()
+	r.outcomes = append(r.outcomes, o)
+	r.outMu.Unlock()
+	select {
+	case r.outWake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Relay) takeOutcomes(limit int) []dispatch.Outcome {
+	r.outMu.Lock()
+	defer r.outMu.Unlock()
+	n := min(limit, len(r.outcomes))
+	batch := make([]dispatch.Outcome, n)
+	copy(batch, r.outcomes[:n])
+	r.outcomes = append(r.outcomes[:0], r.outcomes[n:]...)
+	return batch
+}
+
+// recordLoop writes results in batches until stop is closed; then it
+// records what is left (allowing a few seconds) and returns. Writes use
+// the relay's hard context, so a graceful stop never cuts one short.
+func (r *Relay) recordLoop(stop <-chan struct{}) {
+	for {
+		final := false
+		select {
+		case <-r.outWake:
+		case <-stop:
+			final = true
+		}
+		ctx, cancel := r.hardCtx, context.CancelFunc(func() {})
+		if final {
+			ctx, cancel = context.WithTimeout(r.hardCtx, 10*time.Second)
+		}
+		for {
+			batch := r.takeOutcomes(1000)
+			if len(batch) == 0 {
+				break
+			}
+			r.record(ctx, batch, final)
+		}
+		cancel()
+		if final {
+			return
+		}
+	}
+}
+
+// record writes a batch, retrying while the database is unreachable. An
+// outcome whose delivery row is still being ingested waits for that
+// transaction without holding up the others; if the ingest failed, the
+// delivery does not exist and the stream will bring the event again.
+func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool) {
+	results := make([]store.Result, 0, len(batch))
+	waiting := map[*dispatch.Ingest][]dispatch.Outcome{}
+	for _, o := range batch {
+		if tx := o.Job.Ingest; tx != nil {
+			select {
+			case <-tx.Done():
+				if err := tx.Wait(ctx); err != nil {
+					r.log.Debug().Str("event_id", o.Job.EventID).Err(err).Msg("result dropped: its ingest did not commit")
+					continue
+				}
+			default:
+				if !final {
+					waiting[tx] = append(waiting[tx], o)
+					continue
+				}
+				if err := tx.Wait(ctx); err != nil {
+					continue
+				}
+			}
+		}
+		results = append(results, o.Result)
+	}
+	for tx, os := range waiting {
+		go func() {
+			_ = tx.Wait(r.hardCtx)
+			for _, o := range os {
+				r.onOutcome(o)
+			}
+		}()
+	}
+	if len(results) == 0 {
+		return
+	}
+	for attempt := 1; ; attempt++ {
+		_, err := r.store.RecordResults(ctx, r.owner, results)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			r.log.Error().Err(err).Int("results", len(results)).
+				Msg("results not recorded; those deliveries return to the queue when their leases expire")
+			return
+		}
+		wait := retryWait(attempt)
+		r.log.Warn().Err(err).Dur("retry_in", wait).Msg("recording results failed")
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	now := time.Now()
+	for _, res := range results {
+		switch res.Status {
+		case store.StatusFailed:
+			r.due.add(now.Add(res.Delay))
+		case store.StatusReleased:
+			r.backlog.Store(true)
+		}
+	}
+	r.wakeClaimer()
+}
+
+// maintainLoop renews this instance's leases, returns expired ones (from
+// crashed instances) to the queue, and purges ingested outbox rows past
+// their retention.
+func (r *Relay) maintainLoop(ctx context.Context) {
+	cfg := r.cfg.Load()
+	tick := time.NewTicker(max(cfg.Lease.D()/3, 100*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cfg = r.cfg.Load()
+		if _, err := r.store.RenewLeases(ctx, r.owner, cfg.Lease.D()); err != nil && ctx.Err() == nil {
+			r.log.Warn().Err(err).Msg("renewing leases failed")
+		}
+		if n, err := r.store.ExpireLeases(ctx, 1000); err != nil && ctx.Err() == nil {
+			r.log.Warn().Err(err).Msg("expiring leases failed")
+		} else if n > 0 {
+			r.log.Info().Int64("deliveries", n).Msg("returned deliveries with expired leases to the queue")
+			r.backlog.Store(true)
+			r.wakeClaimer()
+		}
+		if ret := cfg.OutboxRetention.D(); ret > 0 {
+			if _, err := r.store.PurgeIngestedOutbox(ctx, ret, 5000); err != nil && ctx.Err() == nil {
+				r.log.Warn().Err(err).Msg("purging the outbox failed")
+			}
+		}
+	}
+}
+
+// dueTimes is a min-heap of the times this instance's retries fall due.
+type dueTimes struct {
+	mu sync.Mutex
+	h  timeHeap
+}
+
+// maxDue bounds the heap; beyond it, the sweep finds the retries.
+const maxDue = 100000
+
+func (d *dueTimes) add(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.h) < maxDue {
+		heap.Push(&d.h, t)
+	}
+}
+
+func (d *dueTimes) next() (time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.h) == 0 {
+		return time.Time{}, false
+	}
+	return d.h[0], true
+}
+
+func (d *dueTimes) popDue(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for len(d.h) > 0 && !d.h[0].After(now) {
+		heap.Pop(&d.h)
+	}
+}
+
+type timeHeap []time.Time
+
+func (h timeHeap) Len() int           { return len(h) }
+func (h timeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h timeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timeHeap) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *timeHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}

@@ -1,0 +1,368 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+func TestDeliversOnceSignedWithExactBody(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "partner", rc.URL+"/hook", nil)
+	tb.start(t, relay.Options{})
+
+	payload := `{"click_id":"abc","payout":"12.50","nested":{"list":[1,2,3]},"text":"ünïcode \"quoted\""}`
+	ids := tb.insert(t, outbox.Event{Endpoint: "partner", Type: "conversion", Payload: []byte(payload)})
+	tb.waitSettled(t, 1, 20*time.Second)
+
+	var want string
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT $1::jsonb::text`, payload).Scan(&want))
+	reqs := rc.requests()
+	require.Len(t, reqs, 1, "delivered exactly once")
+	got := reqs[0]
+	require.Equal(t, ids[0], got.ID, "webhook-id is the event id")
+	require.Equal(t, http.MethodPost, got.Method)
+	require.Equal(t, "/hook", got.Path)
+	require.Equal(t, want, string(got.Body), "the body is the payload as stored")
+	require.Equal(t, "application/json", got.Header.Get("Content-Type"))
+	require.NoError(t, outbox.Verify([]string{tb.secret}, got.Header, got.Body, time.Now()))
+	require.Error(t, outbox.Verify([]string{outbox.NewSecret()}, got.Header, got.Body, time.Now()))
+
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, store.StatusDelivered, d.Status)
+	require.Equal(t, 1, d.Attempts)
+	require.Equal(t, 200, d.LastStatus)
+	require.NotNil(t, d.C2DMS, "commit-to-delivery time recorded")
+	require.GreaterOrEqual(t, *d.C2DMS, 0)
+
+	var samples int
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(*) FROM postbox.latency_samples WHERE endpoint = 'partner'`).Scan(&samples))
+	require.Equal(t, 1, samples, "one latency sample per attempt")
+}
+
+func TestRetriesWithBackoffUntilSuccess(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, func(n int, _ received) int {
+		if n <= 2 {
+			return http.StatusInternalServerError
+		}
+		return http.StatusOK
+	})
+	base := 300 * time.Millisecond
+	tb.endpoint(t, "flaky", rc.URL, func(ec *config.EndpointConfig) {
+		b := config.Duration(base)
+		ec.BackoffBase = &b
+	})
+	// The jitter's top: each wait is its full ceiling, base·2^(n-1).
+	tb.start(t, relay.Options{Rand: func() float64 { return 0.999 }})
+
+	ids := tb.insert(t, outbox.Event{Endpoint: "flaky", Payload: []byte(`{"n":1}`)})
+	tb.waitSettled(t, 1, 20*time.Second)
+
+	reqs := rc.requests()
+	require.Len(t, reqs, 3)
+	for _, r := range reqs {
+		require.Equal(t, ids[0], r.ID, "every attempt carries the same webhook-id")
+	}
+	gap1, gap2 := reqs[1].At.Sub(reqs[0].At), reqs[2].At.Sub(reqs[1].At)
+	require.GreaterOrEqual(t, gap1, base*99/100, "first retry waits ~base")
+	require.GreaterOrEqual(t, gap2, 2*base*99/100, "second retry waits ~2·base")
+	// Signed afresh each time.
+	require.NotEqual(t, reqs[0].Header.Get(outbox.HeaderSignature), "")
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, store.StatusDelivered, d.Status)
+	require.Equal(t, 3, d.Attempts)
+}
+
+func TestPermanentStatusesDeadLetterAfterOneAttempt(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	codes := map[string]int{"/400": 400, "/401": 401, "/404": 404}
+	rc := newReceiver(t, func(_ int, r received) int { return codes[r.Path] })
+	for path := range codes {
+		tb.endpoint(t, "ep"+path[1:], rc.URL+path, nil)
+	}
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "ep400"}, outbox.Event{Endpoint: "ep401"}, outbox.Event{Endpoint: "ep404"})
+	tb.waitSettled(t, 3, 20*time.Second)
+	time.Sleep(300 * time.Millisecond) // a wrong retry would show by now
+	require.Equal(t, 3, rc.count(), "no retries")
+	for i, code := range []int{400, 401, 404} {
+		d := tb.delivery(t, ids[i])
+		require.Equal(t, store.StatusDeadLetter, d.Status)
+		require.Equal(t, 1, d.Attempts)
+		require.Equal(t, code, d.LastStatus)
+		require.Equal(t, fmt.Sprintf("http %d", code), d.LastError)
+	}
+}
+
+func TestServerErrorsDeadLetterAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, func(int, received) int { return http.StatusInternalServerError })
+	tb.endpoint(t, "down", rc.URL, func(ec *config.EndpointConfig) {
+		b := config.Duration(20 * time.Millisecond)
+		ec.BackoffBase = &b
+	})
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "down"})
+	tb.waitSettled(t, 1, 30*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, 5, rc.count(), "max_attempts defaults to 5")
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, store.StatusDeadLetter, d.Status)
+	require.Equal(t, 5, d.Attempts)
+	require.Equal(t, "max_attempts (5) exhausted: http 500", d.LastError)
+}
+
+func TestRolledBackTransactionDeliversNothing(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+
+	tx, err := tb.pool.Begin(ctx)
+	require.NoError(t, err)
+	for range 3 {
+		_, err := outbox.Insert(ctx, tx, outbox.Event{Endpoint: "p"})
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	// A committed marker after it: once it arrives, the rolled-back rows
+	// would have too.
+	ids := tb.insert(t, outbox.Event{Endpoint: "p", Type: "marker"})
+	tb.waitSettled(t, 1, 20*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	reqs := rc.requests()
+	require.Len(t, reqs, 1)
+	require.Equal(t, ids[0], reqs[0].ID)
+}
+
+func TestLargeTransactionAllDelivered(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "bulk", rc.URL, func(ec *config.EndpointConfig) {
+		n := 32
+		ec.MaxInFlight = &n
+	})
+	tb.start(t, relay.Options{})
+	const n = 10000
+	_, err := tb.pool.Exec(context.Background(), `
+		INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+	tb.waitSettled(t, n, 3*time.Minute)
+	require.Equal(t, map[string]int{store.StatusDelivered: n}, tb.deliveries(t))
+	byID := rc.byID()
+	require.Len(t, byID, n, "every event arrived")
+	for id, c := range byID {
+		require.Equal(t, 1, c, "event %s delivered once", id)
+	}
+	var left int
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(*) FROM postbox.outbox`).Scan(&left))
+	require.Zero(t, left, "ingested outbox rows are deleted (outbox_retention 0)")
+}
+
+func TestUpdatesAndDeletesAreIgnoredAndTheSlotAdvances(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.OutboxRetention = config.Duration(time.Hour) // keep rows to update
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+	tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
+	tb.waitSettled(t, 2, 20*time.Second)
+
+	_, err := tb.pool.Exec(ctx, `UPDATE postbox.outbox SET event_type = 'changed'`)
+	require.NoError(t, err)
+	_, err = tb.pool.Exec(ctx, `DELETE FROM postbox.outbox`)
+	require.NoError(t, err)
+	var after string
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&after))
+	afterLSN, err := pglogrepl.ParseLSN(after)
+	require.NoError(t, err)
+
+	waitUntil(t, 20*time.Second, "slot to confirm past the update and delete", func() bool {
+		var confirmed string
+		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'postbox'`).Scan(&confirmed))
+		lsn, err := pglogrepl.ParseLSN(confirmed)
+		require.NoError(t, err)
+		return lsn >= afterLSN
+	})
+	require.Equal(t, 2, rc.count(), "updates and deletes deliver nothing")
+	require.Equal(t, map[string]int{store.StatusDelivered: 2}, tb.deliveries(t))
+}
+
+func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.MaxBody = 100
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "good", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	big := `{"blob":"` + strings.Repeat("x", 200) + `"}`
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "nobody"},                              // unknown endpoint, no url
+		outbox.Event{Endpoint: "nobody", URL: "ftp://example.com/x"},  // not http(s)
+		outbox.Event{Endpoint: "nobody", URL: "http://[::1"},          // unparsable
+		outbox.Event{Endpoint: "good", Payload: []byte(big)},          // too large
+		outbox.Event{Endpoint: "good", Payload: []byte(`{"ok":true}`)}, // fine
+	)
+	tb.waitSettled(t, 5, 20*time.Second)
+	wantPrefix := []string{"unknown_endpoint:", "invalid_url:", "invalid_url:", "payload_too_large:"}
+	for i, p := range wantPrefix {
+		d := tb.delivery(t, ids[i])
+		require.Equal(t, store.StatusDeadLetter, d.Status, "event %d", i)
+		require.True(t, strings.HasPrefix(d.LastError, p), "event %d: %q should start with %q", i, d.LastError, p)
+		require.Zero(t, d.Attempts, "nothing was sent")
+	}
+	require.Equal(t, store.StatusDelivered, tb.delivery(t, ids[4]).Status)
+	require.Equal(t, 1, rc.count())
+	// The stream went on: a later event is delivered too.
+	later := tb.insert(t, outbox.Event{Endpoint: "good"})
+	tb.waitSettled(t, 6, 20*time.Second)
+	require.Equal(t, store.StatusDelivered, tb.delivery(t, later[0]).Status)
+}
+
+func TestReconcilesRowsWrittenWithoutASlot(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	ctx := context.Background()
+	// The application's migrations ran and rows were written before
+	// postbox ever started: no slot saw them.
+	_, err := tb.pool.Exec(ctx, outbox.SchemaSQL(tb.cfg.Table()))
+	require.NoError(t, err)
+	ids := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
+	tb.start(t, relay.Options{})
+	more := tb.insert(t, outbox.Event{Endpoint: "p"})
+	tb.waitSettled(t, 4, 20*time.Second)
+	byID := rc.byID()
+	for _, id := range append(ids, more...) {
+		require.Equal(t, 1, byID[id], "event %s delivered once", id)
+	}
+}
+
+func TestGracefulStopRecordsAndConfirms(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	release := make(chan struct{})
+	rc := newReceiver(t, func(n int, _ received) int {
+		<-release
+		return http.StatusOK
+	})
+	tb.endpoint(t, "slow", rc.URL, nil)
+	r := tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "slow"})
+	waitUntil(t, 10*time.Second, "attempt in flight", func() bool { return rc.count() == 1 })
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stopped <- r.Stop(ctx)
+	}()
+	time.Sleep(200 * time.Millisecond)
+	close(release) // the in-flight attempt finishes within the grace period
+	require.NoError(t, <-stopped)
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, store.StatusDelivered, d.Status, "the result was recorded before exit")
+
+	var active bool
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = 'postbox'`).Scan(&active))
+	require.False(t, active)
+	var confirmed, checkpoint string
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `
+		SELECT s.confirmed_flush_lsn::text, c.lsn::text FROM pg_replication_slots s, postbox.checkpoints c
+		WHERE s.slot_name = 'postbox' AND c.slot = 'postbox'`).Scan(&confirmed, &checkpoint))
+	c1, _ := pglogrepl.ParseLSN(confirmed)
+	c2, _ := pglogrepl.ParseLSN(checkpoint)
+	require.GreaterOrEqual(t, c1, c2, "the ingested position was confirmed to the server")
+}
+
+func TestShutdownPastGraceReleasesTheAttempt(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.ShutdownGrace = config.Duration(300 * time.Millisecond)
+	hang := make(chan struct{})
+	rc := newReceiver(t, func(int, received) int {
+		<-hang
+		return http.StatusOK
+	})
+	t.Cleanup(func() { close(hang) }) // before the receiver's Close, which waits for handlers
+	tb.endpoint(t, "hang", rc.URL, nil)
+	r := tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "hang"})
+	waitUntil(t, 10*time.Second, "attempt in flight", func() bool { return rc.count() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, r.Stop(ctx))
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, store.StatusPending, d.Status, "released back to the queue for the next instance")
+	require.Zero(t, d.Attempts, "an interrupted attempt is not counted")
+}
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := context.Background()
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- store.Migrate(ctx, tb.pool, tb.cfg.Table()) }()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	require.NoError(t, store.Migrate(ctx, tb.pool, tb.cfg.Table()))
+	v, err := store.SchemaVersion(ctx, tb.pool)
+	require.NoError(t, err)
+	require.Equal(t, len(store.Migrations()), v)
+	var cols []string
+	rows, err := tb.pool.Query(ctx, `SELECT column_name || ' ' || data_type FROM information_schema.columns
+		WHERE table_schema = 'postbox' AND table_name = 'outbox' ORDER BY ordinal_position`)
+	require.NoError(t, err)
+	cols, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"id bigint", "event_id uuid", "endpoint text", "url text", "event_type text",
+		"payload jsonb", "headers jsonb", "created_at timestamp with time zone"}, cols)
+}
+
+func TestPreflightNamesTheFix(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := context.Background()
+	role := fmt.Sprintf("norepl_%d", time.Now().UnixNano())
+	_, err := tb.pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = tb.pool.Exec(context.Background(), `DROP ROLE `+role) })
+	cfg, err := pgx.ParseConfig(tb.dbURL)
+	require.NoError(t, err)
+	cfg.User = role
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	err = store.Preflight(ctx, conn)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `ALTER ROLE "`+role+`" WITH REPLICATION`)
+	require.NoError(t, store.Preflight(ctx, tb.pool), "a superuser on wal_level=logical passes")
+}

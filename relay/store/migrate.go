@@ -1,0 +1,117 @@
+package store
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+//go:embed migrations/*.up.sql
+var migrationFS embed.FS
+
+// Migration is one numbered step of postbox's schema.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+var migrationName = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.up\.sql$`)
+
+// Migrations returns the embedded steps in order. It panics on a gap or a
+// duplicate number: that is a build mistake, not a runtime condition.
+func Migrations() []Migration {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		m := migrationName.FindStringSubmatch(e.Name())
+		if m == nil {
+			panic("store: migration file with a bad name: " + e.Name())
+		}
+		v, _ := strconv.Atoi(m[1])
+		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, Migration{Version: v, Name: m[2], SQL: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			panic(fmt.Sprintf("store: migrations must be numbered 001, 002, … without gaps; found %03d at position %d", m.Version, i+1))
+		}
+	}
+	return out
+}
+
+// migrateLock is the advisory lock key that serialises migrations, so
+// instances starting together apply each step once.
+const migrateLock = 0x706f7374626f78 // "postbox"
+
+// Migrate brings postbox's schema up to date and creates the outbox table
+// if it is missing. Each step runs in its own transaction under an advisory
+// lock, and is recorded in postbox.schema_migrations; running it again, or
+// from several instances at once, is safe.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, table outbox.Table) error {
+	for _, m := range Migrations() {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `
+				CREATE SCHEMA IF NOT EXISTS postbox;
+				CREATE TABLE IF NOT EXISTS postbox.schema_migrations (
+				  version    integer     PRIMARY KEY,
+				  name       text        NOT NULL,
+				  applied_at timestamptz NOT NULL DEFAULT now()
+				)`); err != nil {
+				return err
+			}
+			var done bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM postbox.schema_migrations WHERE version = $1)`, m.Version).Scan(&done); err != nil {
+				return err
+			}
+			if done {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO postbox.schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrateLock)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, outbox.SchemaSQL(table))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("create outbox table %s: %w", table, err)
+	}
+	return nil
+}
+
+// SchemaVersion returns the latest applied migration (0 when none).
+func SchemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var v int
+	err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM postbox.schema_migrations`).Scan(&v)
+	return v, err
+}

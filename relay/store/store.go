@@ -1,0 +1,98 @@
+// Package store is postbox's own schema: embedded migrations, the ingest of
+// outbox events with the replication checkpoint, the delivery queue (claims
+// with FOR UPDATE SKIP LOCKED and a lease, results, lease expiry), and the
+// reconciliation of outbox rows that the stream did not bring.
+//
+// Each file holds the SQL of one table family: events.go (events and the
+// checkpoint), queue.go (deliveries, latency samples, endpoint health),
+// preflight.go (server settings).
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+// Delivery states, as the seed names them.
+const (
+	StatusPending    = "pending"
+	StatusInFlight   = "in_flight"
+	StatusDelivered  = "delivered"
+	StatusFailed     = "failed"
+	StatusDeadLetter = "dead_letter"
+	// StatusReleased is not stored: a result with it returns a claimed
+	// delivery to the queue without counting an attempt.
+	StatusReleased = "released"
+)
+
+// Store is postbox's schema on one database.
+type Store struct {
+	Pool  *pgxpool.Pool
+	Table outbox.Table
+	Slot  string
+}
+
+// Open connects a pool for dbURL with the session settings postbox relies
+// on (UTC, ISO dates), so timestamps read as text are unambiguous.
+func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	SessionParams(cfg.ConnConfig.RuntimeParams)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "postbox"
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	cfg.MaxConnIdleTime = 5 * time.Minute
+	cfg.HealthCheckPeriod = 15 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+// SessionParams sets the run-time parameters postbox needs on every
+// connection, the replication connection included.
+func SessionParams(p map[string]string) {
+	p["TimeZone"] = "UTC"
+	p["DateStyle"] = "ISO, MDY"
+	p["IntervalStyle"] = "postgres"
+}
+
+// IsRetryable reports whether err is a passing condition (connection lost,
+// server shutting down, serialization failure, deadlock) after which the
+// same work can simply be tried again.
+func IsRetryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "57", "53", "40": // connection, operator intervention, resources, rollback
+			return true
+		}
+		return false
+	}
+	return true // network errors and the like
+}
+
+// Querier is a pool, a connection or a transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}

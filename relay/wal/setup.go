@@ -1,0 +1,179 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// SQLSTATE codes the replication protocol answers with.
+const (
+	codeUndefinedObject  = "42704" // slot does not exist
+	codeDuplicateObject  = "42710" // slot or publication already exists
+	codeObjectInUse      = "55006" // slot is active for another PID
+	codeNotInPrereqState = "55000" // slot invalidated ("can no longer get changes")
+)
+
+// Slot errors, for errors.Is.
+var (
+	// ErrSlotMissing: the slot does not exist (dropped by an operator).
+	ErrSlotMissing = errors.New("replication slot does not exist")
+	// ErrSlotBusy: another process streams the slot; stand by.
+	ErrSlotBusy = errors.New("replication slot is active for another process")
+	// ErrSlotInvalidated: the server removed WAL the slot needed
+	// (max_slot_wal_keep_size exceeded); it must be recreated.
+	ErrSlotInvalidated = errors.New("replication slot has been invalidated")
+	// ErrStalled: nothing arrived from the server within the stall timeout.
+	ErrStalled = errors.New("replication connection stalled")
+)
+
+// classify maps a server error on the replication connection to the slot
+// errors above, keeping the original in the chain.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case codeUndefinedObject:
+		return fmt.Errorf("%w: %w", ErrSlotMissing, err)
+	case codeObjectInUse:
+		return fmt.Errorf("%w: %w", ErrSlotBusy, err)
+	case codeNotInPrereqState:
+		return fmt.Errorf("%w: %w", ErrSlotInvalidated, err)
+	}
+	return err
+}
+
+// EnsurePublication creates the publication for the outbox table (inserts
+// only) if it is missing, and refuses one that does not cover the table.
+func EnsurePublication(ctx context.Context, q store.Querier, publication string, table outbox.Table) error {
+	var exists, covers bool
+	err := q.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+		       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`,
+		publication, table.Schema(), table.Name()).Scan(&exists, &covers)
+	if err != nil {
+		return fmt.Errorf("look up publication %s: %w", publication, err)
+	}
+	if exists && !covers {
+		return fmt.Errorf("publication %s exists but does not include %s: run ALTER PUBLICATION %s ADD TABLE %s",
+			publication, table, publication, table)
+	}
+	if exists {
+		return nil
+	}
+	_, err = q.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{publication}.Sanitize()+
+		" FOR TABLE "+table.Ident()+" WITH (publish = 'insert')")
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeDuplicateObject {
+		return nil // another instance made it first
+	}
+	if err != nil {
+		return fmt.Errorf("create publication %s: %w", publication, err)
+	}
+	return nil
+}
+
+// SlotState describes a replication slot.
+type SlotState struct {
+	Exists         bool
+	Plugin         string
+	Database       string
+	Active         bool
+	ActivePID      int
+	WALStatus      string // reserved, extended, unreserved, lost
+	ConfirmedFlush pglogrepl.LSN
+	RetainedBytes  int64
+}
+
+// Slot reads the slot's state from pg_replication_slots.
+func Slot(ctx context.Context, q store.Querier, slot string) (SlotState, error) {
+	var st SlotState
+	var plugin, db, walStatus, confirmed *string
+	var pid *int
+	var retained *int64
+	err := q.QueryRow(ctx, `
+		SELECT plugin, database, active, active_pid, wal_status, confirmed_flush_lsn::text,
+		       pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		Scan(&plugin, &db, &st.Active, &pid, &walStatus, &confirmed, &retained)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("look up slot %s: %w", slot, err)
+	}
+	st.Exists = true
+	st.Plugin, st.Database, st.WALStatus = deref(plugin), deref(db), deref(walStatus)
+	if pid != nil {
+		st.ActivePID = *pid
+	}
+	if retained != nil {
+		st.RetainedBytes = *retained
+	}
+	if confirmed != nil {
+		st.ConfirmedFlush, _ = pglogrepl.ParseLSN(*confirmed)
+	}
+	return st, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// CreateSlot creates a permanent pgoutput slot over a replication
+// connection. A slot that appeared meanwhile (another instance) is fine.
+func CreateSlot(ctx context.Context, connString, slot string) (created bool, err error) {
+	conn, err := Connect(ctx, connString)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.Background())
+	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeDuplicateObject {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("create replication slot %s: %w", slot, err)
+	}
+	return true, nil
+}
+
+// DropSlot drops the slot, waiting for nothing: it must not be active.
+func DropSlot(ctx context.Context, q store.Querier, slot string) error {
+	_, err := q.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+	if err != nil {
+		return fmt.Errorf("drop replication slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// Connect opens a replication connection (replication=database) with
+// postbox's session settings.
+func Connect(ctx context.Context, connString string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "postbox"
+	store.SessionParams(cfg.RuntimeParams)
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication connection: %w", err)
+	}
+	return conn, nil
+}

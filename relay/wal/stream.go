@@ -1,0 +1,468 @@
+package wal
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+// Row is one outbox insert, its columns as PostgreSQL printed them.
+type Row struct {
+	OutboxID  int64
+	EventID   string
+	Endpoint  string
+	URL       string
+	EventType string
+	Payload   []byte
+	Headers   []byte // nil when NULL
+	CreatedAt string
+	// Invalid says why the row cannot be delivered as it stands (a contract
+	// column missing or unreadable); it becomes a dead letter with it.
+	Invalid string
+}
+
+// Chunk is consecutive rows of one committed transaction, in order. A
+// transaction larger than the chunk limits arrives as several chunks; its
+// last has Final set and the commit's positions.
+type Chunk struct {
+	Rows       []Row
+	Final      bool
+	CommitLSN  pglogrepl.LSN
+	EndLSN     pglogrepl.LSN // the checkpoint once this transaction is ingested
+	CommitTime time.Time
+	Bytes      int
+}
+
+// Acker is the consumer's side of the stream: how far everything is
+// durably ingested, and when it has finished with all it was sent.
+type Acker interface {
+	Durable() pglogrepl.LSN
+	Drained() <-chan struct{}
+}
+
+// Options configure a Stream.
+type Options struct {
+	ConnString  string
+	Slot        string
+	Publication string
+	Table       outbox.Table
+	// StatusInterval is the longest gap between standby status updates;
+	// each periodic one asks the server for a reply, so a silent
+	// connection is noticed.
+	StatusInterval time.Duration
+	// StallTimeout ends the session when nothing at all arrives for this
+	// long (3 × StatusInterval when zero).
+	StallTimeout time.Duration
+	// DrainTimeout bounds the wait for the consumer at the end of a
+	// session before the final status update.
+	DrainTimeout time.Duration
+	ChunkRows    int // 1000 when zero
+	ChunkBytes   int // 1 MiB when zero
+	Logger       zerolog.Logger
+}
+
+// Stream reads outbox inserts from a logical replication slot.
+type Stream struct {
+	opts Options
+}
+
+// NewStream returns a Stream.
+func NewStream(opts Options) *Stream {
+	if opts.StatusInterval <= 0 {
+		opts.StatusInterval = 10 * time.Second
+	}
+	if opts.StallTimeout <= 0 {
+		opts.StallTimeout = 3 * opts.StatusInterval
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 30 * time.Second
+	}
+	if opts.ChunkRows <= 0 {
+		opts.ChunkRows = 1000
+	}
+	if opts.ChunkBytes <= 0 {
+		opts.ChunkBytes = 1 << 20
+	}
+	return &Stream{opts: opts}
+}
+
+// Session describes a started replication session.
+type Session struct {
+	SystemID string
+	Timeline int32
+	XLogPos  pglogrepl.LSN
+}
+
+// Run streams one session: it connects, starts replication at start, and
+// sends each committed transaction's outbox rows to out; transactions whose
+// commit lies before skipBefore (already ingested) are dropped. It answers
+// keepalives, reports ack.Durable() as flushed, and, when nothing is in
+// progress, lets the flushed position follow the server's WAL end so a
+// quiet outbox never pins WAL.
+//
+// Run returns when ctx is cancelled (nil) or the session fails. Either way
+// it closes out, waits for ack.Drained(), reports the final position and
+// closes the connection. started, when not nil, is called once replication
+// has started.
+func (s *Stream) Run(ctx context.Context, start, skipBefore pglogrepl.LSN, out chan<- Chunk, ack Acker, started func(Session)) error {
+	conn, err := Connect(ctx, s.opts.ConnString)
+	if err != nil {
+		close(out)
+		return err
+	}
+	ss := &session{
+		opts:       s.opts,
+		conn:       conn,
+		out:        out,
+		ack:        ack,
+		skipBefore: skipBefore,
+		rels:       map[uint32]*relation{},
+		log:        s.opts.Logger,
+	}
+	err = ss.run(ctx, start, started)
+	close(out)
+	// Let the consumer finish what it was sent, then confirm it.
+	select {
+	case <-ack.Drained():
+	case <-time.After(s.opts.DrainTimeout):
+		ss.log.Warn().Msg("ingest did not drain in time; confirming what is durable")
+	}
+	if !conn.IsClosed() {
+		if err := ss.sendStatus(true); err == nil {
+			ss.log.Debug().Stringer("flushed", ss.lastFlush).Msg("final standby status sent")
+		}
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = conn.Close(closeCtx)
+	cancel()
+	return err
+}
+
+type session struct {
+	opts       Options
+	conn       *pgconn.PgConn
+	out        chan<- Chunk
+	ack        Acker
+	log        zerolog.Logger
+	skipBefore pglogrepl.LSN
+	rels       map[uint32]*relation
+
+	inTx bool // between Begin and Commit
+	skip bool // the current transaction was ingested before
+	cur  Chunk
+
+	sentEnd    pglogrepl.LSN // end of the last transaction sent
+	serverEnd  pglogrepl.LSN // server's WAL end from the last keepalive
+	lastFlush  pglogrepl.LSN // last flushed position reported
+	lastStatus time.Time
+	lastRecv   time.Time
+}
+
+func (ss *session) run(ctx context.Context, start pglogrepl.LSN, started func(Session)) error {
+	sys, err := pglogrepl.IdentifySystem(ctx, ss.conn)
+	if err != nil {
+		return fmt.Errorf("identify system: %w", err)
+	}
+	args := []string{
+		"proto_version '1'",
+		"publication_names '" + ss.opts.Publication + "'", // validated: [a-z0-9_]
+		"messages 'true'",
+	}
+	if err := pglogrepl.StartReplication(ctx, ss.conn, ss.opts.Slot, start,
+		pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args}); err != nil {
+		return classify(fmt.Errorf("start replication on slot %s: %w", ss.opts.Slot, err))
+	}
+	ss.lastFlush = start
+	ss.lastStatus, ss.lastRecv = time.Now(), time.Now()
+	if started != nil {
+		started(Session{SystemID: sys.SystemID, Timeline: sys.Timeline, XLogPos: sys.XLogPos})
+	}
+	for {
+		if err := ss.sendStatus(false); err != nil {
+			return err
+		}
+		rctx, cancel := context.WithDeadline(ctx, ss.nextWake())
+		msg, err := ss.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // shutting down: stop reading
+			}
+			if pgconn.Timeout(err) {
+				if time.Since(ss.lastRecv) > ss.opts.StallTimeout {
+					return fmt.Errorf("%w: nothing received for %s", ErrStalled, time.Since(ss.lastRecv).Round(time.Second))
+				}
+				continue
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		ss.lastRecv = time.Now()
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := ss.handle(ctx, m.Data); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return classify(fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m)))
+		case *pgproto3.CopyDone:
+			return errors.New("replication: the server ended the stream")
+		}
+	}
+}
+
+// nextWake is when the receive loop must wake without a message: for the
+// periodic status, or soon when a durable position waits to be reported.
+func (ss *session) nextWake() time.Time {
+	next := ss.lastStatus.Add(ss.opts.StatusInterval)
+	if ss.sentEnd > ss.lastFlush {
+		if soon := time.Now().Add(100 * time.Millisecond); soon.Before(next) {
+			next = soon
+		}
+	}
+	return next
+}
+
+// sendStatus reports the flushed position when forced, due, or advanced.
+// A periodic (due) update asks the server to reply, which is how a stalled
+// connection is detected.
+func (ss *session) sendStatus(force bool) error {
+	durable := ss.ack.Durable()
+	flush := durable
+	if !ss.inTx && durable >= ss.sentEnd && ss.serverEnd > flush {
+		flush = ss.serverEnd // nothing in progress: follow the server
+	}
+	if flush < ss.lastFlush {
+		flush = ss.lastFlush
+	}
+	now := time.Now()
+	due := now.Sub(ss.lastStatus) >= ss.opts.StatusInterval
+	advanced := flush > ss.lastFlush && now.Sub(ss.lastStatus) >= 50*time.Millisecond
+	if !force && !due && !advanced {
+		return nil
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), ss.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: flush,
+		WALFlushPosition: flush,
+		WALApplyPosition: flush,
+		ClientTime:       now,
+		ReplyRequested:   due,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	ss.lastStatus, ss.lastFlush = now, flush
+	return nil
+}
+
+func (ss *session) handle(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		if pkm.ServerWALEnd > ss.serverEnd {
+			ss.serverEnd = pkm.ServerWALEnd
+		}
+		if pkm.ReplyRequested {
+			return ss.sendStatus(true)
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse XLogData: %w", err)
+		}
+		return ss.logical(ctx, xld.WALData)
+	}
+	return nil
+}
+
+func (ss *session) logical(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch pglogrepl.MessageType(data[0]) {
+	case pglogrepl.MessageTypeBegin, pglogrepl.MessageTypeCommit, pglogrepl.MessageTypeRelation, pglogrepl.MessageTypeInsert:
+	default:
+		// Update, Delete, Truncate, Type, Origin, Message: not ours to
+		// deliver; the position still advances with the commit or the
+		// keepalive that follows.
+		return nil
+	}
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return fmt.Errorf("parse %s message: %w", pglogrepl.MessageType(data[0]), err)
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		ss.rels[m.RelationID] = newRelation(m, ss.opts.Table)
+	case *pglogrepl.BeginMessage:
+		ss.inTx = true
+		ss.skip = m.FinalLSN < ss.skipBefore
+		ss.cur = Chunk{CommitLSN: m.FinalLSN, CommitTime: m.CommitTime}
+	case *pglogrepl.InsertMessage:
+		if ss.skip {
+			return nil
+		}
+		rel, ok := ss.rels[m.RelationID]
+		if !ok {
+			return fmt.Errorf("insert for relation %d before its Relation message", m.RelationID)
+		}
+		if !rel.outbox {
+			return nil
+		}
+		row := rel.decode(m.Tuple, ss.cur.CommitLSN)
+		ss.cur.Rows = append(ss.cur.Rows, row)
+		ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
+		if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
+			part := ss.cur
+			ss.cur = Chunk{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime}
+			return ss.send(ctx, part)
+		}
+	case *pglogrepl.CommitMessage:
+		ss.inTx = false
+		if ss.skip {
+			ss.skip = false
+			return nil
+		}
+		c := ss.cur
+		ss.cur = Chunk{}
+		c.Final, c.EndLSN, c.CommitLSN, c.CommitTime = true, m.TransactionEndLSN, m.CommitLSN, m.CommitTime
+		if err := ss.send(ctx, c); err != nil {
+			return err
+		}
+		ss.sentEnd = m.TransactionEndLSN
+	}
+	return nil
+}
+
+// send hands a chunk to the consumer. While the consumer is busy it keeps
+// the server informed, so a slow ingest does not trip wal_sender_timeout.
+func (ss *session) send(ctx context.Context, c Chunk) error {
+	select {
+	case ss.out <- c:
+		return nil
+	default:
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case ss.out <- c:
+			return nil
+		case <-tick.C:
+			if err := ss.sendStatus(false); err != nil {
+				return err
+			}
+			ss.lastRecv = time.Now() // we are the slow side, not the server
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// relation maps the outbox table's columns, by name, as the latest Relation
+// message describes them; an ALTER TABLE sends a new one.
+type relation struct {
+	outbox bool
+	name   string
+	col    map[string]int
+}
+
+func newRelation(m *pglogrepl.RelationMessage, t outbox.Table) *relation {
+	r := &relation{
+		outbox: m.Namespace == t.Schema() && m.RelationName == t.Name(),
+		name:   m.Namespace + "." + m.RelationName,
+		col:    map[string]int{},
+	}
+	for i, c := range m.Columns {
+		r.col[c.Name] = i
+	}
+	return r
+}
+
+func (r *relation) value(t *pglogrepl.TupleData, name string) (v []byte, null, ok bool) {
+	i, ok := r.col[name]
+	if !ok || i >= len(t.Columns) {
+		return nil, false, false
+	}
+	c := t.Columns[i]
+	switch c.DataType {
+	case pglogrepl.TupleDataTypeNull:
+		return nil, true, true
+	case pglogrepl.TupleDataTypeText:
+		return c.Data, false, true
+	}
+	return nil, false, false
+}
+
+func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
+	var row Row
+	var missing []string
+	text := func(name string) string {
+		v, null, ok := r.value(t, name)
+		if !ok {
+			missing = append(missing, name)
+		}
+		if null || !ok {
+			return ""
+		}
+		return string(v)
+	}
+	if v, _, ok := r.value(t, "id"); ok {
+		row.OutboxID, _ = strconv.ParseInt(string(v), 10, 64)
+	}
+	row.EventID = text("event_id")
+	row.Endpoint = text("endpoint")
+	row.URL = text("url")
+	row.EventType = text("event_type")
+	row.CreatedAt = text("created_at")
+	if v, null, ok := r.value(t, "payload"); ok && !null {
+		row.Payload = v
+	} else {
+		missing = append(missing, "payload")
+		row.Payload = []byte("{}")
+	}
+	if v, null, ok := r.value(t, "headers"); ok && !null {
+		row.Headers = v
+	}
+	if row.EventID == "" {
+		// Still give the event a stable identity, so it can be stored,
+		// seen and replayed once the table is fixed.
+		row.EventID = derivedID(r.name, row.OutboxID, commit)
+	}
+	if row.CreatedAt == "" {
+		row.CreatedAt = "now"
+	}
+	for _, name := range missing {
+		if name != "url" && name != "headers" && name != "id" {
+			row.Invalid = "invalid_row: column " + name + " missing or unreadable in " + r.name
+			break
+		}
+	}
+	return row
+}
+
+func derivedID(table string, id int64, lsn pglogrepl.LSN) string {
+	h := sha256.Sum256([]byte(fmt.Sprintf("%s/%d/%s", table, id, lsn)))
+	h[6] = h[6]&0x0f | 0x50
+	h[8] = h[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}

@@ -41,6 +41,8 @@ func setup(t *testing.T) *testBundle {
 	t.Cleanup(pool.Close)
 	cfg := config.Default()
 	cfg.DatabaseURL = dbURL
+	cfg.Slot = pgtest.UniqueName("slot")
+	cfg.Publication = pgtest.UniqueName("pub")
 	cfg.AllowPrivateTargets = true
 	secret := outbox.NewSecret()
 	cfg.Signing.Secrets = []string{secret}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -67,6 +68,9 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if slot.Exists && slot.Database != r.dbName {
+		return fmt.Errorf("replication slot %s belongs to database %s, not %s: give this relay a slot name of its own (slot:)", cfg.Slot, slot.Database, r.dbName)
+	}
 	if slot.Exists && slot.Plugin != "pgoutput" {
 		return fmt.Errorf("replication slot %s uses plugin %s, not pgoutput: drop it or choose another slot name", cfg.Slot, slot.Plugin)
 	}
@@ -86,20 +90,18 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 			r.reconciled.Store(false) // rows written while there was no slot
 		}
 	}
-	if !r.reconciled.Load() {
-		go r.reconcile(ctx)
-	}
 	checkpoint, err := r.store.Checkpoint(ctx)
 	if err != nil {
 		return err
 	}
 	r.advanceDurable(checkpoint)
 
-	chunks := make(chan wal.Chunk, 4)
+	queue := wal.NewQueue(ingestQueueRows, ingestQueueBytes)
 	sessCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ing := &ingester{r: r, in: chunks, drained: make(chan struct{}), fail: cancel}
+	ing := &ingester{r: r, in: queue, drained: make(chan struct{}), fail: cancel}
 	go ing.run(r.hardCtx)
+	var flushed atomic.Uint64
 	stream := wal.NewStream(wal.Options{
 		ConnString:     cfg.DatabaseURL,
 		Slot:           cfg.Slot,
@@ -107,11 +109,18 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 		Table:          cfg.Table(),
 		StatusInterval: cfg.StatusInterval.D(),
 		Logger:         r.log.With().Str("component", "wal").Logger(),
+		Flushed:        func(lsn pglogrepl.LSN) { flushed.Store(uint64(lsn)) },
 	})
-	err = stream.Run(sessCtx, checkpoint, checkpoint, chunks, ing, func(s wal.Session) {
+	err = stream.Run(sessCtx, checkpoint, checkpoint, queue, ing, func(s wal.Session) {
 		r.streaming.Store(true)
 		r.log.Info().Str("slot", cfg.Slot).Stringer("from", checkpoint).Str("system_id", s.SystemID).
 			Int32("timeline", s.Timeline).Msg("streaming")
+		if !r.reconciled.Load() {
+			// Once the stream has passed the server's position at the
+			// start, every row committed before it has come through the
+			// stream if it ever will: what is left in the table was missed.
+			go r.reconcileAfter(sessCtx, s.XLogPos, &flushed)
+		}
 	})
 	<-ing.drained
 	if ing.err != nil {
@@ -120,12 +129,18 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 	return err
 }
 
+// Bounds of the queue between the stream and the ingester.
+const (
+	ingestQueueRows  = 5000
+	ingestQueueBytes = 8 << 20
+)
+
 // ingester writes what the stream sends into postbox.events and
 // postbox.deliveries, with the checkpoint, and hands deliveries it could
 // reserve room for straight to the dispatcher.
 type ingester struct {
 	r       *Relay
-	in      <-chan wal.Chunk
+	in      *wal.Queue
 	drained chan struct{}
 	fail    context.CancelFunc // ends the session after an error
 	err     error
@@ -139,8 +154,8 @@ type ingester struct {
 func (ing *ingester) Durable() pglogrepl.LSN   { return ing.r.Durable() }
 func (ing *ingester) Drained() <-chan struct{} { return ing.drained }
 
-// maxBatchRows bounds one insert statement (and so memory and latency).
-const maxBatchRows = 2000
+// maxInsertRows bounds one insert statement.
+const maxInsertRows = 2000
 
 func (ing *ingester) run(ctx context.Context) {
 	defer close(ing.drained)
@@ -153,23 +168,9 @@ func (ing *ingester) run(ctx context.Context) {
 	ing.conn = conn
 	defer conn.Release()
 	for {
-		c, ok := <-ing.in
+		batch, ok := ing.in.Take(ctx)
 		if !ok {
 			break
-		}
-		batch, rows, closed := []wal.Chunk{c}, len(c.Rows), false
-	collect:
-		for rows < maxBatchRows {
-			select {
-			case c2, ok := <-ing.in:
-				if !ok {
-					closed = true
-					break collect
-				}
-				batch, rows = append(batch, c2), rows+len(c2.Rows)
-			default:
-				break collect
-			}
 		}
 		// Commit up to the last finished transaction; a transaction still
 		// arriving stays open in its own database transaction.
@@ -191,9 +192,6 @@ func (ing *ingester) run(ctx context.Context) {
 				return
 			}
 		}
-		if closed {
-			break
-		}
 	}
 	// The stream stopped. A transaction cut off mid-way is abandoned; the
 	// server sends it again next session, since it was never confirmed.
@@ -213,7 +211,10 @@ func (ing *ingester) abort(err error) {
 	ing.fail()
 	// Keep draining so the stream is never blocked on a dead consumer.
 	go func() {
-		for range ing.in {
+		for {
+			if _, ok := ing.in.Take(context.Background()); !ok {
+				return
+			}
 		}
 	}()
 }
@@ -235,12 +236,13 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 			}
 		}
 	}
-	if len(evs) > 0 {
+	for len(evs) > 0 {
+		n := min(len(evs), maxInsertRows)
 		if ing.tx == nil {
 			ing.tx = dispatch.NewIngest()
 			ing.queued = map[string]bool{}
 		}
-		got, err := ing.conn.Insert(ctx, evs)
+		got, err := ing.conn.Insert(ctx, evs[:n])
 		if err != nil {
 			for i, ok := range reserved {
 				if ok {
@@ -249,7 +251,8 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 			}
 			return fmt.Errorf("ingest: %w", err)
 		}
-		r.afterInsert(evs, reserved, got, ing.tx, ing.queued)
+		r.afterInsert(evs[:n], reserved[:n], got, ing.tx, ing.queued)
+		evs, reserved = evs[n:], reserved[n:]
 	}
 	if !commit {
 		return nil
@@ -326,6 +329,21 @@ func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.I
 			r.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
 		}
 	}
+}
+
+// reconcileAfter runs reconcile once the stream's flushed position has
+// reached pos.
+func (r *Relay) reconcileAfter(ctx context.Context, pos pglogrepl.LSN, flushed *atomic.Uint64) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for pglogrepl.LSN(flushed.Load()) < pos && r.Durable() < pos {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+	r.reconcile(ctx)
 }
 
 // reconcile ingests outbox rows that never came through the stream: rows

@@ -52,26 +52,31 @@ func (r *Relay) claimLoop(ctx context.Context) {
 			continue
 		}
 		failures = 0
-		r.backlog.Store(n > 0)
+		r.backlog.Store(n)
 	}
 }
 
-// claimOnce claims what the dispatcher has room for and submits it.
-func (r *Relay) claimOnce(ctx context.Context) (int, error) {
+// claimOnce claims what the dispatcher has room for and submits it. It
+// reports whether the queue may hold more: it claimed something, or the
+// dispatcher had no room to claim at all.
+func (r *Relay) claimOnce(ctx context.Context) (bool, error) {
 	if r.disp.Stopping() {
-		return 0, nil
+		return false, nil
 	}
 	cfg := r.cfg.Load()
-	free := r.disp.Free()
+	free, total := r.disp.Free()
+	if total == 0 {
+		return true, nil
+	}
 	for name, ep := range cfg.ConfiguredEndpoints() {
 		if _, ok := free[name]; !ok {
-			free[name] = 2 * ep.MaxInFlight
+			free[name] = dispatch.LaneLimit(ep.MaxInFlight)
 		}
 	}
-	defaultFree := 2 * cfg.Endpoint("").MaxInFlight
-	claimed, err := r.store.Claim(ctx, r.owner, cfg.Lease.D(), defaultFree, free, 1000)
+	defaultFree := dispatch.LaneLimit(cfg.Endpoint("").MaxInFlight)
+	claimed, err := r.store.Claim(ctx, r.owner, cfg.Lease.D(), defaultFree, free, min(total, 1000))
 	if err != nil {
-		return 0, err
+		return false, err
 	}
 	for _, c := range claimed {
 		r.disp.Submit(&dispatch.Job{
@@ -80,7 +85,7 @@ func (r *Relay) claimOnce(ctx context.Context) (int, error) {
 			CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt,
 		}, false)
 	}
-	return len(claimed), nil
+	return len(claimed) > 0, nil
 }
 
 // onOutcome queues a finished attempt for recording. It never blocks.

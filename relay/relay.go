@@ -55,6 +55,7 @@ type Relay struct {
 	disp   *dispatch.Dispatcher
 	pool   *pgxpool.Pool
 	store  *store.Store
+	dbName string
 
 	durable   atomic.Uint64 // pglogrepl.LSN ingested so far
 	streaming atomic.Bool
@@ -224,6 +225,9 @@ func (r *Relay) run() error {
 	r.store = &store.Store{Pool: pool, Table: cfg.Table(), Slot: cfg.Slot}
 	if err := store.Preflight(lifeCtx, pool); err != nil {
 		return err
+	}
+	if err := pool.QueryRow(lifeCtx, `SELECT current_database()`).Scan(&r.dbName); err != nil {
+		return fmt.Errorf("read database name: %w", err)
 	}
 	if err := store.Migrate(lifeCtx, pool, cfg.Table()); err != nil {
 		return fmt.Errorf("migrate: %w", err)

@@ -204,7 +204,7 @@ func TestUpdatesAndDeletesAreIgnoredAndTheSlotAdvances(t *testing.T) {
 
 	waitUntil(t, 20*time.Second, "slot to confirm past the update and delete", func() bool {
 		var confirmed string
-		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'postbox'`).Scan(&confirmed))
+		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&confirmed))
 		lsn, err := pglogrepl.ParseLSN(confirmed)
 		require.NoError(t, err)
 		return lsn >= afterLSN
@@ -222,10 +222,10 @@ func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
 	tb.start(t, relay.Options{})
 	big := `{"blob":"` + strings.Repeat("x", 200) + `"}`
 	ids := tb.insert(t,
-		outbox.Event{Endpoint: "nobody"},                              // unknown endpoint, no url
-		outbox.Event{Endpoint: "nobody", URL: "ftp://example.com/x"},  // not http(s)
-		outbox.Event{Endpoint: "nobody", URL: "http://[::1"},          // unparsable
-		outbox.Event{Endpoint: "good", Payload: []byte(big)},          // too large
+		outbox.Event{Endpoint: "nobody"},                               // unknown endpoint, no url
+		outbox.Event{Endpoint: "nobody", URL: "ftp://example.com/x"},   // not http(s)
+		outbox.Event{Endpoint: "nobody", URL: "http://[::1"},           // unparsable
+		outbox.Event{Endpoint: "good", Payload: []byte(big)},           // too large
 		outbox.Event{Endpoint: "good", Payload: []byte(`{"ok":true}`)}, // fine
 	)
 	tb.waitSettled(t, 5, 20*time.Second)
@@ -289,12 +289,12 @@ func TestGracefulStopRecordsAndConfirms(t *testing.T) {
 	require.Equal(t, store.StatusDelivered, d.Status, "the result was recorded before exit")
 
 	var active bool
-	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = 'postbox'`).Scan(&active))
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&active))
 	require.False(t, active)
 	var confirmed, checkpoint string
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `
 		SELECT s.confirmed_flush_lsn::text, c.lsn::text FROM pg_replication_slots s, postbox.checkpoints c
-		WHERE s.slot_name = 'postbox' AND c.slot = 'postbox'`).Scan(&confirmed, &checkpoint))
+		WHERE s.slot_name = $1 AND c.slot = $1`, tb.cfg.Slot).Scan(&confirmed, &checkpoint))
 	c1, _ := pglogrepl.ParseLSN(confirmed)
 	c2, _ := pglogrepl.ParseLSN(checkpoint)
 	require.GreaterOrEqual(t, c1, c2, "the ingested position was confirmed to the server")

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -36,6 +37,7 @@ Commands:
   run          stream the outbox and deliver until SIGTERM
   migrate      create or upgrade the outbox table and postbox's schema
   demo         run postbox against a throwaway PostgreSQL and local receivers
+  bench        measure latency and catch-up throughput (SPEC §12)
   version      print the version
 
 Every command takes --config (or POSTBOX_CONFIG) and honours
@@ -56,6 +58,7 @@ var commands = []command{
 	{"run", cmdRun},
 	{"migrate", cmdMigrate},
 	{"demo", cmdDemo},
+	{"bench", cmdBench},
 	{"version", cmdVersion},
 }
 
@@ -147,8 +150,22 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) int {
 	var cf commonFlags
 	fs := newFlagSet("run", stderr, &cf)
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file (for performance work)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "postbox:", err)
+			return exitUsage
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, "postbox:", err)
+			return exitUsage
+		}
+		defer pprof.StopCPUProfile()
 	}
 	cfg, code := loadConfig(cf.config, stderr)
 	if cfg == nil {

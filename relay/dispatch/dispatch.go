@@ -78,9 +78,13 @@ type Options struct {
 	Execute func(ctx context.Context, j *Job) store.Result
 	// OnOutcome receives every finished job. It must not block for long.
 	OnOutcome func(Outcome)
-	// OnFree is called (without locks held) when a slot frees up, so the
-	// queue can be claimed from.
+	// OnFree is called (without locks held) when a lane has drained to
+	// half its limit, so the queue can be claimed from in batches.
 	OnFree func()
+	// MaxHeldBytes bounds the payload bytes held in memory across lanes
+	// (32 MiB when zero); MaxHeldJobs the jobs (10000 when zero).
+	MaxHeldBytes int
+	MaxHeldJobs  int
 }
 
 // Dispatcher runs attempts, endpoint by endpoint.
@@ -89,10 +93,12 @@ type Dispatcher struct {
 	attemptCx context.Context
 	cancel    context.CancelFunc
 
-	mu       sync.Mutex
-	lanes    map[string]*lane
-	stopping bool
-	running  sync.WaitGroup
+	mu        sync.Mutex
+	lanes     map[string]*lane
+	heldJobs  int // across lanes, reservations included
+	heldBytes int
+	stopping  bool
+	running   sync.WaitGroup
 }
 
 type lane struct {
@@ -105,14 +111,29 @@ type lane struct {
 // held is how many jobs the lane holds or has promised room for.
 func (l *lane) held() int { return l.inFlight + l.reserved + len(l.queue) }
 
-// limit is how many jobs a lane may hold: its in-flight cap plus an equal
-// buffer, so a slot that frees is refilled without a database round trip.
-func (l *lane) limit() int { return 2 * l.cap }
+// limit is how many jobs a lane may hold: its in-flight cap plus a buffer
+// of four times as many, so a slot that frees is refilled without a
+// database round trip and claims come in batches.
+func (l *lane) limit() int { return LaneLimit(l.cap) }
+
+// LaneLimit is how many jobs a lane with in-flight cap c may hold.
+func LaneLimit(c int) int { return 5 * c }
 
 // New returns a Dispatcher.
 func New(opts Options) *Dispatcher {
+	if opts.MaxHeldBytes <= 0 {
+		opts.MaxHeldBytes = 32 << 20
+	}
+	if opts.MaxHeldJobs <= 0 {
+		opts.MaxHeldJobs = 10000
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}}
+}
+
+// fullLocked reports whether the global budget is spent.
+func (d *Dispatcher) fullLocked() bool {
+	return d.heldJobs >= d.opts.MaxHeldJobs || d.heldBytes >= d.opts.MaxHeldBytes
 }
 
 func (d *Dispatcher) laneLocked(endpoint string) *lane {
@@ -134,10 +155,11 @@ func (d *Dispatcher) Reserve(endpoint string) bool {
 		return false
 	}
 	l := d.laneLocked(endpoint)
-	if l.held() >= l.limit() {
+	if l.held() >= l.limit() || d.fullLocked() {
 		return false
 	}
 	l.reserved++
+	d.heldJobs++
 	return true
 }
 
@@ -146,6 +168,8 @@ func (d *Dispatcher) Unreserve(endpoint string) {
 	d.mu.Lock()
 	if l := d.lanes[endpoint]; l != nil && l.reserved > 0 {
 		l.reserved--
+		d.heldJobs--
+		d.dropIdleLocked(endpoint, l)
 	}
 	d.mu.Unlock()
 	d.notifyFree()
@@ -158,31 +182,44 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 	l := d.laneLocked(j.Endpoint)
 	if reserved && l.reserved > 0 {
 		l.reserved--
+		d.heldJobs--
 	}
 	if d.stopping {
+		d.dropIdleLocked(j.Endpoint, l)
 		d.mu.Unlock()
 		d.opts.OnOutcome(Outcome{Job: j, Result: Released(j)})
 		return
 	}
 	l.queue = append(l.queue, j)
+	d.heldJobs++
+	d.heldBytes += len(j.Payload)
 	d.pumpLocked(l)
 	d.mu.Unlock()
 }
 
-// Free returns, per endpoint with a lane, how many more jobs it can take.
-// Endpoints not listed can take 2 × their max_in_flight.
-func (d *Dispatcher) Free() map[string]int {
+// dropIdleLocked forgets a lane that holds nothing, so a million per-row
+// endpoint names do not accumulate lanes.
+func (d *Dispatcher) dropIdleLocked(name string, l *lane) {
+	if l.held() == 0 {
+		delete(d.lanes, name)
+	}
+}
+
+// Free returns, per endpoint with a lane, how many more jobs it can take
+// (endpoints not listed can take LaneLimit of their max_in_flight), and
+// how many jobs the dispatcher can take in all.
+func (d *Dispatcher) Free() (map[string]int, int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[string]int, len(d.lanes))
 	for name, l := range d.lanes {
-		if d.stopping {
-			out[name] = 0
-			continue
-		}
 		out[name] = max(0, l.limit()-l.held())
 	}
-	return out
+	total := max(0, d.opts.MaxHeldJobs-d.heldJobs)
+	if d.stopping || d.heldBytes >= d.opts.MaxHeldBytes {
+		total = 0
+	}
+	return out, total
 }
 
 // Stopping reports whether Stop has begun.
@@ -222,12 +259,18 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	}()
 	d.mu.Lock()
 	l.inFlight--
+	d.heldJobs--
+	d.heldBytes -= len(j.Payload)
 	if !d.stopping {
 		d.pumpLocked(l)
 	}
+	low := l.held() <= l.limit()/2
+	d.dropIdleLocked(j.Endpoint, l)
 	d.mu.Unlock()
 	d.opts.OnOutcome(Outcome{Job: j, Result: res})
-	d.notifyFree()
+	if low {
+		d.notifyFree()
+	}
 }
 
 func (d *Dispatcher) notifyFree() {
@@ -245,6 +288,10 @@ func (d *Dispatcher) Stop(ctx context.Context) {
 	var queued []*Job
 	for _, l := range d.lanes {
 		queued = append(queued, l.queue...)
+		for _, j := range l.queue {
+			d.heldJobs--
+			d.heldBytes -= len(j.Payload)
+		}
 		l.queue = nil
 	}
 	d.mu.Unlock()

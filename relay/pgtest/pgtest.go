@@ -425,6 +425,15 @@ func sanitize(s string) string {
 	return strings.Trim(s, "_")
 }
 
+var nameCounter atomic.Int64
+
+// UniqueName returns a name unique in this process and among concurrent
+// test processes, usable as a slot or publication name: replication slots
+// are per cluster, not per database, so parallel tests need their own.
+func UniqueName(prefix string) string {
+	return fmt.Sprintf("%s_%d_%d", sanitize(prefix), os.Getpid(), nameCounter.Add(1))
+}
+
 var (
 	sharedOnce sync.Once
 	shared     *Cluster

@@ -124,6 +124,13 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string, lease time.Dura
 	if err != nil {
 		return nil, err
 	}
+	// The ingest statements read no table by a scan (they insert from
+	// parameters and join their own results), so a cached generic plan is
+	// safe here and saves planning on the latency path.
+	if _, err := c.Exec(ctx, "SET plan_cache_mode = auto"); err != nil {
+		c.Release()
+		return nil, err
+	}
 	return &IngestConn{conn: c, s: s, owner: owner, lease: lease}, nil
 }
 
@@ -247,6 +254,8 @@ func (ic *IngestConn) Rollback(ctx context.Context) {
 func (ic *IngestConn) Release() {
 	if ic.inTx {
 		_ = ic.conn.Conn().Close(context.Background())
+	} else {
+		_, _ = ic.conn.Exec(context.Background(), "RESET plan_cache_mode")
 	}
 	ic.conn.Release()
 }

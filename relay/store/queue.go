@@ -138,7 +138,7 @@ UPDATE postbox.deliveries d SET
   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::int4[], $8::text[], $9::timestamptz[], $10::int4[])
   AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms)
-WHERE d.id = r.id AND d.status = 'in_flight' AND d.lease_owner = $11`
+WHERE d.id = ANY($1) AND d.id = r.id AND d.status = 'in_flight' AND d.lease_owner = $11`
 
 const insertSamplesSQL = `
 INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)

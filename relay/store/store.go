@@ -49,6 +49,12 @@ func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, err
 	}
 	SessionParams(cfg.ConnConfig.RuntimeParams)
 	cfg.ConnConfig.RuntimeParams["application_name"] = "postbox"
+	// postbox's tables grow from empty to millions of rows within minutes
+	// of a catch-up, faster than autovacuum re-analyses them: a generic
+	// plan cached while a table was tiny (a sequential scan inside a
+	// nested loop) would turn a 1 ms statement into seconds. Plan each
+	// execution for the table as it is.
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}

@@ -69,6 +69,9 @@ type Options struct {
 	ChunkRows    int // 1000 when zero
 	ChunkBytes   int // 1 MiB when zero
 	Logger       zerolog.Logger
+	// Flushed, when set, is called with each flushed position reported to
+	// the server.
+	Flushed func(pglogrepl.LSN)
 }
 
 // Stream reads outbox inserts from a logical replication slot.
@@ -104,7 +107,7 @@ type Session struct {
 }
 
 // Run streams one session: it connects, starts replication at start, and
-// sends each committed transaction's outbox rows to out; transactions whose
+// puts each committed transaction's outbox rows on out; transactions whose
 // commit lies before skipBefore (already ingested) are dropped. It answers
 // keepalives, reports ack.Durable() as flushed, and, when nothing is in
 // progress, lets the flushed position follow the server's WAL end so a
@@ -114,10 +117,10 @@ type Session struct {
 // it closes out, waits for ack.Drained(), reports the final position and
 // closes the connection. started, when not nil, is called once replication
 // has started.
-func (s *Stream) Run(ctx context.Context, start, skipBefore pglogrepl.LSN, out chan<- Chunk, ack Acker, started func(Session)) error {
+func (s *Stream) Run(ctx context.Context, start, skipBefore pglogrepl.LSN, out *Queue, ack Acker, started func(Session)) error {
 	conn, err := Connect(ctx, s.opts.ConnString)
 	if err != nil {
-		close(out)
+		out.Close()
 		return err
 	}
 	ss := &session{
@@ -130,7 +133,7 @@ func (s *Stream) Run(ctx context.Context, start, skipBefore pglogrepl.LSN, out c
 		log:        s.opts.Logger,
 	}
 	err = ss.run(ctx, start, started)
-	close(out)
+	out.Close()
 	// Let the consumer finish what it was sent, then confirm it.
 	select {
 	case <-ack.Drained():
@@ -151,7 +154,7 @@ func (s *Stream) Run(ctx context.Context, start, skipBefore pglogrepl.LSN, out c
 type session struct {
 	opts       Options
 	conn       *pgconn.PgConn
-	out        chan<- Chunk
+	out        *Queue
 	ack        Acker
 	log        zerolog.Logger
 	skipBefore pglogrepl.LSN
@@ -264,6 +267,9 @@ func (ss *session) sendStatus(force bool) error {
 		return fmt.Errorf("send standby status: %w", err)
 	}
 	ss.lastStatus, ss.lastFlush = now, flush
+	if ss.opts.Flushed != nil {
+		ss.opts.Flushed(flush)
+	}
 	return nil
 }
 
@@ -353,20 +359,21 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 	return nil
 }
 
-// send hands a chunk to the consumer. While the consumer is busy it keeps
-// the server informed, so a slow ingest does not trip wal_sender_timeout.
+// send hands a chunk to the consumer. While the consumer's queue is full it
+// keeps the server informed, so a slow ingest does not trip
+// wal_sender_timeout.
 func (ss *session) send(ctx context.Context, c Chunk) error {
-	select {
-	case ss.out <- c:
+	if ss.out.tryPut(c) {
 		return nil
-	default:
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		select {
-		case ss.out <- c:
+		if ss.out.tryPut(c) {
 			return nil
+		}
+		select {
+		case <-ss.out.space:
 		case <-tick.C:
 			if err := ss.sendStatus(false); err != nil {
 				return err

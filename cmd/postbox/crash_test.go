@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// TestKilledBetweenIngestAndDelivery kills postbox (SIGKILL) while most of
+// a batch is ingested but not yet delivered. A new process delivers every
+// event; only attempts in flight at the kill may arrive twice.
+func TestKilledBetweenIngestAndDelivery(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	rc.delay = 20 * time.Millisecond
+	cfg := writeConfig(t, dbURL, "endpoints:\n  slow:\n    url: "+rc.URL+"\n    max_in_flight: 2\n")
+
+	first := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	const n = 200
+	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'slow', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "ingest and a few deliveries", func() bool {
+		_, total, _ := rc.snapshot()
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 10
+	})
+	first.kill(t)
+	inFlight := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`)
+	deliveredBefore, _, _ := rc.snapshot()
+	require.Less(t, deliveredBefore, n, "the kill came before the batch was through")
+
+	second := startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 90*time.Second, "every event delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n
+	})
+	distinct, total, dups := rc.snapshot()
+	require.Equal(t, n, distinct, "nothing lost")
+	require.LessOrEqual(t, len(dups), inFlight, "only attempts in flight at the kill repeat")
+	require.Equal(t, n, queryInt(t, pool, `SELECT count(*) FROM postbox.events`), "each event ingested once")
+	require.Equal(t, n, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries`), "one delivery per event")
+	t.Logf("sent %d, received %d distinct in %d requests, %d duplicated (in flight at kill: %d)", n, distinct, total, len(dups), inFlight)
+
+	second.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, second.wait(t, 30*time.Second))
+}
+
+// TestKilledBetweenDeliveryAndRecording kills postbox after the receiver
+// has the request but before postbox learns the answer: the event is
+// delivered again by the next process (at least once), nothing is lost.
+func TestKilledBetweenDeliveryAndRecording(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	var victim *proc
+	killed := make(chan struct{})
+	rc.onRecv = func(n int) {
+		if n == 25 {
+			_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+			<-victim.exited
+			close(killed)
+		}
+	}
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 4\n")
+	victim = startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	const n = 100
+	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'p', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+	select {
+	case <-killed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the receiver never saw 25 requests")
+	}
+	inFlight := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`)
+	rc.mu.Lock()
+	rc.onRecv = nil
+	rc.mu.Unlock()
+
+	startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 90*time.Second, "every event delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n
+	})
+	distinct, total, dups := rc.snapshot()
+	require.Equal(t, n, distinct, "nothing lost")
+	require.GreaterOrEqual(t, len(dups), 1, "the request delivered at the kill was not recorded, so it repeats")
+	require.LessOrEqual(t, len(dups), inFlight, "only attempts in flight at the kill repeat")
+	t.Logf("sent %d, received %d distinct in %d requests, %d duplicated (in flight at kill: %d)", n, distinct, total, len(dups), inFlight)
+}
+
+// TestRunWithOnlyTheDatabaseURL runs postbox configured by the environment
+// alone: rows carry their own URLs.
+func TestRunWithOnlyTheDatabaseURL(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	p := startPostbox(t, []string{"POSTBOX_DATABASE_URL=" + dbURL, "POSTBOX_ALLOW_PRIVATE_TARGETS=true", "POSTBOX_CONFIG="}, "run")
+	waitStreaming(t, pool)
+	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint, url, payload) VALUES ('anyone', $1, '{"x":1}')`, rc.URL+"/hook")
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "delivery", func() bool { d, _, _ := rc.snapshot(); return d == 1 })
+	p.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, p.wait(t, 30*time.Second), "SIGTERM exits 0")
+	require.Contains(t, p.out.String(), "no signing secrets configured")
+}
+
+// TestSecondSignalExitsAtOnce: the first SIGTERM waits for the hanging
+// attempt (grace 5 s); the second ends the process immediately.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	hang := make(chan struct{})
+	rc := newCounter(t)
+	rc.onRecv = func(int) { <-hang }
+	t.Cleanup(func() { close(hang) })
+	cfg := writeConfig(t, dbURL, "endpoints:\n  h:\n    url: "+rc.URL+"\n    timeout: 60s\n")
+	p := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint) VALUES ('h')`)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "attempt in flight", func() bool { _, n, _ := rc.snapshot(); return n == 1 })
+	p.signal(t, syscall.SIGTERM)
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case <-p.exited:
+		t.Fatal("exited before the grace period with an attempt in flight")
+	default:
+	}
+	start := time.Now()
+	p.signal(t, os.Interrupt)
+	require.Equal(t, exitInterrupt, p.wait(t, 5*time.Second))
+	t.Logf("exited %s after the second signal", time.Since(start).Round(time.Millisecond))
+}
+
+func TestConfigErrorExitsTwoNamingTheKey(t *testing.T) {
+	t.Parallel()
+	cfg := writeConfig(t, "postgres://nowhere/db", "endpoints:\n  p:\n    url: https://x.example\n    timeout: soon\n")
+	p := startPostbox(t, nil, "run", "--config", cfg)
+	require.Equal(t, exitUsage, p.wait(t, 10*time.Second))
+	require.Contains(t, p.out.String(), "endpoints.p.timeout")
+}

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// The test binary doubles as postbox: with this variable set it runs main,
+// so tests can kill a real postbox process.
+const envAsMain = "POSTBOX_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envAsMain) == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(pgtest.Main(m))
+}
+
+// proc is a postbox process started by a test.
+type proc struct {
+	cmd    *exec.Cmd
+	out    *lockedBuffer
+	exited chan struct{}
+	err    error
+}
+
+func startPostbox(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), envAsMain+"=1"), env...)
+	p := &proc{cmd: cmd, out: &lockedBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	require.NoError(t, cmd.Start())
+	go func() {
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("postbox %s output:\n%s", strings.Join(args, " "), p.out.String())
+		}
+	})
+	return p
+}
+
+func (p *proc) kill(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	<-p.exited
+}
+
+func (p *proc) signal(t *testing.T, sig os.Signal) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T, within time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(within):
+		t.Fatalf("postbox did not exit within %s", within)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	require.NoError(t, p.err)
+	return 0
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// counter is a receiver counting requests per webhook-id.
+type counter struct {
+	*httptest.Server
+	mu     sync.Mutex
+	ids    map[string]int
+	total  int
+	onRecv func(n int) // called with the running total, before answering
+	delay  time.Duration
+}
+
+func newCounter(t *testing.T) *counter {
+	c := &counter{ids: map[string]int{}}
+	c.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		c.mu.Lock()
+		c.ids[r.Header.Get("webhook-id")]++
+		c.total++
+		n, hook, delay := c.total, c.onRecv, c.delay
+		c.mu.Unlock()
+		if hook != nil {
+			hook(n)
+		}
+		time.Sleep(delay)
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(c.Close)
+	return c
+}
+
+func (c *counter) snapshot() (distinct, total int, dups map[string]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	dups = map[string]int{}
+	for id, n := range c.ids {
+		if n > 1 {
+			dups[id] = n
+		}
+	}
+	return len(c.ids), c.total, dups
+}
+
+func writeConfig(t *testing.T, dbURL, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "postbox.yaml")
+	cfg := fmt.Sprintf(`database_url: %s
+slot: %s
+publication: %s
+allow_private_targets: true
+lease: 2s
+sweep_interval: 200ms
+status_interval: 1s
+shutdown_grace: 5s
+log_level: debug
+defaults:
+  backoff_base: 50ms
+%s`, dbURL, pgtest.UniqueName("slot"), pgtest.UniqueName("pub"), body)
+	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+	return path
+}
+
+func queryInt(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func waitForT(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func newPool(t *testing.T, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func waitStreaming(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	waitForT(t, 60*time.Second, "postbox to stream", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE database = current_database() AND active`).Scan(&n)
+		return n == 1
+	})
+}

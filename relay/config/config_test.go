@@ -1,0 +1,201 @@
+package config_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/config"
+)
+
+func TestDefaultsNeedOnlyTheDatabaseURL(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{config.EnvDatabaseURL: "postgres://relay@db/app"}
+	cfg, err := config.Load("", func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Equal(t, "postgres://relay@db/app", cfg.DatabaseURL)
+	require.Equal(t, "postbox.outbox", cfg.Table().String())
+	require.Equal(t, "postbox", cfg.Slot)
+	require.Equal(t, "127.0.0.1:9187", cfg.AdminListen)
+	require.False(t, cfg.AllowPrivateTargets, "the SSRF guard is on by default")
+	require.Equal(t, time.Duration(0), cfg.OutboxRetention.D())
+	require.Equal(t, 168*time.Hour, cfg.EventRetention.D())
+
+	ep := cfg.Endpoint("anyone")
+	require.False(t, ep.Configured)
+	require.Equal(t, "POST", ep.Method)
+	require.Equal(t, 15*time.Second, ep.Timeout)
+	require.Equal(t, 5, ep.MaxAttempts)
+	require.Equal(t, 30*time.Second, ep.BackoffBase)
+	require.Equal(t, time.Hour, ep.BackoffCap)
+	require.Equal(t, 10, ep.FailureThreshold)
+	require.Equal(t, 5*time.Minute, ep.Cooldown)
+	require.Equal(t, time.Hour, ep.MaxCooldown)
+	require.Equal(t, 8, ep.MaxInFlight)
+	require.True(t, ep.RateLimit.IsZero())
+}
+
+func TestSpecExampleParses(t *testing.T) {
+	t.Parallel()
+	secret := outbox.NewSecret()
+	yaml := `
+database_url: postgres://relay@db:5432/app?sslmode=verify-full
+outbox_table: postbox.outbox
+slot: postbox
+publication: postbox
+admin_listen: 127.0.0.1:9187
+admin_token: ""
+log_level: info
+log_payloads: false
+allow_private_targets: false
+allowed_cidrs: []
+outbox_retention: 0s
+event_retention: 168h
+delivery_retention: 168h
+signing:
+  secrets: ["` + secret + `"]
+defaults:
+  timeout: 15s
+  max_attempts: 5
+endpoints:
+  partner-42:
+    url: "https://track.example/postback?click_id={payload.click_id}&payout={payload.payout}"
+    method: GET
+    rate_limit: 100/m
+    success: {status: [200], body_contains: "success=true"}
+  billing:
+    url: https://billing.example/hooks
+    timeout: 5s
+    max_in_flight: 2
+    retry_on: [404]
+    ordered: true
+    headers: {X-Team: payments}
+`
+	cfg, err := config.Parse([]byte(yaml))
+	require.NoError(t, err)
+	p := cfg.Endpoint("partner-42")
+	require.True(t, p.Configured)
+	require.Equal(t, "GET", p.Method)
+	require.Equal(t, config.Rate{N: 100, Per: time.Minute}, p.RateLimit)
+	require.Equal(t, []int{200}, p.Success.Status)
+	require.Equal(t, "success=true", p.Success.BodyContains)
+	require.Len(t, p.Secrets, 1)
+	b := cfg.Endpoint("billing")
+	require.Equal(t, 5*time.Second, b.Timeout)
+	require.Equal(t, 2, b.MaxInFlight)
+	require.Equal(t, 5, b.MaxAttempts, "inherited from defaults")
+	require.Equal(t, []int{404}, b.RetryOn)
+	require.True(t, b.Ordered)
+	require.Equal(t, "payments", b.Headers["X-Team"])
+	require.Equal(t, "POST", b.Method)
+}
+
+func TestErrorsNameTheKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		yaml string
+		key  string
+	}{
+		{"bogus: 1", "bogus"},
+		{"defaults:\n  timout: 5s", "defaults.timout"},
+		{"endpoints:\n  p:\n    url: https://x.example\n    colour: red", "endpoints.p.colour"},
+		{"event_retention: a week", "event_retention"},
+		{"defaults:\n  timeout: 5 minutes", "defaults.timeout"},
+		{"endpoints:\n  p:\n    url: https://x.example\n    rate_limit: fast", "endpoints.p.rate_limit"},
+		{"endpoints:\n  p:\n    url: https://x.example\n    rate_limit: 10/fortnight", "endpoints.p.rate_limit"},
+		{"endpoints:\n  p:\n    url: ftp://x.example", "endpoints.p.url"},
+		{"endpoints:\n  p:\n    url: https://x.example\n    max_attempts: 0", "endpoints.p.max_attempts"},
+		{"endpoints:\n  p:\n    url: https://x.example\n    max_in_flight: many", "endpoints.p.max_in_flight"},
+		{"endpoints:\n  p:\n    url: https://x.example\n    method: DELETE", "endpoints.p.method"},
+		{"endpoints:\n  p:\n    url: https://x.example\n    success: {status: [999]}", "endpoints.p.success.status[0]"},
+		{"log_level: loud", "log_level"},
+		{"slot: Bad-Name", "slot"},
+		{"publication: \"x; drop\"", "publication"},
+		{"outbox_table: app.Outbox", "outbox_table"},
+		{"admin_listen: 0.0.0.0:9187", "admin_token"},
+		{"allowed_cidrs: [10.0.0.0]", "allowed_cidrs[0]"},
+		{"signing:\n  secrets: [not-a-secret!]", "signing.secrets[0]"},
+		{"defaults:\n  backoff_base: 2h\n  backoff_cap: 1h", "defaults.backoff_base"},
+		{"max_body: huge", "max_body"},
+		{"allow_private_targets: maybe", "allow_private_targets"},
+		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
+	} {
+		_, err := config.Parse([]byte(tc.yaml))
+		require.Error(t, err, tc.yaml)
+		var ce *config.Error
+		require.True(t, errors.As(err, &ce), "%s: %v", tc.yaml, err)
+		require.Equal(t, tc.key, ce.Key, "%s: %v", tc.yaml, err)
+		require.Contains(t, err.Error(), tc.key)
+	}
+}
+
+func TestSecretsNeverInErrors(t *testing.T) {
+	t.Parallel()
+	_, err := config.Parse([]byte("signing:\n  secrets: [whsec_%%%supersecretvalue%%%]"))
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "supersecretvalue")
+}
+
+func TestEnvironmentOverridesTheFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "postbox.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("database_url: postgres://file@db/app\nlog_level: warn\n"), 0o600))
+	s1, s2 := outbox.NewSecret(), outbox.NewSecret()
+	env := map[string]string{
+		config.EnvDatabaseURL:         "postgres://env@db/app",
+		config.EnvLogLevel:            "debug",
+		config.EnvAllowPrivateTargets: "true",
+		config.EnvAdminListen:         "127.0.0.1:9999",
+		config.EnvSigningSecrets:      s1 + "," + s2,
+	}
+	cfg, err := config.Load(path, func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Equal(t, "postgres://env@db/app", cfg.DatabaseURL)
+	require.Equal(t, "debug", cfg.LogLevel)
+	require.True(t, cfg.AllowPrivateTargets)
+	require.Equal(t, "127.0.0.1:9999", cfg.AdminListen)
+	require.Len(t, cfg.Secrets(), 2)
+
+	env[config.EnvAllowPrivateTargets] = "perhaps"
+	_, err = config.Load(path, func(k string) string { return env[k] })
+	var ce *config.Error
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, config.EnvAllowPrivateTargets, ce.Key)
+}
+
+func TestRatesAndSizes(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]config.Rate{
+		"100/m": {100, time.Minute}, "10/s": {10, time.Second}, "1000/h": {1000, time.Hour},
+		"5/10s": {5, 10 * time.Second}, "60/min": {60, time.Minute},
+	} {
+		got, err := config.ParseRate(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	r, _ := config.ParseRate("100/m")
+	require.InDelta(t, 100.0/60, r.PerSecond(), 1e-9)
+	for _, bad := range []string{"", "100", "0/s", "-1/s", "x/s", "10/y"} {
+		_, err := config.ParseRate(bad)
+		require.Error(t, err, bad)
+	}
+	for in, want := range map[string]int64{"1MiB": 1 << 20, "512KiB": 512 << 10, "1048576": 1 << 20, "2MB": 2000000} {
+		got, err := config.ParseByteSize(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+}
+
+func TestTemplatesDefaultToGet(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Parse([]byte("endpoints:\n  aff:\n    url: https://t.example/pb?cid={payload.click_id}\n"))
+	require.NoError(t, err)
+	require.Equal(t, "GET", cfg.Endpoint("aff").Method)
+	require.True(t, strings.Contains(cfg.Endpoint("aff").URL, "{payload.click_id}"))
+}

@@ -1,0 +1,111 @@
+package dispatch_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/relay/dispatch"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+type harness struct {
+	d        *dispatch.Dispatcher
+	mu       sync.Mutex
+	outcomes []dispatch.Outcome
+	running  map[string]*atomic.Int32
+	peak     map[string]*atomic.Int32
+	release  chan struct{}
+}
+
+func newHarness(caps map[string]int) *harness {
+	h := &harness{running: map[string]*atomic.Int32{}, peak: map[string]*atomic.Int32{}, release: make(chan struct{})}
+	for ep := range caps {
+		h.running[ep], h.peak[ep] = &atomic.Int32{}, &atomic.Int32{}
+	}
+	h.d = dispatch.New(dispatch.Options{
+		Capacity: func(ep string) int { return caps[ep] },
+		Execute: func(ctx context.Context, j *dispatch.Job) store.Result {
+			n := h.running[j.Endpoint].Add(1)
+			for {
+				p := h.peak[j.Endpoint].Load()
+				if n <= p || h.peak[j.Endpoint].CompareAndSwap(p, n) {
+					break
+				}
+			}
+			defer h.running[j.Endpoint].Add(-1)
+			select {
+			case <-h.release:
+				return store.Result{DeliveryID: j.DeliveryID, Status: store.StatusDelivered}
+			case <-ctx.Done():
+				return dispatch.Released(j)
+			}
+		},
+		OnOutcome: func(o dispatch.Outcome) {
+			h.mu.Lock()
+			h.outcomes = append(h.outcomes, o)
+			h.mu.Unlock()
+		},
+	})
+	return h
+}
+
+func (h *harness) count(status string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, o := range h.outcomes {
+		if o.Result.Status == status {
+			n++
+		}
+	}
+	return n
+}
+
+func TestLanesCapInFlightPerEndpoint(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"slow": 2, "fast": 3})
+	for i := range 10 {
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "slow"}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "fast"}, false)
+	}
+	require.Eventually(t, func() bool { return h.running["slow"].Load() == 2 && h.running["fast"].Load() == 3 },
+		5*time.Second, time.Millisecond)
+	free, _ := h.d.Free()
+	require.Equal(t, 0, free["slow"], "2 running + 8 queued is the lane's limit (5 × cap)")
+	close(h.release)
+	require.Eventually(t, func() bool { return h.count(store.StatusDelivered) == 20 }, 5*time.Second, time.Millisecond)
+	require.EqualValues(t, 2, h.peak["slow"].Load())
+	require.EqualValues(t, 3, h.peak["fast"].Load())
+}
+
+func TestReserveStopsAtTheLaneLimit(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 2})
+	for range dispatch.LaneLimit(2) {
+		require.True(t, h.d.Reserve("e"))
+	}
+	require.False(t, h.d.Reserve("e"), "lane full: the delivery waits in the queue table")
+	h.d.Unreserve("e")
+	require.True(t, h.d.Reserve("e"))
+}
+
+func TestStopReleasesQueuedAndCancelsPastGrace(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 1})
+	for i := range 3 {
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "e"}, false)
+	}
+	require.Eventually(t, func() bool { return h.running["e"].Load() == 1 }, 5*time.Second, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	h.d.Stop(ctx)
+	require.Equal(t, 3, h.count(store.StatusReleased), "two queued and the one cut off")
+	require.False(t, h.d.Reserve("e"), "no fast path while stopping")
+	h.d.Submit(&dispatch.Job{DeliveryID: 9, Endpoint: "e"}, false)
+	require.Equal(t, 4, h.count(store.StatusReleased), "a job submitted while stopping is released")
+}

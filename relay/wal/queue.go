@@ -1,0 +1,84 @@
+package wal
+
+import (
+	"context"
+	"sync"
+)
+
+// Queue hands transactions from the stream to their consumer. It holds at
+// most a bounded number of rows and bytes (a single chunk always fits), so
+// memory stays bounded however large a transaction is, and a busy consumer
+// gets everything that arrived meanwhile in one batch while the stream
+// keeps reading: group commit without a timer.
+type Queue struct {
+	mu       sync.Mutex
+	chunks   []Chunk
+	rows     int
+	bytes    int
+	maxRows  int
+	maxBytes int
+	closed   bool
+	ready    chan struct{} // something to take
+	space    chan struct{} // room was freed
+}
+
+// NewQueue returns a Queue holding up to maxRows rows and maxBytes bytes.
+func NewQueue(maxRows, maxBytes int) *Queue {
+	return &Queue{maxRows: maxRows, maxBytes: maxBytes,
+		ready: make(chan struct{}, 1), space: make(chan struct{}, 1)}
+}
+
+// tryPut adds c unless the queue is full.
+func (q *Queue) tryPut(c Chunk) bool {
+	q.mu.Lock()
+	if len(q.chunks) > 0 && (q.rows+len(c.Rows) > q.maxRows || q.bytes+c.Bytes > q.maxBytes) {
+		q.mu.Unlock()
+		return false
+	}
+	q.chunks = append(q.chunks, c)
+	q.rows += len(c.Rows)
+	q.bytes += c.Bytes
+	q.mu.Unlock()
+	signal(q.ready)
+	return true
+}
+
+// Close marks the end of the stream: Take returns what is left, then false.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	signal(q.ready)
+}
+
+// Take waits for chunks and returns all that are queued, in order. It
+// returns false once the queue is closed and empty (or ctx ends).
+func (q *Queue) Take(ctx context.Context) ([]Chunk, bool) {
+	for {
+		q.mu.Lock()
+		if len(q.chunks) > 0 {
+			out := q.chunks
+			q.chunks, q.rows, q.bytes = nil, 0, 0
+			q.mu.Unlock()
+			signal(q.space)
+			return out, true
+		}
+		closed := q.closed
+		q.mu.Unlock()
+		if closed {
+			return nil, false
+		}
+		select {
+		case <-q.ready:
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

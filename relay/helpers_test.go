@@ -31,6 +31,8 @@ type testBundle struct {
 	cfg    *config.Config
 	secret string
 	logs   *syncBuffer
+	// logLevel of the captured relay log (debug unless a test needs less).
+	logLevel zerolog.Level
 }
 
 func setup(t *testing.T) *testBundle {
@@ -79,7 +81,7 @@ func (tb *testBundle) endpoint(t *testing.T, name, u string, mod func(*config.En
 // start starts a relay and waits until it streams; it is stopped at cleanup.
 func (tb *testBundle) start(t *testing.T, opts relay.Options) *relay.Relay {
 	t.Helper()
-	opts.Logger = zerolog.New(tb.logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
+	opts.Logger = zerolog.New(tb.logs).Level(tb.logLevel).With().Timestamp().Logger()
 	r, err := relay.New(tb.cfg, opts)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))

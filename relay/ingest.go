@@ -160,7 +160,7 @@ const maxInsertRows = 2000
 func (ing *ingester) run(ctx context.Context) {
 	defer close(ing.drained)
 	r := ing.r
-	conn, err := r.store.AcquireIngest(ctx, r.owner, r.cfg.Load().Lease.D())
+	conn, err := r.store.AcquireIngest(ctx, r.owner)
 	if err != nil {
 		ing.abort(fmt.Errorf("ingest connection: %w", err))
 		return
@@ -267,6 +267,9 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		del = ing.ids
 	}
 	err := ing.conn.Commit(ctx, end, del)
+	if len(ing.ids) >= 1000 {
+		r.log.Debug().Int("rows", len(ing.ids)).Stringer("lsn", end).Msg("ingested a large transaction")
+	}
 	tx, queued := ing.tx, ing.queued
 	ing.tx, ing.ids, ing.queued = nil, nil, nil
 	tx.Finish(err)
@@ -356,7 +359,7 @@ func (r *Relay) reconcile(ctx context.Context) {
 	}
 	defer r.reconMu.Unlock()
 	cfg := r.cfg.Load()
-	conn, err := r.store.AcquireIngest(ctx, r.owner, cfg.Lease.D())
+	conn, err := r.store.AcquireIngest(ctx, r.owner)
 	if err != nil {
 		r.log.Warn().Err(err).Msg("reconcile: no connection; will retry")
 		return

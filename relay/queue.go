@@ -74,7 +74,7 @@ func (r *Relay) claimOnce(ctx context.Context) (bool, error) {
 		}
 	}
 	defaultFree := dispatch.LaneLimit(cfg.Endpoint("").MaxInFlight)
-	claimed, err := r.store.Claim(ctx, r.owner, cfg.Lease.D(), defaultFree, free, min(total, 1000))
+	claimed, err := r.store.Claim(ctx, r.owner, defaultFree, free, min(total, 1000))
 	if err != nil {
 		return false, err
 	}
@@ -144,6 +144,7 @@ func (r *Relay) recordLoop(stop <-chan struct{}) {
 // delivery does not exist and the stream will bring the event again.
 func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool) {
 	results := make([]store.Result, 0, len(batch))
+	recorded := make([]*dispatch.Job, 0, len(batch))
 	waiting := map[*dispatch.Ingest][]dispatch.Outcome{}
 	for _, o := range batch {
 		if tx := o.Job.Ingest; tx != nil {
@@ -151,6 +152,7 @@ func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool
 			case <-tx.Done():
 				if err := tx.Wait(ctx); err != nil {
 					r.log.Debug().Str("event_id", o.Job.EventID).Err(err).Msg("result dropped: its ingest did not commit")
+					r.disp.Recorded(o.Job)
 					continue
 				}
 			default:
@@ -159,12 +161,19 @@ func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool
 					continue
 				}
 				if err := tx.Wait(ctx); err != nil {
+					r.disp.Recorded(o.Job)
 					continue
 				}
 			}
 		}
 		results = append(results, o.Result)
+		recorded = append(recorded, o.Job)
 	}
+	defer func() {
+		for _, j := range recorded {
+			r.disp.Recorded(j)
+		}
+	}()
 	for tx, os := range waiting {
 		go func() {
 			_ = tx.Wait(r.hardCtx)
@@ -205,27 +214,22 @@ func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool
 	r.wakeClaimer()
 }
 
-// maintainLoop renews this instance's leases, returns expired ones (from
-// crashed instances) to the queue, and purges ingested outbox rows past
-// their retention.
+// maintainLoop keeps this instance registered (which keeps its claims
+// its own), returns deliveries of instances that died to the queue, and
+// purges ingested outbox rows past their retention.
 func (r *Relay) maintainLoop(ctx context.Context) {
 	cfg := r.cfg.Load()
 	tick := time.NewTicker(max(cfg.Lease.D()/3, 100*time.Millisecond))
 	defer tick.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
 		cfg = r.cfg.Load()
-		if _, err := r.store.RenewLeases(ctx, r.owner, cfg.Lease.D()); err != nil && ctx.Err() == nil {
-			r.log.Warn().Err(err).Msg("renewing leases failed")
+		if err := r.store.Heartbeat(ctx, r.instance(), cfg.Lease.D()); err != nil && ctx.Err() == nil {
+			r.log.Warn().Err(err).Msg("heartbeat failed")
 		}
-		if n, err := r.store.ExpireLeases(ctx, 1000); err != nil && ctx.Err() == nil {
-			r.log.Warn().Err(err).Msg("expiring leases failed")
+		if n, err := r.store.ReleaseAbandoned(ctx, 5000); err != nil && ctx.Err() == nil {
+			r.log.Warn().Err(err).Msg("releasing abandoned deliveries failed")
 		} else if n > 0 {
-			r.log.Info().Int64("deliveries", n).Msg("returned deliveries with expired leases to the queue")
+			r.log.Info().Int64("deliveries", n).Msg("returned deliveries of a stopped instance to the queue")
 			r.backlog.Store(true)
 			r.wakeClaimer()
 		}
@@ -233,6 +237,11 @@ func (r *Relay) maintainLoop(ctx context.Context) {
 			if _, err := r.store.PurgeIngestedOutbox(ctx, ret, 5000); err != nil && ctx.Err() == nil {
 				r.log.Warn().Err(err).Msg("purging the outbox failed")
 			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
 }

@@ -130,6 +130,11 @@ func newInstanceID() string {
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
+func (r *Relay) instance() store.Instance {
+	host, _ := os.Hostname()
+	return store.Instance{ID: r.owner, Hostname: host, PID: os.Getpid(), Version: Version}
+}
+
 // InstanceID is the name this instance holds leases under.
 func (r *Relay) InstanceID() string { return r.owner }
 
@@ -232,6 +237,23 @@ func (r *Relay) run() error {
 	if err := store.Migrate(lifeCtx, pool, cfg.Table()); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	// Register before claiming anything: claims belong to registered
+	// instances, and another instance releases those of unknown owners.
+	for {
+		err := r.store.Heartbeat(lifeCtx, r.instance(), cfg.Lease.D())
+		if err == nil {
+			break
+		}
+		if lifeCtx.Err() != nil {
+			return nil
+		}
+		r.log.Warn().Err(err).Msg("registering this instance failed; retrying")
+		select {
+		case <-lifeCtx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
 	if len(cfg.Secrets()) == 0 {
 		r.log.Warn().Msg("no signing secrets configured: deliveries are not signed (set signing.secrets or POSTBOX_SIGNING_SECRETS)")
 	}
@@ -267,9 +289,14 @@ func (r *Relay) run() error {
 	maintDone.Wait()
 	relCtx, cancelRel := context.WithTimeout(context.Background(), 5*time.Second)
 	if n, err := r.store.ReleaseOwned(relCtx, r.owner); err != nil {
-		r.log.Warn().Err(err).Msg("could not release claimed deliveries; their leases will expire")
-	} else if n > 0 {
-		r.log.Info().Int64("deliveries", n).Msg("released claimed deliveries to the queue")
+		r.log.Warn().Err(err).Msg("could not release claimed deliveries; they return to the queue when this instance's lease expires")
+	} else {
+		if n > 0 {
+			r.log.Info().Int64("deliveries", n).Msg("released claimed deliveries to the queue")
+		}
+		if err := r.store.Deregister(relCtx, r.owner); err != nil {
+			r.log.Warn().Err(err).Msg("could not deregister this instance")
+		}
 	}
 	cancelRel()
 	r.log.Info().Stringer("confirmed_lsn", pglogrepl.LSN(r.durable.Load())).Msg("postbox stopped")

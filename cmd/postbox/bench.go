@@ -124,6 +124,12 @@ func newBenchReceiver() *benchReceiver {
 	return br
 }
 
+func (br *benchReceiver) distinct() int {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	return len(br.first)
+}
+
 func (br *benchReceiver) reset() {
 	br.mu.Lock()
 	br.first, br.dups = map[string]time.Time{}, 0
@@ -307,7 +313,7 @@ func (e *benchEnv) latency(ctx context.Context, o benchOptions) (*latencyResult,
 	close(jobs)
 	wg.Wait()
 	deadline := time.Now().Add(30 * time.Second)
-	for e.recv.n.Load() < sent.Load() && time.Now().Before(deadline) {
+	for e.recv.distinct() < int(sent.Load()) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	rss := e.stopRelay()
@@ -330,7 +336,7 @@ func (e *benchEnv) latency(ctx context.Context, o benchOptions) (*latencyResult,
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.events, postbox.deliveries, postbox.latency_samples`)
+	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples`)
 	sort.Float64s(lat)
 	return &latencyResult{
 		Rate: o.rate, Endpoints: o.endpoints, Sent: int(sent.Load()), Received: len(first),
@@ -364,7 +370,7 @@ func (e *benchEnv) catchup(ctx context.Context, o benchOptions) (*catchupResult,
 		return nil, err
 	}
 	deadline := time.Now().Add(10 * time.Minute)
-	for int(e.recv.n.Load()) < o.backlog && time.Now().Before(deadline) {
+	for e.recv.distinct() < o.backlog && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
@@ -380,7 +386,7 @@ func (e *benchEnv) catchup(ctx context.Context, o benchOptions) (*catchupResult,
 		}
 	}
 	drain := hi.Sub(lo).Seconds()
-	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.events, postbox.deliveries, postbox.latency_samples`)
+	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples`)
 	return &catchupResult{
 		Backlog: o.backlog, Endpoints: o.endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,
 		Rate: float64(len(first)) / elapsed.Seconds(), DrainRate: float64(len(first)) / drain,

@@ -72,8 +72,9 @@ type Config struct {
 	MaxBody             ByteSize `yaml:"max_body"`
 	// ShutdownGrace bounds how long SIGTERM waits for in-flight attempts.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
-	// Lease is how long a claimed delivery stays with its instance without
-	// renewal; a crashed instance's claims return to the queue after it.
+	// Lease is how long an instance's claims outlive its last heartbeat (it
+	// heartbeats every third of it): a crashed or frozen instance's claims
+	// return to the queue after it.
 	Lease Duration `yaml:"lease"`
 	// SweepInterval is the safety-net poll of the queue; the hot path never
 	// waits for it.

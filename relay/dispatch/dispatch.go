@@ -76,7 +76,8 @@ type Options struct {
 	// Execute makes one attempt. Its context is cancelled only when a
 	// shutdown runs out of grace; it should then return a released result.
 	Execute func(ctx context.Context, j *Job) store.Result
-	// OnOutcome receives every finished job. It must not block for long.
+	// OnOutcome receives every finished job. It must not block for long,
+	// and must call Recorded once the outcome is recorded or dropped.
 	OnOutcome func(Outcome)
 	// OnFree is called (without locks held) when a lane has drained to
 	// half its limit, so the queue can be claimed from in batches.
@@ -184,6 +185,8 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 		l.reserved--
 		d.heldJobs--
 	}
+	d.heldJobs++
+	d.heldBytes += len(j.Payload)
 	if d.stopping {
 		d.dropIdleLocked(j.Endpoint, l)
 		d.mu.Unlock()
@@ -191,8 +194,6 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 		return
 	}
 	l.queue = append(l.queue, j)
-	d.heldJobs++
-	d.heldBytes += len(j.Payload)
 	d.pumpLocked(l)
 	d.mu.Unlock()
 }
@@ -220,6 +221,16 @@ func (d *Dispatcher) Free() (map[string]int, int) {
 		total = 0
 	}
 	return out, total
+}
+
+// Recorded releases a job's share of the global budget once its outcome
+// is recorded (or dropped): until then its payload is still in memory, and
+// an instance that cannot record must not keep claiming.
+func (d *Dispatcher) Recorded(j *Job) {
+	d.mu.Lock()
+	d.heldJobs--
+	d.heldBytes -= len(j.Payload)
+	d.mu.Unlock()
 }
 
 // Stopping reports whether Stop has begun.
@@ -259,8 +270,6 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	}()
 	d.mu.Lock()
 	l.inFlight--
-	d.heldJobs--
-	d.heldBytes -= len(j.Payload)
 	if !d.stopping {
 		d.pumpLocked(l)
 	}
@@ -288,10 +297,6 @@ func (d *Dispatcher) Stop(ctx context.Context) {
 	var queued []*Job
 	for _, l := range d.lanes {
 		queued = append(queued, l.queue...)
-		for _, j := range l.queue {
-			d.heldJobs--
-			d.heldBytes -= len(j.Payload)
-		}
 		l.queue = nil
 	}
 	d.mu.Unlock()

@@ -49,6 +49,7 @@ func newHarness(caps map[string]int) *harness {
 			h.mu.Lock()
 			h.outcomes = append(h.outcomes, o)
 			h.mu.Unlock()
+			h.d.Recorded(o.Job)
 		},
 	})
 	return h

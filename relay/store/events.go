@@ -60,10 +60,9 @@ ev AS (
   RETURNING id, event_id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, status, lease_owner, lease_expires_at, last_error)
+  INSERT INTO postbox.deliveries (event_pk, endpoint, status, lease_owner, last_error)
   SELECT ev.id, ev.endpoint, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END,
-         CASE WHEN i.status = 'in_flight' THEN now() + $14 * interval '1 second' END,
          nullif(i.last_error, '')
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
   RETURNING id, event_pk
@@ -71,7 +70,7 @@ dl AS (
 SELECT i.ord, dl.id, dl.event_pk
 FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint`
 
-func insertEventsArgs(owner string, lease time.Duration, evs []NewEvent) []any {
+func insertEventsArgs(owner string, evs []NewEvent) []any {
 	n := len(evs)
 	var (
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
@@ -101,7 +100,7 @@ func insertEventsArgs(owner string, lease time.Duration, evs []NewEvent) []any {
 			committed[i] = &e.CommittedAt
 		}
 	}
-	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, lease.Seconds()}
+	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner}
 }
 
 // IngestConn writes ingested events on one connection, in transactions
@@ -114,12 +113,11 @@ type IngestConn struct {
 	s     *Store
 	inTx  bool
 	owner string
-	lease time.Duration
 }
 
-// AcquireIngest takes a connection from the pool for ingesting. owner and
-// lease apply to in_flight deliveries (the fast path).
-func (s *Store) AcquireIngest(ctx context.Context, owner string, lease time.Duration) (*IngestConn, error) {
+// AcquireIngest takes a connection from the pool for ingesting. owner
+// holds the in_flight deliveries (the fast path).
+func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, error) {
 	c, err := s.Pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -131,7 +129,7 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string, lease time.Dura
 		c.Release()
 		return nil, err
 	}
-	return &IngestConn{conn: c, s: s, owner: owner, lease: lease}, nil
+	return &IngestConn{conn: c, s: s, owner: owner}, nil
 }
 
 // InTx reports whether a transaction is open.
@@ -146,7 +144,7 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent) ([]Ingested, e
 	if !ic.inTx {
 		b.Queue("BEGIN")
 	}
-	b.Queue(insertEventsSQL, insertEventsArgs(ic.owner, ic.lease, evs)...)
+	b.Queue(insertEventsSQL, insertEventsArgs(ic.owner, evs)...)
 	br := ic.conn.SendBatch(ctx, b)
 	if !ic.inTx {
 		if _, err := br.Exec(); err != nil {

@@ -54,22 +54,23 @@ picked AS (
   LIMIT $4
 )
 UPDATE postbox.deliveries d
-SET status = 'in_flight', lease_owner = $5, lease_expires_at = now() + $6 * interval '1 second', updated_at = now()
+SET status = 'in_flight', lease_owner = $5, updated_at = now()
 FROM picked, postbox.events e
 WHERE d.id = picked.id AND e.id = d.event_pk
 RETURNING d.id, d.endpoint, d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
           e.payload::text, e.headers::text, e.created_at, e.committed_at`
 
-// Claim takes due deliveries for owner with a lease. free caps the claim
-// per endpoint; endpoints not in free get defaultFree; limit caps the total.
-func (s *Store) Claim(ctx context.Context, owner string, lease time.Duration, defaultFree int, free map[string]int, limit int) ([]Claimed, error) {
+// Claim takes due deliveries for owner (a registered instance, see
+// Heartbeat). free caps the claim per endpoint; endpoints not in free get
+// defaultFree; limit caps the total.
+func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free map[string]int, limit int) ([]Claimed, error) {
 	names := make([]string, 0, len(free))
 	caps := make([]int32, 0, len(free))
 	for name, n := range free {
 		names = append(names, name)
 		caps = append(caps, int32(n))
 	}
-	rows, err := s.Pool.Query(ctx, claimSQL, names, caps, defaultFree, limit, owner, lease.Seconds())
+	rows, err := s.Pool.Query(ctx, claimSQL, names, caps, defaultFree, limit, owner)
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
@@ -135,7 +136,7 @@ UPDATE postbox.deliveries d SET
   last_response = CASE WHEN r.attempted THEN nullif(r.response, '') ELSE d.last_response END,
   delivered_at = CASE WHEN r.status = 'delivered' THEN r.at ELSE d.delivered_at END,
   commit_to_delivery_ms = CASE WHEN r.status = 'delivered' THEN nullif(r.c2d_ms, -1) ELSE d.commit_to_delivery_ms END,
-  lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+  lease_owner = NULL, updated_at = now()
 FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::int4[], $8::text[], $9::timestamptz[], $10::int4[])
   AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms)
 WHERE d.id = ANY($1) AND d.id = r.id AND d.status = 'in_flight' AND d.lease_owner = $11`
@@ -247,33 +248,65 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result) (i
 	return updated, nil
 }
 
-// RenewLeases extends the leases owner holds. Rows being written at the
-// moment are skipped rather than waited for.
-func (s *Store) RenewLeases(ctx context.Context, owner string, lease time.Duration) (int64, error) {
-	tag, err := s.Pool.Exec(ctx, `
-		UPDATE postbox.deliveries SET lease_expires_at = now() + $2 * interval '1 second'
-		WHERE id IN (SELECT id FROM postbox.deliveries
-		             WHERE status = 'in_flight' AND lease_owner = $1
-		             FOR UPDATE SKIP LOCKED)`, owner, lease.Seconds())
-	if err != nil {
-		return 0, fmt.Errorf("renew leases: %w", err)
-	}
-	return tag.RowsAffected(), nil
+// Instance describes a running postbox for the registry.
+type Instance struct {
+	ID       string
+	Hostname string
+	PID      int
+	Version  string
 }
 
-// ExpireLeases returns up to limit deliveries whose lease ended (their
-// instance died or froze) to the queue, due at once. The interrupted
-// attempt is not counted: it may or may not have reached the receiver.
-func (s *Store) ExpireLeases(ctx context.Context, limit int) (int64, error) {
+// Heartbeat registers the instance (or renews its registration) for
+// lease: its deliveries in flight stay its own until then.
+func (s *Store) Heartbeat(ctx context.Context, in Instance, lease time.Duration) error {
+	_, err := s.Pool.Exec(ctx, `
+		INSERT INTO postbox.instances (id, hostname, pid, version, expires_at)
+		VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second')
+		ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at`,
+		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds())
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	return nil
+}
+
+// Deregister removes the instance from the registry (a clean shutdown).
+func (s *Store) Deregister(ctx context.Context, id string) error {
+	_, err := s.Pool.Exec(ctx, `DELETE FROM postbox.instances WHERE id = $1`, id)
+	return err
+}
+
+// ReleaseAbandoned returns to the queue, due at once, up to limit
+// deliveries in flight whose owner is no longer registered (it crashed, was
+// killed, or froze past its lease), and forgets expired registrations. The
+// interrupted attempt is not counted: it may or may not have reached the
+// receiver.
+func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) {
 	tag, err := s.Pool.Exec(ctx, `
+		WITH RECURSIVE owners AS (
+		  (SELECT lease_owner FROM postbox.deliveries WHERE status = 'in_flight' ORDER BY lease_owner LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT d.lease_owner FROM postbox.deliveries d
+		          WHERE d.status = 'in_flight' AND d.lease_owner > owners.lease_owner
+		          ORDER BY d.lease_owner LIMIT 1)
+		  FROM owners WHERE owners.lease_owner IS NOT NULL
+		),
+		dead AS (
+		  SELECT lease_owner FROM owners
+		  WHERE lease_owner IS NOT NULL
+		    AND NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = owners.lease_owner AND i.expires_at > now())
+		)
 		UPDATE postbox.deliveries
 		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
-		    lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = now(), updated_at = now()
+		    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
 		WHERE id IN (SELECT id FROM postbox.deliveries
-		             WHERE status = 'in_flight' AND lease_expires_at < now()
+		             WHERE status = 'in_flight' AND lease_owner IN (SELECT lease_owner FROM dead)
 		             LIMIT $1 FOR UPDATE SKIP LOCKED)`, limit)
 	if err != nil {
-		return 0, fmt.Errorf("expire leases: %w", err)
+		return 0, fmt.Errorf("release abandoned deliveries: %w", err)
+	}
+	if _, err := s.Pool.Exec(ctx, `DELETE FROM postbox.instances WHERE expires_at < now() - interval '1 hour'`); err != nil {
+		return 0, fmt.Errorf("forget expired instances: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
@@ -284,7 +317,7 @@ func (s *Store) ReleaseOwned(ctx context.Context, owner string) (int64, error) {
 	tag, err := s.Pool.Exec(ctx, `
 		UPDATE postbox.deliveries
 		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
-		    lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = now(), updated_at = now()
+		    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
 		WHERE status = 'in_flight' AND lease_owner = $1`, owner)
 	if err != nil {
 		return 0, fmt.Errorf("release deliveries: %w", err)

@@ -1,0 +1,140 @@
+package relay_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// idCounter is a lean receiver for large tests: it keeps only counts.
+type idCounter struct {
+	*httptest.Server
+	mu  sync.Mutex
+	ids map[string]int
+	n   atomic.Int64
+}
+
+func newIDCounter(t *testing.T) *idCounter {
+	c := &idCounter{ids: map[string]int{}}
+	c.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		id := r.Header.Get(outbox.HeaderID)
+		c.mu.Lock()
+		c.ids[id]++
+		c.mu.Unlock()
+		c.n.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(c.Close)
+	return c
+}
+
+// TestHugeTransactionInBoundedMemory commits 100,000 outbox rows in one
+// transaction: the stream hands them over in chunks, the ingester writes
+// them in bounded statements inside one database transaction, and the
+// heap stays bounded throughout.
+func TestHugeTransactionInBoundedMemory(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("100,000 deliveries")
+	}
+	tb := setup(t)
+	tb.logLevel = zerolog.InfoLevel // not a line per attempt in memory
+	rc := newIDCounter(t)
+	tb.endpoint(t, "bulk", rc.URL, func(ec *config.EndpointConfig) {
+		n := 32
+		ec.MaxInFlight = &n
+	})
+	tb.start(t, relay.Options{})
+	const n = 100000
+	var peak atomic.Uint64
+	done := make(chan struct{})
+	go func() {
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > peak.Load() {
+				peak.Store(ms.HeapAlloc)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	// ~250 bytes of payload a row: 25 MB in the transaction.
+	_, err := tb.pool.Exec(context.Background(), `
+		INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'bulk', jsonb_build_object('i', i, 'click_id', md5(i::text), 'pad', repeat('x', 200))
+		FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+	waitUntil(t, 5*time.Minute, "100,000 deliveries", func() bool { return rc.n.Load() >= n })
+	close(done)
+	tb.waitSettled(t, n, time.Minute)
+	rc.mu.Lock()
+	require.Len(t, rc.ids, n, "every event arrived")
+	rc.mu.Unlock()
+	require.Equal(t, map[string]int{store.StatusDelivered: n}, tb.deliveries(t))
+	t.Logf("peak heap %.1f MB while ingesting and delivering %d events of one transaction", float64(peak.Load())/(1<<20), n)
+	require.Less(t, peak.Load(), uint64(80<<20), "the heap stays bounded (the transaction alone is ~25 MB of payload)")
+}
+
+// TestQuietOutboxNeverPinsWAL: with no outbox traffic, writes elsewhere in
+// the database still let the slot's confirmed position follow the WAL.
+func TestQuietOutboxNeverPinsWAL(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.StatusInterval = config.Duration(200 * time.Millisecond)
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+	_, err := tb.pool.Exec(ctx, `CREATE TABLE busy (id serial PRIMARY KEY, v text); INSERT INTO busy (v) SELECT md5(i::text) FROM generate_series(1, 10000) i`)
+	require.NoError(t, err)
+	var target string
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target))
+	want, _ := pglogrepl.ParseLSN(target)
+	waitUntil(t, 20*time.Second, "the slot to follow the WAL", func() bool {
+		var confirmed string
+		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&confirmed))
+		got, _ := pglogrepl.ParseLSN(confirmed)
+		return got >= want
+	})
+}
+
+// TestReconnectsAfterTheConnectionDrops terminates the walsender: the
+// relay reconnects with backoff and delivers what was committed meanwhile.
+func TestReconnectsAfterTheConnectionDrops(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+	first := tb.insert(t, outbox.Event{Endpoint: "p"})
+	tb.waitSettled(t, 1, 20*time.Second)
+	var killed bool
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&killed))
+	require.True(t, killed)
+	second := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
+	tb.waitSettled(t, 3, 30*time.Second)
+	byID := rc.byID()
+	for _, id := range append(first, second...) {
+		require.Equal(t, 1, byID[id], "event %s delivered once", id)
+	}
+	require.Contains(t, tb.logs.String(), "replication session ended")
+}

@@ -87,6 +87,19 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 		return res
 	}
 	ep := t.ep
+	// Held back (breaker open or half-open, or paused by the receiver):
+	// back to the queue without spending an attempt; claims skip the
+	// endpoint until it may be tried again.
+	if hold, _ := r.guard.holdUntil(j.Endpoint, ep.FailureThreshold, j.Probe, r.owner, r.now()); hold {
+		return dispatch.Released(j)
+	}
+	if !ep.RateLimit.IsZero() {
+		// Above the rate the event waits, holding only its own endpoint's
+		// slot; it never fails for it.
+		if err := r.limit.wait(ctx, j.Endpoint, ep.RateLimit); err != nil {
+			return dispatch.Released(j)
+		}
+	}
 	req := deliver.Request{
 		EventID: j.EventID,
 		Method:  ep.Method,
@@ -111,6 +124,17 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 	v := policy.Classify(policy.Attempt{StatusCode: resp.StatusCode, Header: resp.Header, Body: resp.Body,
 		Err: resp.Err, Timeout: ep.Timeout}, ep)
 	res.LastError = v.Reason
+	res.Signal = signal(v, resp.StatusCode)
+	r.guard.observe(j.Endpoint, res.Signal, res.At)
+	if resp.StatusCode == http.StatusTooManyRequests || v.RetryAfter > 0 {
+		// The receiver asks for less: the whole endpoint waits, so the
+		// other queued events do not burn their attempts meanwhile.
+		res.Pause = v.RetryAfter
+		if res.Pause == 0 {
+			res.Pause = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, r.rand)
+		}
+		res.Pause = min(res.Pause, ep.BackoffCap)
+	}
 	ev := r.log.Debug()
 	switch {
 	case v.Kind == policy.Success:
@@ -121,8 +145,8 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 	case v.Kind == policy.Retry && j.Attempt < ep.MaxAttempts:
 		res.Status = store.StatusFailed
 		res.Delay = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, r.rand)
-		if v.RetryAfter > 0 {
-			res.Delay = min(v.RetryAfter, ep.BackoffCap)
+		if v.RetryAfter > 0 || res.Pause > 0 {
+			res.Delay = max(res.Pause, min(v.RetryAfter, ep.BackoffCap))
 		}
 		ev = r.log.Info()
 	case v.Kind == policy.Retry:
@@ -137,6 +161,20 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Str("outcome", res.Status).
 		Str("reason", res.LastError).Dur("retry_in", res.Delay).Msg("attempt")
 	return res
+}
+
+// signal is what an attempt says about its endpoint's health: a success,
+// or a failure of the endpoint itself (5xx, timeouts, connection errors, a
+// body that fails the success rule). A 429 is the receiver pacing us, and
+// other 4xx are about the event, not the endpoint.
+func signal(v policy.Verdict, code int) store.Signal {
+	switch {
+	case v.Kind == policy.Success:
+		return store.SignalSuccess
+	case v.Kind == policy.Retry && code != http.StatusTooManyRequests:
+		return store.SignalFailure
+	}
+	return store.SignalNone
 }
 
 // responseSnippet is the start of a response body as stored: at most 1 KiB

@@ -81,6 +81,33 @@ func (tb *testBundle) endpoint(t *testing.T, name, u string, mod func(*config.En
 // start starts a relay and waits until it streams; it is stopped at cleanup.
 func (tb *testBundle) start(t *testing.T, opts relay.Options) *relay.Relay {
 	t.Helper()
+	r := tb.startAny(t, opts)
+	waitUntil(t, 30*time.Second, "relay streaming", func() bool {
+		select {
+		case <-r.Stopped():
+			t.Fatalf("relay stopped: %v", r.Err())
+		default:
+		}
+		return r.Streaming()
+	})
+	return r
+}
+
+// startStandby starts a relay beside one that streams, and waits until it
+// has registered (it delivers from the queue).
+func (tb *testBundle) startStandby(t *testing.T, opts relay.Options) *relay.Relay {
+	t.Helper()
+	r := tb.startAny(t, opts)
+	waitUntil(t, 30*time.Second, "relay registered", func() bool {
+		var n int
+		_ = tb.pool.QueryRow(context.Background(), `SELECT count(*) FROM postbox.instances WHERE id = $1`, r.InstanceID()).Scan(&n)
+		return n == 1
+	})
+	return r
+}
+
+func (tb *testBundle) startAny(t *testing.T, opts relay.Options) *relay.Relay {
+	t.Helper()
 	opts.Logger = zerolog.New(tb.logs).Level(tb.logLevel).With().Timestamp().Logger()
 	r, err := relay.New(tb.cfg, opts)
 	require.NoError(t, err)
@@ -89,14 +116,6 @@ func (tb *testBundle) start(t *testing.T, opts relay.Options) *relay.Relay {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		_ = r.Stop(ctx)
-	})
-	waitUntil(t, 30*time.Second, "relay streaming", func() bool {
-		select {
-		case <-r.Stopped():
-			t.Fatalf("relay stopped: %v", r.Err())
-		default:
-		}
-		return r.Streaming()
 	})
 	return r
 }
@@ -147,6 +166,16 @@ type delivery struct {
 	LastResponse string
 }
 
+// attempts returns a delivery's attempt count, or -1 before it exists.
+func (tb *testBundle) attempts(t *testing.T, eventID string) int {
+	t.Helper()
+	n := -1
+	_ = tb.pool.QueryRow(context.Background(), `
+		SELECT d.attempt_count FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE e.event_id = $1 ORDER BY d.id DESC LIMIT 1`, eventID).Scan(&n)
+	return n
+}
+
 func (tb *testBundle) delivery(t *testing.T, eventID string) delivery {
 	t.Helper()
 	var d delivery
@@ -186,6 +215,9 @@ type receiver struct {
 	mu     sync.Mutex
 	reqs   []received
 	answer func(n int, r received) int
+	// respond, when set, answers instead of answer, with headers.
+	respond func(r received) (int, http.Header)
+	body    string // the response body
 }
 
 type received struct {
@@ -211,10 +243,30 @@ func newReceiver(t *testing.T, answer func(n int, r received) int) *receiver {
 		rc.mu.Lock()
 		rc.reqs = append(rc.reqs, got)
 		n := len(rc.reqs)
+		respond, respBody := rc.respond, rc.body
 		rc.mu.Unlock()
-		w.WriteHeader(rc.answer(n, got))
+		if respond != nil {
+			code, h := respond(got)
+			for k, v := range h {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(code)
+		} else {
+			w.WriteHeader(rc.answer(n, got))
+		}
+		_, _ = io.WriteString(w, respBody)
 	}))
 	t.Cleanup(rc.Close)
+	return rc
+}
+
+// newReceiverWithHeaders is a receiver whose answers carry headers.
+func newReceiverWithHeaders(t *testing.T, respond func(r received) (int, http.Header)) *receiver {
+	t.Helper()
+	rc := newReceiver(t, nil)
+	rc.mu.Lock()
+	rc.respond = respond
+	rc.mu.Unlock()
 	return rc
 }
 

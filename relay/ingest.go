@@ -298,7 +298,7 @@ func (r *Relay) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LS
 	switch {
 	case t.reason != "":
 		ev.Status, ev.LastError = store.StatusDeadLetter, t.reason
-	case fast && r.disp.Reserve(row.Endpoint):
+	case fast && !t.ep.Ordered && !r.guard.blocked(row.Endpoint, r.now()) && r.disp.Reserve(row.Endpoint):
 		ev.Status = store.StatusInFlight
 		return ev, true
 	}

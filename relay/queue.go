@@ -64,28 +64,38 @@ func (r *Relay) claimOnce(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	cfg := r.cfg.Load()
+	unhealthy, err := r.store.UnhealthyEndpoints(ctx)
+	if err != nil {
+		return false, err
+	}
+	r.guard.replace(unhealthy)
+	r.claimProbes(ctx)
 	free, total := r.disp.Free()
 	if total == 0 {
 		return true, nil
 	}
+	var ordered []string
 	for name, ep := range cfg.ConfiguredEndpoints() {
+		if ep.Ordered {
+			ordered = append(ordered, name)
+		}
 		if _, ok := free[name]; !ok {
 			free[name] = dispatch.LaneLimit(ep.MaxInFlight)
 		}
 	}
 	defaultFree := dispatch.LaneLimit(cfg.Endpoint("").MaxInFlight)
-	claimed, err := r.store.Claim(ctx, r.owner, defaultFree, free, min(total, 1000))
+	claimed, err := r.store.Claim(ctx, r.owner, defaultFree, free, min(total, 1000), ordered)
 	if err != nil {
 		return false, err
 	}
-	for _, c := range claimed {
-		r.disp.Submit(&dispatch.Job{
-			DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Attempt: c.AttemptCount + 1,
-			EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
-			CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt,
-		}, false)
+	heads, err := r.store.ClaimOrdered(ctx, r.owner, ordered)
+	if err != nil {
+		return false, err
 	}
-	return len(claimed) > 0, nil
+	for _, c := range append(claimed, heads...) {
+		r.disp.Submit(jobFromClaim(c), false)
+	}
+	return len(claimed)+len(heads) > 0, nil
 }
 
 // onOutcome queues a finished attempt for recording. It never blocks.
@@ -185,8 +195,10 @@ func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool
 	if len(results) == 0 {
 		return
 	}
+	var changes []store.HealthChange
 	for attempt := 1; ; attempt++ {
-		_, err := r.store.RecordResults(ctx, r.owner, results)
+		var err error
+		changes, err = r.store.RecordResults(ctx, r.owner, results, r.applyHealth)
 		if err == nil {
 			break
 		}
@@ -203,6 +215,13 @@ func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool
 		}
 	}
 	now := time.Now()
+	r.guard.update(changes, now)
+	r.logTransitions(changes)
+	for _, j := range recorded {
+		if j.Probe {
+			r.guard.setProbing(j.Endpoint, false)
+		}
+	}
 	for _, res := range results {
 		switch res.Status {
 		case store.StatusFailed:

@@ -53,6 +53,8 @@ type Relay struct {
 
 	client *deliver.Client
 	disp   *dispatch.Dispatcher
+	guard  *guard
+	limit  *limiter
 	pool   *pgxpool.Pool
 	store  *store.Store
 	dbName string
@@ -92,6 +94,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 		now:       opts.Now,
 		rand:      opts.Rand,
 		claimWake: make(chan struct{}, 1),
+		guard:     newGuard(),
 		outWake:   make(chan struct{}, 1),
 		stopCh:    make(chan struct{}),
 		stopped:   make(chan struct{}),
@@ -228,6 +231,7 @@ func (r *Relay) run() error {
 	defer pool.Close()
 	r.pool = pool
 	r.store = &store.Store{Pool: pool, Table: cfg.Table(), Slot: cfg.Slot}
+	r.limit = newLimiter(r.store)
 	if err := store.Preflight(lifeCtx, pool); err != nil {
 		return err
 	}

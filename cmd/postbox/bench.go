@@ -39,7 +39,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var o benchOptions
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.scenarios, "scenario", "latency,catchup", "comma-separated: latency, catchup")
+	fs.StringVar(&o.scenarios, "scenario", "latency,catchup", "comma-separated: latency, hanging, failing, catchup")
 	fs.IntVar(&o.rate, "rate", 200, "latency: events per second")
 	fs.IntVar(&o.endpoints, "endpoints", 10, "number of endpoints")
 	fs.DurationVar(&o.duration, "duration", 20*time.Second, "latency: how long to produce")
@@ -67,12 +67,23 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 type benchResult struct {
 	Machine string         `json:"machine"`
 	Latency *latencyResult `json:"latency,omitempty"`
+	Hanging *latencyResult `json:"latency_with_hanging_endpoint,omitempty"`
+	Failing *failingResult `json:"failing_endpoint,omitempty"`
 	Catchup *catchupResult `json:"catchup,omitempty"`
+}
+
+type failingResult struct {
+	Queued    int     `json:"queued"`
+	Seconds   float64 `json:"seconds"`
+	Requests  int64   `json:"requests"`
+	Threshold int     `json:"failure_threshold"`
+	State     string  `json:"breaker_state"`
 }
 
 type latencyResult struct {
 	Rate      int     `json:"rate_per_s"`
 	Endpoints int     `json:"endpoints"`
+	Hanging   bool    `json:"one_endpoint_hanging"`
 	Sent      int     `json:"sent"`
 	Received  int     `json:"received"`
 	Lost      int     `json:"lost"`
@@ -99,17 +110,31 @@ type catchupResult struct {
 // benchReceiver records when each event first arrived.
 type benchReceiver struct {
 	*httptest.Server
-	mu    sync.Mutex
-	first map[string]time.Time
-	dups  int
-	n     atomic.Int64
+	mu     sync.Mutex
+	first  map[string]time.Time
+	dups   int
+	n      atomic.Int64
+	failed atomic.Int64  // requests to /fail
+	hang   chan struct{} // /hang blocks until closed
 }
 
 func newBenchReceiver() *benchReceiver {
-	br := &benchReceiver{first: map[string]time.Time{}}
+	br := &benchReceiver{first: map[string]time.Time{}, hang: make(chan struct{})}
 	br.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		_, _ = io.Copy(io.Discard, r.Body)
+		switch r.URL.Path {
+		case "/hang":
+			select {
+			case <-br.hang:
+			case <-r.Context().Done():
+			}
+			return
+		case "/fail":
+			br.failed.Add(1)
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
 		id := r.Header.Get("webhook-id")
 		br.mu.Lock()
 		if _, ok := br.first[id]; ok {
@@ -177,6 +202,7 @@ func runBench(ctx context.Context, o benchOptions, log io.Writer) (*benchResult,
 	defer pool.Close()
 	env := &benchEnv{cluster: cluster, dbURL: dbURL, pool: pool, recv: newBenchReceiver(), log: log}
 	defer env.recv.Close()
+	defer close(env.recv.hang)
 	dir, err := os.MkdirTemp("", "postbox-bench-")
 	if err != nil {
 		return nil, err
@@ -187,6 +213,8 @@ func runBench(ctx context.Context, o benchOptions, log io.Writer) (*benchResult,
 	for i := range o.endpoints {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, env.recv.URL, i)
 	}
+	// Defaults otherwise: a 15 s timeout, the breaker at 10 failures.
+	fmt.Fprintf(&b, "  hang:\n    url: %s/hang\n  fail:\n    url: %s/fail\n", env.recv.URL, env.recv.URL)
 	env.cfgPath = filepath.Join(dir, "postbox.yaml")
 	if err := os.WriteFile(env.cfgPath, []byte(b.String()), 0o600); err != nil {
 		return nil, err
@@ -195,7 +223,15 @@ func runBench(ctx context.Context, o benchOptions, log io.Writer) (*benchResult,
 	for _, s := range strings.Split(o.scenarios, ",") {
 		switch strings.TrimSpace(s) {
 		case "latency":
-			if res.Latency, err = env.latency(ctx, o); err != nil {
+			if res.Latency, err = env.latency(ctx, o, false); err != nil {
+				return nil, err
+			}
+		case "hanging":
+			if res.Hanging, err = env.latency(ctx, o, true); err != nil {
+				return nil, err
+			}
+		case "failing":
+			if res.Failing, err = env.failing(ctx); err != nil {
 				return nil, err
 			}
 		case "catchup":
@@ -275,7 +311,10 @@ func (e *benchEnv) stopRelay() float64 {
 	return rss
 }
 
-func (e *benchEnv) latency(ctx context.Context, o benchOptions) (*latencyResult, error) {
+// latency produces a paced stream over the endpoints; with hanging, one of
+// them is the endpoint that never answers (its events are left out of the
+// figures, which are the healthy endpoints').
+func (e *benchEnv) latency(ctx context.Context, o benchOptions, hanging bool) (*latencyResult, error) {
 	e.recv.reset()
 	if err := e.startRelay(ctx); err != nil {
 		return nil, err
@@ -285,7 +324,7 @@ func (e *benchEnv) latency(ctx context.Context, o benchOptions) (*latencyResult,
 	if err := e.waitCaughtUp(ctx); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s\n", o.rate, o.endpoints, o.duration)
+	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.rate, o.endpoints, o.duration, hanging)
 	interval := time.Second / time.Duration(o.rate)
 	total := int(o.duration / interval)
 	var sent atomic.Int64
@@ -298,9 +337,13 @@ func (e *benchEnv) latency(ctx context.Context, o benchOptions) (*latencyResult,
 	for range 8 {
 		wg.Go(func() {
 			for i := range jobs {
+				ep := fmt.Sprintf("ep-%d", i%o.endpoints)
+				if hanging && i%o.endpoints == o.endpoints-1 {
+					ep = "hang"
+				}
 				_, err := e.pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ($1, $2)`,
-					fmt.Sprintf("ep-%d", i%o.endpoints), fmt.Sprintf(`{"i":%d,"click_id":"clk_%d","payout":"1.00"}`, i, i))
-				if err == nil {
+					ep, fmt.Sprintf(`{"i":%d,"click_id":"clk_%d","payout":"1.00"}`, i, i))
+				if err == nil && ep != "hang" {
 					sent.Add(1)
 				}
 			}
@@ -339,11 +382,31 @@ func (e *benchEnv) latency(ctx context.Context, o benchOptions) (*latencyResult,
 	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples`)
 	sort.Float64s(lat)
 	return &latencyResult{
-		Rate: o.rate, Endpoints: o.endpoints, Sent: int(sent.Load()), Received: len(first),
+		Rate: o.rate, Endpoints: o.endpoints, Hanging: hanging, Sent: int(sent.Load()), Received: len(first),
 		Lost: int(sent.Load()) - len(first), Dups: dups,
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		RSSMB: rss,
 	}, nil
+}
+
+// failing queues 200 events for an endpoint that answers only 500 and
+// counts the requests it gets in 30 seconds: the breaker's saving.
+func (e *benchEnv) failing(ctx context.Context) (*failingResult, error) {
+	if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	before := e.recv.failed.Load()
+	fmt.Fprintln(e.log, "bench: failing endpoint, 200 events queued for 30 s")
+	if _, err := e.pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint) SELECT 'fail' FROM generate_series(1, 200)`); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	time.Sleep(30 * time.Second)
+	res := &failingResult{Queued: 200, Seconds: time.Since(start).Seconds(), Requests: e.recv.failed.Load() - before}
+	_ = e.pool.QueryRow(ctx, `SELECT state, failure_threshold FROM postbox.endpoint_health WHERE endpoint = 'fail'`).Scan(&res.State, &res.Threshold)
+	e.stopRelay()
+	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples, postbox.endpoint_health`)
+	return res, nil
 }
 
 func (e *benchEnv) catchup(ctx context.Context, o benchOptions) (*catchupResult, error) {
@@ -428,10 +491,21 @@ func machineDescription() string {
 
 func printBench(w io.Writer, r *benchResult) {
 	fmt.Fprintf(w, "postbox bench (%s)\n", r.Machine)
-	if l := r.Latency; l != nil {
-		fmt.Fprintf(w, "\ncommit → receiver latency at %d events/s over %d endpoints:\n", l.Rate, l.Endpoints)
+	for _, l := range []*latencyResult{r.Latency, r.Hanging} {
+		if l == nil {
+			continue
+		}
+		if l.Hanging {
+			fmt.Fprintf(w, "\ncommit → receiver latency of the %d healthy endpoints at %d events/s, one of %d endpoints hanging:\n", l.Endpoints-1, l.Rate, l.Endpoints)
+		} else {
+			fmt.Fprintf(w, "\ncommit → receiver latency at %d events/s over %d endpoints:\n", l.Rate, l.Endpoints)
+		}
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d; relay peak RSS %.0f MB\n", l.Sent, l.Received, l.Lost, l.Dups, l.RSSMB)
+	}
+	if f := r.Failing; f != nil {
+		fmt.Fprintf(w, "\nan endpoint answering only 500, %d events queued for it:\n", f.Queued)
+		fmt.Fprintf(w, "  %d requests in %.0f s (breaker %s after %d consecutive failures)\n", f.Requests, f.Seconds, f.State, f.Threshold)
 	}
 	if c := r.Catchup; c != nil {
 		fmt.Fprintf(w, "\ncatch-up of a %d-event backlog over %d endpoints:\n", c.Backlog, c.Endpoints)

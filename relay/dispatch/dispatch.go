@@ -33,6 +33,8 @@ type Job struct {
 	// Ingest, when not nil, is the transaction that writes this delivery;
 	// its result can be recorded only once that has committed.
 	Ingest *Ingest
+	// Probe marks the one attempt that tests a half-open circuit breaker.
+	Probe bool
 }
 
 // Ingest tracks an ingest transaction that jobs depend on.

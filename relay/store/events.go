@@ -65,6 +65,7 @@ dl AS (
          CASE WHEN i.status = 'in_flight' THEN $13 END,
          nullif(i.last_error, '')
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
+  ORDER BY i.ord -- delivery ids follow commit order: ordered endpoints rely on it
   RETURNING id, event_pk
 )
 SELECT i.ord, dl.id, dl.event_pk

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Claimed is a delivery claimed from the queue, with its event.
@@ -24,73 +23,143 @@ type Claimed struct {
 	CommittedAt  time.Time // zero when unknown
 }
 
-// claimSQL claims due deliveries, at most free[endpoint] (or $3 for an
-// endpoint not listed) per endpoint, so one endpoint's backlog cannot fill
-// a batch. The endpoints with queued rows are found with a skip scan of
-// deliveries_due (one index probe per endpoint, however deep its queue).
-const claimSQL = `
-WITH RECURSIVE eps AS (
-  (SELECT endpoint FROM postbox.deliveries
-   WHERE status IN ('pending', 'failed') ORDER BY endpoint LIMIT 1)
+// claimedColumns is what every claim returns, from d (deliveries) and e
+// (events).
+const claimedColumns = `d.id, d.endpoint, d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
+          e.payload::text, e.headers::text, e.created_at, e.committed_at`
+
+// healthyEndpoint is true for an endpoint whose breaker is closed and that
+// no receiver asked to pause.
+const healthyEndpoint = `NOT EXISTS (SELECT 1 FROM postbox.endpoint_health h
+  WHERE h.endpoint = %s AND (h.state <> 'closed' OR h.paused_until > now()))`
+
+// claimSQL claims due deliveries: per endpoint at most free[endpoint] (or
+// $3 for one not listed), first attempts and retries interleaved so
+// neither starves the other, and round-robin across endpoints under the
+// overall limit $4, so one endpoint's backlog cannot fill a batch. The
+// endpoints with queued rows are found by skip scans (one index probe per
+// endpoint, however deep its queue). Ordered endpoints ($6) are claimed by
+// claimOrderedSQL; endpoints with an open breaker or a pause wait.
+var claimSQL = `
+WITH RECURSIVE pending_eps AS (
+  (SELECT endpoint FROM postbox.deliveries WHERE status = 'pending' ORDER BY endpoint LIMIT 1)
   UNION ALL
   SELECT (SELECT d.endpoint FROM postbox.deliveries d
-          WHERE d.status IN ('pending', 'failed') AND d.endpoint > eps.endpoint
-          ORDER BY d.endpoint LIMIT 1)
-  FROM eps WHERE eps.endpoint IS NOT NULL
+          WHERE d.status = 'pending' AND d.endpoint > p.endpoint ORDER BY d.endpoint LIMIT 1)
+  FROM pending_eps p WHERE p.endpoint IS NOT NULL
+),
+retry_eps AS (
+  (SELECT endpoint FROM postbox.deliveries WHERE status = 'failed' ORDER BY endpoint LIMIT 1)
+  UNION ALL
+  SELECT (SELECT d.endpoint FROM postbox.deliveries d
+          WHERE d.status = 'failed' AND d.endpoint > r.endpoint ORDER BY d.endpoint LIMIT 1)
+  FROM retry_eps r WHERE r.endpoint IS NOT NULL
+),
+eps AS (
+  SELECT endpoint FROM pending_eps WHERE endpoint IS NOT NULL
+  UNION
+  SELECT endpoint FROM retry_eps WHERE endpoint IS NOT NULL
 ),
 caps AS (
   SELECT eps.endpoint, coalesce(f.free, $3) AS free
   FROM eps LEFT JOIN unnest($1::text[], $2::int4[]) AS f(endpoint, free) ON f.endpoint = eps.endpoint
-  WHERE eps.endpoint IS NOT NULL AND coalesce(f.free, $3) > 0
+  WHERE coalesce(f.free, $3) > 0
+    AND NOT (eps.endpoint = ANY($6::text[]))
+    AND ` + fmt.Sprintf(healthyEndpoint, "eps.endpoint") + `
+),
+firsts AS (
+  SELECT caps.endpoint, caps.free, d.id, d.next_attempt_at, 0 AS kind FROM caps CROSS JOIN LATERAL (
+    SELECT id, next_attempt_at FROM postbox.deliveries
+    WHERE endpoint = caps.endpoint AND status = 'pending' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, id LIMIT caps.free
+    FOR UPDATE SKIP LOCKED) d
+),
+retries AS (
+  SELECT caps.endpoint, caps.free, d.id, d.next_attempt_at, 1 AS kind FROM caps CROSS JOIN LATERAL (
+    SELECT id, next_attempt_at FROM postbox.deliveries
+    WHERE endpoint = caps.endpoint AND status = 'failed' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at, id LIMIT caps.free
+    FOR UPDATE SKIP LOCKED) d
+),
+ranked AS (
+  SELECT id, endpoint, free,
+         row_number() OVER (PARTITION BY endpoint ORDER BY rn, kind) AS pos
+  FROM (SELECT *, row_number() OVER (PARTITION BY endpoint, kind ORDER BY next_attempt_at, id) AS rn
+        FROM (SELECT * FROM firsts UNION ALL SELECT * FROM retries) u) x
 ),
 picked AS (
-  SELECT d.id FROM caps CROSS JOIN LATERAL (
-    SELECT id FROM postbox.deliveries
-    WHERE endpoint = caps.endpoint AND status IN ('pending', 'failed') AND next_attempt_at <= now()
-    ORDER BY next_attempt_at, id
-    LIMIT caps.free
-    FOR UPDATE SKIP LOCKED
-  ) d
-  LIMIT $4
+  SELECT id FROM ranked WHERE pos <= free ORDER BY pos, endpoint LIMIT $4
 )
 UPDATE postbox.deliveries d
 SET status = 'in_flight', lease_owner = $5, updated_at = now()
 FROM picked, postbox.events e
 WHERE d.id = picked.id AND e.id = d.event_pk
-RETURNING d.id, d.endpoint, d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
-          e.payload::text, e.headers::text, e.created_at, e.committed_at`
+RETURNING ` + claimedColumns
+
+// claimOrderedSQL claims, for each ordered endpoint, its oldest live
+// delivery if that is due and nothing of the endpoint is in flight: one at
+// a time, in ingest (commit) order, a failure holding back only its own
+// endpoint. The status check in the locking query is re-evaluated on the
+// newest row version, so a head another instance just delivered is not
+// claimed again.
+var claimOrderedSQL = `
+WITH heads AS (
+  SELECT h.id FROM unnest($1::text[]) AS o(endpoint)
+  CROSS JOIN LATERAL (
+    SELECT d.id, d.status, d.next_attempt_at FROM postbox.deliveries d
+    WHERE d.endpoint = o.endpoint AND d.status IN ('pending', 'in_flight', 'failed')
+    ORDER BY d.id LIMIT 1) h
+  WHERE h.status <> 'in_flight' AND h.next_attempt_at <= now()
+    AND ` + fmt.Sprintf(healthyEndpoint, "o.endpoint") + `
+),
+locked AS (
+  SELECT id FROM postbox.deliveries
+  WHERE id IN (SELECT id FROM heads) AND status IN ('pending', 'failed') AND next_attempt_at <= now()
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE postbox.deliveries d
+SET status = 'in_flight', lease_owner = $2, updated_at = now()
+FROM locked, postbox.events e
+WHERE d.id = locked.id AND e.id = d.event_pk
+RETURNING ` + claimedColumns
 
 // Claim takes due deliveries for owner (a registered instance, see
 // Heartbeat). free caps the claim per endpoint; endpoints not in free get
-// defaultFree; limit caps the total.
-func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free map[string]int, limit int) ([]Claimed, error) {
+// defaultFree; limit caps the total. Ordered endpoints are left to
+// ClaimOrdered.
+func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free map[string]int, limit int, ordered []string) ([]Claimed, error) {
 	names := make([]string, 0, len(free))
 	caps := make([]int32, 0, len(free))
 	for name, n := range free {
 		names = append(names, name)
 		caps = append(caps, int32(n))
 	}
-	rows, err := s.Pool.Query(ctx, claimSQL, names, caps, defaultFree, limit, owner)
+	if ordered == nil {
+		ordered = []string{}
+	}
+	return s.claim(ctx, claimSQL, names, caps, defaultFree, limit, owner, ordered)
+}
+
+// ClaimOrdered claims the next delivery of each ordered endpoint that has
+// nothing in flight.
+func (s *Store) ClaimOrdered(ctx context.Context, owner string, endpoints []string) ([]Claimed, error) {
+	if len(endpoints) == 0 {
+		return nil, nil
+	}
+	return s.claim(ctx, claimOrderedSQL, endpoints, owner)
+}
+
+func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]Claimed, error) {
+	rows, err := s.Pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
 	defer rows.Close()
 	var out []Claimed
 	for rows.Next() {
-		var c Claimed
-		var payload string
-		var headers *string
-		var committed *time.Time
-		if err := rows.Scan(&c.DeliveryID, &c.Endpoint, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
-			&payload, &headers, &c.CreatedAt, &committed); err != nil {
+		c, err := scanClaimed(rows)
+		if err != nil {
 			return nil, fmt.Errorf("claim deliveries: %w", err)
-		}
-		c.Payload = []byte(payload)
-		if headers != nil {
-			c.Headers = []byte(*headers)
-		}
-		if committed != nil {
-			c.CommittedAt = *committed
 		}
 		out = append(out, c)
 	}
@@ -100,20 +169,56 @@ func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free m
 	return out, nil
 }
 
+func scanClaimed(row pgx.Row) (Claimed, error) {
+	var c Claimed
+	var payload string
+	var headers *string
+	var committed *time.Time
+	if err := row.Scan(&c.DeliveryID, &c.Endpoint, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
+		&payload, &headers, &c.CreatedAt, &committed); err != nil {
+		return c, err
+	}
+	c.Payload = []byte(payload)
+	if headers != nil {
+		c.Headers = []byte(*headers)
+	}
+	if committed != nil {
+		c.CommittedAt = *committed
+	}
+	return c, nil
+}
+
+// Signal is what an attempt says about its endpoint's health.
+type Signal int
+
+const (
+	// SignalNone: nothing (no request, or an answer that is about the
+	// event, such as 400, not about the endpoint).
+	SignalNone Signal = iota
+	// SignalSuccess: the endpoint answered as it should.
+	SignalSuccess
+	// SignalFailure: the endpoint is failing (5xx, timeout, connection
+	// error, a body that fails the success rule).
+	SignalFailure
+)
+
 // Result is the outcome of one claimed delivery.
 type Result struct {
 	DeliveryID int64
 	Endpoint   string
 	// Status is delivered, failed (retry after Delay), dead_letter, or
-	// released (back to the queue, no attempt counted).
+	// released (back to the queue after Delay, no attempt counted).
 	Status string
 	Delay  time.Duration
 	// Attempted counts toward max_attempts and sets last_error and the
 	// other last_* columns.
 	Attempted bool
-	// Sampled is true when a request was sent: it records a latency
-	// sample and counts in the endpoint's success or failure streak.
-	Sampled            bool
+	// Sampled is true when a request was sent: it records a latency sample.
+	Sampled bool
+	// Signal feeds the endpoint's circuit breaker.
+	Signal Signal
+	// Pause asks that the endpoint get no attempts for this long (a 429).
+	Pause              time.Duration
 	LastError          string
 	StatusCode         int // 0 when there was no response
 	ResponseMS         int
@@ -145,26 +250,24 @@ const insertSamplesSQL = `
 INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
 SELECT * FROM unnest($1::text[], $2::int4[], $3::int4[], $4::text[], $5::timestamptz[])`
 
-const upsertHealthSQL = `
-INSERT INTO postbox.endpoint_health AS h
-  (endpoint, consecutive_failures, last_success_at, last_failure_at, last_error, last_status_code)
-SELECT * FROM unnest($1::text[], $2::int4[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::int4[])
-ON CONFLICT (endpoint) DO UPDATE SET
-  consecutive_failures = CASE WHEN excluded.last_success_at IS NOT NULL THEN excluded.consecutive_failures
-                              ELSE h.consecutive_failures + excluded.consecutive_failures END,
-  last_success_at = coalesce(excluded.last_success_at, h.last_success_at),
-  last_failure_at = coalesce(excluded.last_failure_at, h.last_failure_at),
-  last_error = coalesce(excluded.last_error, h.last_error),
-  last_status_code = coalesce(excluded.last_status_code, h.last_status_code)`
+// HealthFunc computes an endpoint's new health from its current row (a
+// closed one when it has none) and the batch's results for it, in order.
+type HealthFunc func(cur Health, rs []Result) Health
+
+// HealthChange is one endpoint's health before and after a batch.
+type HealthChange struct {
+	Old, New Health
+}
 
 // RecordResults writes a batch of results in one transaction: the
 // deliveries (only those still leased to owner: a lease lost to another
-// instance is not overwritten), one latency sample per attempt, and the
-// endpoints' success and failure streaks. It returns how many deliveries
-// it updated.
-func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result) (int64, error) {
+// instance is not overwritten), one latency sample per request, and the
+// health of each endpoint concerned, computed by apply while its row is
+// locked, so instances recording at once see each other's streaks. It
+// returns the health of those endpoints before and after.
+func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result, apply HealthFunc) ([]HealthChange, error) {
 	if len(rs) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	n := len(rs)
 	ids, statuses, delays := make([]int64, n), make([]string, n), make([]float64, n)
@@ -174,78 +277,61 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result) (i
 	var sMS, sCode []int32
 	var sOutcome []string
 	var sAt []time.Time
-	type health struct {
-		failures    int32
-		lastSuccess *time.Time
-		lastFailure *time.Time
-		lastError   *string
-		lastCode    *int32
-	}
-	hs := map[string]*health{}
+	byEndpoint := map[string][]Result{}
 	for i, r := range rs {
 		ids[i], statuses[i], delays[i] = r.DeliveryID, r.Status, r.Delay.Seconds()
 		attempted[i], errs[i], codes[i] = r.Attempted, r.LastError, int32(r.StatusCode)
 		ms[i], bodies[i], ats[i], c2d[i] = int32(r.ResponseMS), r.Response, r.At, int32(r.CommitToDeliveryMS)
-		if !r.Sampled {
-			continue
+		if r.Sampled {
+			sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, int32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, r.Status), append(sAt, r.At)
 		}
-		outcome := r.Status
-		sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, int32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, outcome), append(sAt, r.At)
-		h := hs[r.Endpoint]
-		if h == nil {
-			h = &health{}
-			hs[r.Endpoint] = h
-		}
-		at := r.At
-		if r.Status == StatusDelivered {
-			h.failures, h.lastSuccess = 0, &at
-		} else {
-			h.failures++
-			h.lastFailure = &at
-			e := r.LastError
-			h.lastError = &e
-			if r.StatusCode != 0 {
-				c := int32(r.StatusCode)
-				h.lastCode = &c
-			}
+		if r.Sampled || r.Signal != SignalNone || r.Pause > 0 {
+			byEndpoint[r.Endpoint] = append(byEndpoint[r.Endpoint], r)
 		}
 	}
-	// Health rows in name order, so concurrent instances lock them in the
-	// same order.
-	names := make([]string, 0, len(hs))
-	for name := range hs {
+	// Health rows are locked in name order, so concurrent instances lock
+	// them in the same order.
+	names := make([]string, 0, len(byEndpoint))
+	for name := range byEndpoint {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	var hEp []string
-	var hFail []int32
-	var hSucc, hFailAt []*time.Time
-	var hErr []*string
-	var hCode []*int32
-	for _, name := range names {
-		h := hs[name]
-		hEp, hFail, hSucc, hFailAt, hErr, hCode = append(hEp, name), append(hFail, h.failures), append(hSucc, h.lastSuccess), append(hFailAt, h.lastFailure), append(hErr, h.lastError), append(hCode, h.lastCode)
-	}
 
-	var updated int64
+	var changes []HealthChange
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner).Exec(func(ct pgconn.CommandTag) error {
-			updated = ct.RowsAffected()
-			return nil
-		})
+		b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
 		if len(sEp) > 0 {
 			b.Queue(insertSamplesSQL, sEp, sMS, sCode, sOutcome, sAt)
 		}
-		if len(hEp) > 0 {
-			b.Queue(upsertHealthSQL, hEp, hFail, hSucc, hFailAt, hErr, hCode)
+		var current map[string]Health
+		if len(names) > 0 {
+			b.Queue(selectHealthSQL+` WHERE endpoint = ANY($1) ORDER BY endpoint FOR UPDATE`, names).Query(func(rows pgx.Rows) error {
+				var err error
+				current, err = collectHealth(rows)
+				return err
+			})
 		}
-		return tx.SendBatch(ctx, b).Close()
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		if len(names) == 0 {
+			return nil
+		}
+		changes = make([]HealthChange, 0, len(names))
+		for _, name := range names {
+			cur, ok := current[name]
+			if !ok {
+				cur = Health{Endpoint: name, State: BreakerClosed}
+			}
+			changes = append(changes, HealthChange{Old: cur, New: apply(cur, byEndpoint[name])})
+		}
+		return s.writeHealth(ctx, tx, changes)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("record results: %w", err)
+		return nil, fmt.Errorf("record results: %w", err)
 	}
-	return updated, nil
+	return changes, nil
 }
 
 // Instance describes a running postbox for the registry.

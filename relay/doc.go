@@ -1,0 +1,50 @@
+// Package relay is postbox as a library: New, Start, Stop.
+//
+// # The path of an event
+//
+//	application tx ──commit──▶ WAL ──pgoutput──▶ wal.Stream ──Queue──▶ ingester
+//	                                                                   │
+//	      ┌──────────── one transaction of postbox's schema ───────────┤
+//	      │  INSERT events + deliveries (in_flight when the endpoint's │
+//	      │  lane had room, else pending; dead_letter for bad input)   │
+//	      │        ── fast path: hand the in_flight ones to the ───────┼──▶ dispatch lanes ──▶ HTTP
+//	      │           dispatcher now, while the rest commits           │        ▲
+//	      │  checkpoint := commit end LSN; DELETE the outbox rows      │        │ claims (FOR UPDATE
+//	      └─ COMMIT ──▶ durable LSN ──▶ reported to PostgreSQL as flushed      │ SKIP LOCKED) for pending
+//	                                                                            │ rows, due retries, other
+//	  results (batched) ──▶ deliveries, latency samples, endpoint health ◀─────┘ instances' work
+//
+// # The LSN checkpoint
+//
+// The position confirmed to PostgreSQL never passes what is durable in
+// postbox's own tables:
+//
+//	received ──(Commit)──▶ queued ──(ingest COMMIT)──▶ durable ──(status update)──▶ confirmed
+//	                                                      │
+//	               nothing queued and no transaction open ┴─▶ confirmed := server WAL end
+//
+// A crash between ingest and confirmation makes the server send those
+// transactions again; they are recognised by the checkpoint (their commit
+// lies before it) and skipped, and the unique (event_id, endpoint) key
+// makes any that slip through harmless. A crash before the ingest
+// committed loses nothing either: the server still has the WAL. Only
+// attempts that had started (the fast path starts them while the ingest
+// commits) may then be repeated.
+//
+// # Leases
+//
+// A delivery in flight belongs to the instance named in lease_owner for as
+// long as that instance's registration in postbox.instances is current; it
+// heartbeats every third of the lease. A dead or frozen instance's
+// deliveries return to the queue; its late results are not written, as the
+// owner no longer matches.
+//
+// # Endpoint protection
+//
+// Each endpoint has its own lane (max_in_flight attempts and a small
+// buffer), its own circuit breaker (see policy.Breaker; shared by all
+// instances through postbox.endpoint_health, with exactly one probe when
+// half-open), its own token bucket (shared through postbox.rate_buckets),
+// and its own pause when a receiver answers 429 or Retry-After. Held-back
+// events wait in the queue without spending attempts.
+package relay

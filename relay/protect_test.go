@@ -1,0 +1,336 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+func durp(d time.Duration) *config.Duration { c := config.Duration(d); return &c }
+func intp(n int) *int                       { return &n }
+
+// latencies returns commit-to-arrival times of the given receiver's requests.
+func (tb *testBundle) latencies(t *testing.T, reqs []received) []time.Duration {
+	t.Helper()
+	committed := map[string]time.Time{}
+	rows, err := tb.pool.Query(context.Background(), `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		var at time.Time
+		require.NoError(t, rows.Scan(&id, &at))
+		committed[id] = at
+	}
+	require.NoError(t, rows.Err())
+	var out []time.Duration
+	for _, r := range reqs {
+		if c, ok := committed[r.ID]; ok {
+			out = append(out, r.At.Sub(c))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func pct(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted)-1)+0.5))]
+}
+
+// TestHangingEndpointDoesNotSlowTheOthers streams to nine healthy
+// endpoints twice, the second time with a tenth endpoint that hangs past
+// its timeout. The nine lose nothing and keep their latency. It runs alone
+// (not parallel) so that the two runs are comparable.
+func TestHangingEndpointDoesNotSlowTheOthers(t *testing.T) {
+	tb := setup(t)
+	healthy := newReceiver(t, nil)
+	hang := make(chan struct{})
+	hanging := newReceiver(t, func(int, received) int {
+		<-hang
+		return http.StatusOK
+	})
+	t.Cleanup(func() { close(hang) })
+	for i := range 9 {
+		tb.endpoint(t, fmt.Sprintf("ok-%d", i), healthy.URL+fmt.Sprintf("/ok-%d", i), nil)
+	}
+	tb.endpoint(t, "hang", hanging.URL, func(ec *config.EndpointConfig) {
+		ec.Timeout = durp(time.Second)
+		ec.MaxAttempts = intp(100)
+	})
+	tb.start(t, relay.Options{})
+
+	// 50 events a second for 4 s, each its own transaction.
+	stream := func(withHanging bool) []string {
+		var ids []string
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := range 200 {
+			<-tick.C
+			ids = append(ids, tb.insert(t, outbox.Event{Endpoint: fmt.Sprintf("ok-%d", i%9)})...)
+			if withHanging && i%4 == 0 {
+				tb.insert(t, outbox.Event{Endpoint: "hang"})
+			}
+		}
+		return ids
+	}
+	waitFor := func(ids []string) {
+		waitUntil(t, 30*time.Second, "healthy deliveries", func() bool {
+			got := healthy.byID()
+			for _, id := range ids {
+				if got[id] == 0 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	idsA := stream(false)
+	waitFor(idsA)
+	nA := len(healthy.requests())
+	latA := tb.latencies(t, healthy.requests())
+
+	idsB := stream(true)
+	waitFor(idsB)
+	latB := tb.latencies(t, healthy.requests()[nA:])
+	require.Len(t, latB, len(idsB), "the nine lose nothing and get each event once")
+	require.Greater(t, hanging.count(), 0, "the hanging endpoint was tried")
+
+	t.Logf("healthy endpoints alone:        p50 %s  p90 %s  p99 %s", pct(latA, .5), pct(latA, .9), pct(latA, .99))
+	t.Logf("with one endpoint hanging:      p50 %s  p90 %s  p99 %s", pct(latB, .5), pct(latB, .9), pct(latB, .99))
+	// Within 2× of the run without the hanging endpoint (a millisecond of
+	// slack for scheduling noise at these small values).
+	require.LessOrEqual(t, pct(latB, .5), 2*pct(latA, .5)+time.Millisecond)
+	require.LessOrEqual(t, pct(latB, .9), 2*pct(latA, .9)+time.Millisecond)
+}
+
+// TestBreakerProbesOnceAcrossInstances runs two instances against an
+// endpoint that fails: the breaker opens after the threshold, each
+// half-open period sends exactly one probe (whichever instance wins it),
+// the cooldown doubles up to its cap, and once the endpoint recovers the
+// held events are delivered with their attempts unspent.
+func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	var healthy atomic.Bool
+	rc := newReceiver(t, func(int, received) int {
+		if healthy.Load() {
+			return http.StatusOK
+		}
+		return http.StatusInternalServerError
+	})
+	cooldown, maxCooldown := 300*time.Millisecond, time.Second
+	tb.endpoint(t, "flaky", rc.URL, func(ec *config.EndpointConfig) {
+		ec.FailureThreshold = intp(3)
+		ec.Cooldown = durp(cooldown)
+		ec.MaxCooldown = durp(maxCooldown)
+		ec.MaxAttempts = intp(1000)
+		ec.BackoffBase = durp(10 * time.Millisecond)
+		ec.BackoffCap = durp(20 * time.Millisecond)
+	})
+	tb.start(t, relay.Options{InstanceID: "first"})
+	tb.startStandby(t, relay.Options{InstanceID: "second"})
+	ctx := context.Background()
+	state := func() (string, time.Duration) {
+		var s string
+		var cd float64
+		err := tb.pool.QueryRow(ctx, `SELECT state, cooldown_seconds FROM postbox.endpoint_health WHERE endpoint = 'flaky'`).Scan(&s, &cd)
+		if err != nil {
+			return "", 0
+		}
+		return s, time.Duration(cd * float64(time.Second))
+	}
+
+	first := tb.insert(t, func() []outbox.Event {
+		evs := make([]outbox.Event, 30)
+		for i := range evs {
+			evs[i] = outbox.Event{Endpoint: "flaky"}
+		}
+		return evs
+	}()...)
+	waitUntil(t, 20*time.Second, "the breaker to open", func() bool { s, _ := state(); return s == "open" })
+	time.Sleep(50 * time.Millisecond) // attempts in flight when it opened finish
+	openedAt := time.Now()
+	before := rc.count()
+
+	// Events written while the breaker is open wait.
+	held := tb.insert(t, outbox.Event{Endpoint: "flaky"}, outbox.Event{Endpoint: "flaky"})
+	// Let it probe and fail until the cooldown has reached its cap.
+	waitUntil(t, 30*time.Second, "the cooldown to double up to its cap", func() bool {
+		_, cd := state()
+		return cd == maxCooldown && time.Since(openedAt) > 4*time.Second
+	})
+	probes := rc.requests()[before:]
+	require.NotEmpty(t, probes)
+	// One probe per half-open period: consecutive probes are at least the
+	// (growing) cooldown apart, never two at once.
+	for i := 1; i < len(probes); i++ {
+		gap := probes[i].At.Sub(probes[i-1].At)
+		require.GreaterOrEqual(t, gap, cooldown*9/10, "probe %d came %s after the previous one", i, gap)
+	}
+	require.LessOrEqual(t, len(probes), 1+int(time.Since(openedAt)/cooldown), "no more probes than half-open periods")
+	for _, id := range held {
+		d := tb.delivery(t, id)
+		require.Equal(t, store.StatusPending, d.Status, "held, not attempted, while open")
+		require.Zero(t, d.Attempts)
+	}
+
+	healthy.Store(true)
+	waitUntil(t, 30*time.Second, "the breaker to close", func() bool { s, _ := state(); return s == "closed" })
+	tb.waitSettled(t, len(first)+len(held), 30*time.Second)
+	for _, id := range held {
+		d := tb.delivery(t, id)
+		require.Equal(t, store.StatusDelivered, d.Status)
+		require.Equal(t, 1, d.Attempts, "waiting while open spent no attempts")
+	}
+	s, cd := state()
+	require.Equal(t, "closed", s)
+	require.Equal(t, cooldown, cd, "closing resets the cooldown")
+	require.Contains(t, tb.logs.String(), "circuit breaker opened")
+	require.Equal(t, 1, strings.Count(tb.logs.String(), "circuit breaker closed"), "each transition is logged once")
+}
+
+// TestRateLimitSpacesDeliveries: 200 events to an endpoint limited to 20/s
+// arrive no faster than the bucket allows, and none fails.
+func TestRateLimitSpacesDeliveries(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	rate := config.Rate{N: 20, Per: time.Second}
+	tb.endpoint(t, "limited", rc.URL, func(ec *config.EndpointConfig) { ec.RateLimit = &rate })
+	tb.start(t, relay.Options{})
+	evs := make([]outbox.Event, 200)
+	for i := range evs {
+		evs[i] = outbox.Event{Endpoint: "limited"}
+	}
+	tb.insert(t, evs...)
+	tb.waitSettled(t, 200, time.Minute)
+	require.Equal(t, map[string]int{store.StatusDelivered: 200}, tb.deliveries(t), "none failed")
+	reqs := rc.requests()
+	require.Len(t, reqs, 200)
+	burst := relay.Burst(rate)
+	// Token bucket: any k consecutive arrivals span at least (k-burst)/rate.
+	for i := range reqs {
+		for j := i + int(burst); j < len(reqs); j += 10 {
+			k := float64(j - i + 1)
+			min := time.Duration((k - burst - 1) / rate.PerSecond() * float64(time.Second))
+			require.GreaterOrEqual(t, reqs[j].At.Sub(reqs[i].At), min, "requests %d..%d", i, j)
+		}
+	}
+	span := reqs[len(reqs)-1].At.Sub(reqs[0].At)
+	t.Logf("200 events at 20/s (burst %.0f) took %s", burst, span)
+}
+
+// TestRetryAfterSetsNextAttempt: 429 with seconds and 503 with an HTTP
+// date both schedule the retry (and pause the endpoint) as asked.
+func TestRetryAfterSetsNextAttempt(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	srv := newReceiverWithHeaders(t, func(r received) (int, http.Header) {
+		if r.Path == "/seconds" {
+			return http.StatusTooManyRequests, http.Header{"Retry-After": {"120"}}
+		}
+		return http.StatusServiceUnavailable, http.Header{"Retry-After": {time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)}}
+	})
+	tb.endpoint(t, "seconds", srv.URL+"/seconds", nil)
+	tb.endpoint(t, "date", srv.URL+"/date", nil)
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "seconds"}, outbox.Event{Endpoint: "date"})
+	waitUntil(t, 20*time.Second, "both attempts recorded", func() bool {
+		return tb.attempts(t, ids[0]) == 1 && tb.attempts(t, ids[1]) == 1
+	})
+	now := time.Now()
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, store.StatusFailed, d.Status)
+	require.InDelta(t, 120, d.NextAttempt.Sub(now).Seconds(), 5)
+	d = tb.delivery(t, ids[1])
+	require.Equal(t, store.StatusFailed, d.Status)
+	require.InDelta(t, 90, d.NextAttempt.Sub(now).Seconds(), 5)
+	var paused time.Time
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT paused_until FROM postbox.endpoint_health WHERE endpoint = 'seconds'`).Scan(&paused))
+	require.InDelta(t, 120, paused.Sub(now).Seconds(), 5, "the whole endpoint waits, not just the event")
+}
+
+// TestBodyRuleFailureIsReadable: an affiliate network answering 200 with
+// success=false fails the endpoint's success rule.
+func TestBodyRuleFailureIsReadable(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	srv := newReceiverWithHeaders(t, func(received) (int, http.Header) { return http.StatusOK, nil })
+	srv.mu.Lock()
+	srv.body = "success=false; err_msg=click not found"
+	srv.mu.Unlock()
+	tb.endpoint(t, "aff", srv.URL, func(ec *config.EndpointConfig) {
+		ec.Success = &config.Success{Status: []int{200}, BodyContains: "success=true"}
+		ec.MaxAttempts = intp(2)
+		ec.BackoffBase = durp(10 * time.Millisecond)
+	})
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "aff"})
+	tb.waitSettled(t, 1, 20*time.Second)
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, store.StatusDeadLetter, d.Status)
+	require.Equal(t, 2, d.Attempts)
+	require.Equal(t, 200, d.LastStatus)
+	require.Equal(t, `max_attempts (2) exhausted: body rule: http 200 response lacks "success=true"`, d.LastError)
+	require.Equal(t, "success=false; err_msg=click not found", d.LastResponse)
+}
+
+// TestOrderedEndpointKeepsCommitOrder: events of an ordered endpoint are
+// delivered one at a time in commit order, a failure holding back the
+// ones behind it until its retry succeeds.
+func TestOrderedEndpointKeepsCommitOrder(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	var failedOnce atomic.Bool
+	var inFlight, maxInFlight atomic.Int32
+	rc := newReceiver(t, func(_ int, r received) int {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		if n > maxInFlight.Load() {
+			maxInFlight.Store(n)
+		}
+		time.Sleep(5 * time.Millisecond)
+		if strings.Contains(string(r.Body), `"n": 3`) && failedOnce.CompareAndSwap(false, true) {
+			return http.StatusInternalServerError
+		}
+		return http.StatusOK
+	})
+	tb.endpoint(t, "ledger", rc.URL, func(ec *config.EndpointConfig) {
+		ec.Ordered = new(bool)
+		*ec.Ordered = true
+		ec.BackoffBase = durp(100 * time.Millisecond)
+	})
+	other := newReceiver(t, nil)
+	tb.endpoint(t, "other", other.URL, nil)
+	tb.start(t, relay.Options{})
+	var ids []string
+	for i := 1; i <= 10; i++ {
+		ids = append(ids, tb.insert(t, outbox.Event{Endpoint: "ledger", Payload: []byte(fmt.Sprintf(`{"n": %d}`, i))})...)
+		tb.insert(t, outbox.Event{Endpoint: "other"})
+	}
+	tb.waitSettled(t, 20, 30*time.Second)
+	var delivered []string
+	for _, r := range rc.requests() {
+		if len(delivered) == 0 || delivered[len(delivered)-1] != r.ID {
+			delivered = append(delivered, r.ID)
+		}
+	}
+	require.Equal(t, ids, delivered, "delivery order is commit order, the retry in its place")
+	require.Equal(t, 11, rc.count(), "ten events, one retried")
+	require.EqualValues(t, 1, maxInFlight.Load(), "one at a time")
+	require.Equal(t, 10, other.count(), "the other endpoint was not held back")
+}

@@ -1,0 +1,210 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Breaker states, as stored in endpoint_health.state.
+const (
+	BreakerClosed   = "closed"
+	BreakerOpen     = "open"
+	BreakerHalfOpen = "half_open"
+)
+
+// Health is an endpoint's row in postbox.endpoint_health: its circuit
+// breaker, its streaks, a receiver's pause, and its latency statistics.
+type Health struct {
+	Endpoint            string
+	State               string
+	ConsecutiveFailures int
+	FailureThreshold    int // the threshold in force (halved for a slow endpoint)
+	Cooldown            time.Duration
+	OpenedAt            time.Time
+	LastSuccessAt       time.Time
+	LastFailureAt       time.Time
+	LastError           string
+	LastStatusCode      int
+	PausedUntil         time.Time
+	ProbeOwner          string
+	P50MS, P95MS, P99MS int // 0 when unknown
+	SampleCount         int
+}
+
+const selectHealthSQL = `
+SELECT endpoint, state, consecutive_failures, coalesce(failure_threshold, 0), cooldown_seconds, opened_at,
+       last_success_at, last_failure_at, coalesce(last_error, ''), coalesce(last_status_code, 0),
+       paused_until, coalesce(probe_owner, ''), coalesce(p50_ms, 0), coalesce(p95_ms, 0), coalesce(p99_ms, 0),
+       sample_count
+FROM postbox.endpoint_health`
+
+func collectHealth(rows pgx.Rows) (map[string]Health, error) {
+	out := map[string]Health{}
+	for rows.Next() {
+		var h Health
+		var cooldown float64
+		var opened, success, failure, paused *time.Time
+		if err := rows.Scan(&h.Endpoint, &h.State, &h.ConsecutiveFailures, &h.FailureThreshold, &cooldown, &opened,
+			&success, &failure, &h.LastError, &h.LastStatusCode, &paused, &h.ProbeOwner,
+			&h.P50MS, &h.P95MS, &h.P99MS, &h.SampleCount); err != nil {
+			return nil, err
+		}
+		h.Cooldown = time.Duration(cooldown * float64(time.Second))
+		h.OpenedAt, h.LastSuccessAt, h.LastFailureAt, h.PausedUntil = deref(opened), deref(success), deref(failure), deref(paused)
+		out[h.Endpoint] = h
+	}
+	return out, rows.Err()
+}
+
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// writeHealth stores the new health rows (the statistics columns are the
+// telemetry's and stay as they are).
+func (s *Store) writeHealth(ctx context.Context, tx pgx.Tx, changes []HealthChange) error {
+	n := len(changes)
+	names, states, fails, thresholds, cooldowns := make([]string, n), make([]string, n), make([]int32, n), make([]int32, n), make([]float64, n)
+	opened, success, failure, paused := make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
+	lastErr, probe := make([]*string, n), make([]*string, n)
+	codes := make([]*int32, n)
+	for i, c := range changes {
+		h := c.New
+		names[i], states[i], fails[i], thresholds[i] = h.Endpoint, h.State, int32(h.ConsecutiveFailures), int32(h.FailureThreshold)
+		cooldowns[i] = h.Cooldown.Seconds()
+		opened[i], success[i], failure[i], paused[i] = nullTime(h.OpenedAt), nullTime(h.LastSuccessAt), nullTime(h.LastFailureAt), nullTime(h.PausedUntil)
+		lastErr[i], probe[i] = nullString(h.LastError), nullString(h.ProbeOwner)
+		if h.LastStatusCode != 0 {
+			code := int32(h.LastStatusCode)
+			codes[i] = &code
+		}
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO postbox.endpoint_health AS h (endpoint, state, consecutive_failures, failure_threshold, cooldown_seconds,
+		  opened_at, last_success_at, last_failure_at, paused_until, last_error, probe_owner, last_status_code)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int4[], $5::float8[], $6::timestamptz[], $7::timestamptz[],
+		  $8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::int4[])
+		ON CONFLICT (endpoint) DO UPDATE SET
+		  state = excluded.state, consecutive_failures = excluded.consecutive_failures,
+		  failure_threshold = excluded.failure_threshold, cooldown_seconds = excluded.cooldown_seconds,
+		  opened_at = excluded.opened_at, last_success_at = excluded.last_success_at,
+		  last_failure_at = excluded.last_failure_at, paused_until = excluded.paused_until,
+		  last_error = excluded.last_error, probe_owner = excluded.probe_owner,
+		  probe_started_at = CASE WHEN excluded.probe_owner IS NULL THEN NULL ELSE h.probe_started_at END,
+		  last_status_code = excluded.last_status_code`,
+		names, states, fails, thresholds, cooldowns, opened, success, failure, paused, lastErr, probe, codes)
+	return err
+}
+
+// UnhealthyEndpoints returns the endpoints whose breaker is not closed or
+// that a receiver has paused: the ones claims and attempts hold back.
+func (s *Store) UnhealthyEndpoints(ctx context.Context) (map[string]Health, error) {
+	rows, err := s.Pool.Query(ctx, selectHealthSQL+` WHERE state <> 'closed' OR paused_until > now()`)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint health: %w", err)
+	}
+	defer rows.Close()
+	h, err := collectHealth(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint health: %w", err)
+	}
+	return h, nil
+}
+
+// claimProbeSQL turns an open breaker whose cooldown has passed (or a
+// half-open one whose prober is gone, or whose probe $3 says this instance
+// never got) half-open for owner, and claims the one delivery that probes
+// it: the earliest queued, due or not. Only one instance can win the
+// transition, so there is exactly one probe however many there are.
+const claimProbeSQL = `
+WITH probe AS (
+  UPDATE postbox.endpoint_health h
+  SET state = 'half_open', probe_owner = $2, probe_started_at = now()
+  WHERE h.endpoint = $1
+    AND ((h.state = 'open' AND h.opened_at + h.cooldown_seconds * interval '1 second' <= now())
+      OR (h.state = 'half_open' AND h.probe_owner = $2 AND $3)
+      OR (h.state = 'half_open' AND NOT EXISTS (
+            SELECT 1 FROM postbox.instances i WHERE i.id = h.probe_owner AND i.expires_at > now())))
+    AND coalesce(h.paused_until, '-infinity') <= now()
+  RETURNING h.endpoint
+),
+next AS (
+  SELECT d.id FROM postbox.deliveries d, probe
+  WHERE d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed')
+  ORDER BY CASE WHEN $4 THEN d.id END, d.next_attempt_at, d.id LIMIT 1
+  FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE postbox.deliveries d
+SET status = 'in_flight', lease_owner = $2, updated_at = now()
+FROM next, postbox.events e
+WHERE d.id = next.id AND e.id = d.event_pk
+RETURNING ` + claimedColumns
+
+// ClaimProbe tries to make owner the prober of endpoint's breaker and to
+// claim the probe delivery. retry says owner already holds the half-open
+// state but its probe claim found nothing. It reports false when another
+// instance probes, the cooldown has not passed, or nothing is queued (the
+// breaker then stays half-open with owner, to probe once something is).
+// An ordered endpoint is probed with its oldest delivery.
+func (s *Store) ClaimProbe(ctx context.Context, owner, endpoint string, retry, ordered bool) (Claimed, bool, error) {
+	c, err := scanClaimed(s.Pool.QueryRow(ctx, claimProbeSQL, endpoint, owner, retry, ordered))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claimed{}, false, nil
+	}
+	if err != nil {
+		return Claimed{}, false, fmt.Errorf("claim probe for %s: %w", endpoint, err)
+	}
+	return c, true, nil
+}
+
+// TakeTokens takes up to want tokens from endpoint's shared bucket, which
+// refills at perSecond up to burst. It returns how many it took and how
+// long until the next token.
+func (s *Store) TakeTokens(ctx context.Context, endpoint string, want int, perSecond, burst float64) (int, time.Duration, error) {
+	var granted int
+	var left float64
+	err := s.Pool.QueryRow(ctx, `
+		WITH cur AS (
+		  SELECT least($4::float8, coalesce(
+		    (SELECT b.tokens + extract(epoch FROM now() - b.updated_at) * $3
+		     FROM postbox.rate_buckets b WHERE b.endpoint = $1), $4)) AS avail
+		)
+		INSERT INTO postbox.rate_buckets AS b (endpoint, tokens, granted, updated_at)
+		SELECT $1, avail - least($2, floor(avail)), least($2, floor(avail))::int, now() FROM cur
+		ON CONFLICT (endpoint) DO UPDATE SET
+		  tokens = least($4::float8, b.tokens + extract(epoch FROM now() - b.updated_at) * $3)
+		           - least($2, floor(least($4::float8, b.tokens + extract(epoch FROM now() - b.updated_at) * $3))),
+		  granted = least($2, floor(least($4::float8, b.tokens + extract(epoch FROM now() - b.updated_at) * $3)))::int,
+		  updated_at = now()
+		RETURNING granted, tokens`, endpoint, want, perSecond, burst).Scan(&granted, &left)
+	if err != nil {
+		return 0, 0, fmt.Errorf("take tokens for %s: %w", endpoint, err)
+	}
+	wait := time.Duration((1 - (left - math.Floor(left))) / perSecond * float64(time.Second))
+	if left >= 1 {
+		wait = 0
+	}
+	return granted, wait, nil
+}

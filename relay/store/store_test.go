@@ -1,0 +1,181 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func setup(t *testing.T) *store.Store {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 4)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table, _ := outbox.ParseTable(outbox.DefaultTable)
+	require.NoError(t, store.Migrate(ctx, pool, table))
+	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
+	require.NoError(t, s.Heartbeat(ctx, store.Instance{ID: "me"}, time.Minute))
+	return s
+}
+
+// queue ingests n pending deliveries for endpoint.
+func queue(t *testing.T, s *store.Store, endpoint string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	defer ic.Release()
+	evs := make([]store.NewEvent, n)
+	for i := range evs {
+		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
+			CreatedAt: "2026-01-01 00:00:00+00", Status: store.StatusPending}
+	}
+	_, err = ic.Insert(ctx, evs)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, nil))
+}
+
+func count(claimed []store.Claimed) map[string]int {
+	out := map[string]int{}
+	for _, c := range claimed {
+		out[c.Endpoint]++
+	}
+	return out
+}
+
+// TestClaimsAreFairAcrossEndpoints: an endpoint with a deep queue cannot
+// take a batch from one with a short one.
+func TestClaimsAreFairAcrossEndpoints(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	queue(t, s, "aaa-big", 2000)
+	queue(t, s, "zzz-small", 10)
+	claimed, err := s.Claim(context.Background(), "me", 100, nil, 20, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"aaa-big": 10, "zzz-small": 10}, count(claimed))
+}
+
+// TestFirstAttemptsAreNotStarvedByRetries: with a backlog of due retries,
+// new events still get half the claims.
+func TestFirstAttemptsAreNotStarvedByRetries(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "ep", 500)
+	_, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'failed', attempt_count = 1, next_attempt_at = now() - interval '1 minute'`)
+	require.NoError(t, err)
+	queue(t, s, "ep", 5)
+	claimed, err := s.Claim(ctx, "me", 10, nil, 1000, nil)
+	require.NoError(t, err)
+	first := 0
+	for _, c := range claimed {
+		if c.AttemptCount == 0 {
+			first++
+		}
+	}
+	require.Len(t, claimed, 10)
+	require.Equal(t, 5, first, "every new event is claimed beside the retries")
+}
+
+func TestClaimSkipsOpenBreakersAndPausedEndpoints(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	for _, ep := range []string{"open", "paused", "fine"} {
+		queue(t, s, ep, 3)
+	}
+	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, paused_until) VALUES
+		('open', 'open', now(), NULL), ('paused', 'closed', NULL, now() + interval '1 hour')`)
+	require.NoError(t, err)
+	claimed, err := s.Claim(ctx, "me", 10, nil, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"fine": 3}, count(claimed))
+}
+
+// TestOneProbeWins: of many instances asking at once, exactly one gets the
+// half-open breaker's probe.
+func TestOneProbeWins(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "ep", 20)
+	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, cooldown_seconds)
+		VALUES ('ep', 'open', now() - interval '10 seconds', 5)`)
+	require.NoError(t, err)
+	type win struct {
+		ok  bool
+		err error
+	}
+	wins := make(chan win, 8)
+	for i := range 8 {
+		owner := fmt.Sprintf("inst-%d", i)
+		require.NoError(t, s.Heartbeat(ctx, store.Instance{ID: owner}, time.Minute))
+		go func() {
+			_, ok, err := s.ClaimProbe(ctx, owner, "ep", false, false)
+			wins <- win{ok, err}
+		}()
+	}
+	n := 0
+	for range 8 {
+		w := <-wins
+		require.NoError(t, w.err)
+		if w.ok {
+			n++
+		}
+	}
+	require.Equal(t, 1, n)
+	var state string
+	var inFlight int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT state, (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') FROM postbox.endpoint_health`).Scan(&state, &inFlight))
+	require.Equal(t, "half_open", state)
+	require.Equal(t, 1, inFlight, "exactly one probe delivery")
+}
+
+func TestTokenBucketIsShared(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	got, _, err := s.TakeTokens(ctx, "ep", 50, 10, 10)
+	require.NoError(t, err)
+	require.Equal(t, 10, got, "a new bucket starts full: the burst")
+	got, wait, err := s.TakeTokens(ctx, "ep", 5, 10, 10)
+	require.NoError(t, err)
+	require.Equal(t, 0, got)
+	require.Greater(t, wait, time.Duration(0))
+	require.LessOrEqual(t, wait, 100*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	got, _, err = s.TakeTokens(ctx, "ep", 50, 10, 10)
+	require.NoError(t, err)
+	require.InDelta(t, 3, got, 1, "refilled at the rate")
+}
+
+func TestReleaseAbandonedReturnsADeadInstancesClaims(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "ep", 4)
+	require.NoError(t, s.Heartbeat(ctx, store.Instance{ID: "ghost"}, time.Second))
+	claimed, err := s.Claim(ctx, "ghost", 2, nil, 2, nil)
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	_, err = s.Claim(ctx, "me", 2, nil, 2, nil)
+	require.NoError(t, err)
+	n, err := s.ReleaseAbandoned(ctx, 100)
+	require.NoError(t, err)
+	require.Zero(t, n, "the ghost's registration is still current")
+	time.Sleep(1100 * time.Millisecond)
+	n, err = s.ReleaseAbandoned(ctx, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "only the dead instance's claims return")
+}

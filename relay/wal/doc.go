@@ -1,0 +1,24 @@
+// Package wal reads the outbox's inserts from a logical replication slot
+// (pgoutput, protocol 1, a publication of the outbox table with publish =
+// 'insert') and manages the publication and the slot.
+//
+// Stream.Run is one session: IDENTIFY_SYSTEM, START_REPLICATION, then a
+// receive loop with deadlines. Relation messages are cached per session
+// and looked up by column name, so ALTER TABLE on the outbox is followed.
+// Begin, Insert and Commit build each transaction's rows; everything else
+// (Update, Delete, Truncate, Type, Origin, Message) is ignored, the
+// position advancing with the commit or keepalive that follows.
+// Transactions go to a Queue bounded by rows and bytes, in chunks, so a
+// transaction of any size passes in bounded memory.
+//
+// The flushed position reported to the server is the consumer's durable
+// LSN (Acker.Durable), never more, except when nothing is in progress: then
+// it follows the server's WAL end, so a quiet outbox never pins WAL.
+// Keepalives that ask for a reply are answered at once; a status update
+// goes out at least every StatusInterval and asks the server to reply, so a
+// connection that silently stopped carrying data is noticed after
+// StallTimeout.
+//
+// Slot and publication names are validated by the caller (lower-case
+// identifiers): the replication protocol does not quote them.
+package wal

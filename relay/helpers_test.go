@@ -46,6 +46,7 @@ func setup(t *testing.T) *testBundle {
 	cfg.Slot = pgtest.UniqueName("slot")
 	cfg.Publication = pgtest.UniqueName("pub")
 	cfg.AllowPrivateTargets = true
+	cfg.AdminListen = "127.0.0.1:0"
 	secret := outbox.NewSecret()
 	cfg.Signing.Secrets = []string{secret}
 	cfg.ShutdownGrace = config.Duration(3 * time.Second)

@@ -266,7 +266,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	if cfg.OutboxRetention.D() == 0 {
 		del = ing.ids
 	}
-	err := ing.conn.Commit(ctx, end, del)
+	err := ing.conn.Commit(ctx, end, del, len(ing.queued) > 0)
 	if len(ing.ids) >= 1000 {
 		r.log.Debug().Int("rows", len(ing.ids)).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
@@ -314,6 +314,7 @@ func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.I
 	for _, g := range got {
 		inserted[g.Index] = g.DeliveryID
 	}
+	r.metrics.Ingested(len(got))
 	for i := range evs {
 		ev := &evs[i]
 		id := inserted[i]
@@ -387,7 +388,7 @@ func (r *Relay) reconcile(ctx context.Context) {
 			if cfg.OutboxRetention.D() > 0 {
 				ids = nil
 			}
-			err = conn.Commit(ctx, 0, ids)
+			err = conn.Commit(ctx, 0, ids, len(got) > 0)
 		}
 		if err != nil {
 			conn.Rollback(ctx)
@@ -395,6 +396,7 @@ func (r *Relay) reconcile(ctx context.Context) {
 			return
 		}
 		total += int64(len(got))
+		r.metrics.Ingested(len(got))
 		after = rows[len(rows)-1].ID
 		r.backlog.Store(true)
 		r.wakeClaimer()

@@ -223,6 +223,7 @@ func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool
 		}
 	}
 	for _, res := range results {
+		r.metrics.Recorded(res)
 		switch res.Status {
 		case store.StatusFailed:
 			r.due.add(now.Add(res.Delay))
@@ -310,4 +311,35 @@ func (h *timeHeap) Pop() any {
 	t := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return t
+}
+
+// listenLoop wakes the claimer when any instance (or a replay) queues
+// work: a LISTEN on its own connection, reconnecting with backoff. The
+// sweep remains the safety net if notifications are lost.
+func (r *Relay) listenLoop(ctx context.Context) {
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		conn, err := r.pool.Acquire(ctx)
+		if err == nil {
+			_, err = conn.Exec(ctx, "LISTEN "+store.WakeChannel)
+			for err == nil {
+				attempt = 1
+				_, err = conn.Conn().WaitForNotification(ctx)
+				if err == nil {
+					r.backlog.Store(true)
+					r.wakeClaimer()
+				}
+			}
+			// The connection had a LISTEN: do not give it back to the pool.
+			_ = conn.Conn().Close(context.Background())
+			conn.Release()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retryWait(attempt)):
+		}
+	}
 }

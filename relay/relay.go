@@ -16,10 +16,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/relay/admin"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/deliver"
 	"github.com/postbox-relay/postbox/relay/dispatch"
 	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 	"github.com/postbox-relay/postbox/relay/wal"
 )
 
@@ -51,13 +53,15 @@ type Relay struct {
 	now   func() time.Time
 	rand  func() float64
 
-	client *deliver.Client
-	disp   *dispatch.Dispatcher
-	guard  *guard
-	limit  *limiter
-	pool   *pgxpool.Pool
-	store  *store.Store
-	dbName string
+	client   *deliver.Client
+	disp     *dispatch.Dispatcher
+	guard    *guard
+	limit    *limiter
+	metrics  *telemetry.Metrics
+	adminSrv atomic.Pointer[admin.Server]
+	pool     *pgxpool.Pool
+	store    *store.Store
+	dbName   string
 
 	durable   atomic.Uint64 // pglogrepl.LSN ingested so far
 	streaming atomic.Bool
@@ -95,6 +99,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 		rand:      opts.Rand,
 		claimWake: make(chan struct{}, 1),
 		guard:     newGuard(),
+		metrics:   telemetry.NewMetrics(),
 		outWake:   make(chan struct{}, 1),
 		stopCh:    make(chan struct{}),
 		stopped:   make(chan struct{}),
@@ -109,13 +114,15 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 		r.rand = rand.Float64
 	}
 	r.cfg.Store(cfg)
+	r.labelEndpoints(cfg)
 	copts := opts.HTTP
 	copts.UserAgent = "postbox/" + Version
 	r.client = deliver.NewClient(copts)
 	r.disp = dispatch.New(dispatch.Options{
-		Capacity:  func(ep string) int { return r.cfg.Load().Endpoint(ep).MaxInFlight },
-		Execute:   r.execute,
-		OnOutcome: r.onOutcome,
+		Capacity:       func(ep string) int { return r.cfg.Load().Endpoint(ep).MaxInFlight },
+		Execute:        r.execute,
+		OnOutcome:      r.onOutcome,
+		MaxConcurrency: cfg.MaxConcurrency,
 		OnFree: func() {
 			if r.backlog.Load() {
 				r.wakeClaimer()
@@ -135,7 +142,7 @@ func newInstanceID() string {
 
 func (r *Relay) instance() store.Instance {
 	host, _ := os.Hostname()
-	return store.Instance{ID: r.owner, Hostname: host, PID: os.Getpid(), Version: Version}
+	return store.Instance{ID: r.owner, Hostname: host, PID: os.Getpid(), Version: Version, Streaming: r.streaming.Load()}
 }
 
 // InstanceID is the name this instance holds leases under.
@@ -205,7 +212,28 @@ func (r *Relay) Reload(cfg *config.Config) error {
 		return errors.New("relay: database_url, slot, publication and outbox_table need a restart")
 	}
 	r.cfg.Store(cfg)
+	r.labelEndpoints(cfg)
 	return nil
+}
+
+func (r *Relay) labelEndpoints(cfg *config.Config) {
+	names := make([]string, 0, len(cfg.ConfiguredEndpoints()))
+	for name := range cfg.ConfiguredEndpoints() {
+		names = append(names, name)
+	}
+	r.metrics.SetLabeled(names, cfg.MetricsEndpointLabels)
+}
+
+// Metrics are the relay's Prometheus metrics.
+func (r *Relay) Metrics() *telemetry.Metrics { return r.metrics }
+
+// AdminAddr is the address the admin listener is bound to ("" when none,
+// or before Start has bound it).
+func (r *Relay) AdminAddr() string {
+	if a := r.adminSrv.Load(); a != nil {
+		return a.Addr()
+	}
+	return ""
 }
 
 // run is the relay's life: connect, check, migrate, then stream, claim,
@@ -221,6 +249,21 @@ func (r *Relay) run() error {
 		}
 		cancelLife()
 	}()
+	if cfg.AdminListen != "" {
+		srv, err := admin.Listen(cfg.AdminListen, cfg.AdminToken, r.metrics.Registry,
+			admin.Checks{Ready: r.ready, Status: r.status}, r.log)
+		if err != nil {
+			return fmt.Errorf("admin listener on %s: %w", cfg.AdminListen, err)
+		}
+		r.adminSrv.Store(srv)
+		go srv.Serve()
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = srv.Shutdown(ctx)
+			cancel()
+		}()
+		r.log.Info().Str("addr", srv.Addr()).Msg("admin listener (metrics, healthz, readyz, status)")
+	}
 	pool, err := r.connect(lifeCtx, cfg)
 	if err != nil {
 		if lifeCtx.Err() != nil {
@@ -270,8 +313,10 @@ func (r *Relay) run() error {
 	stopRecords := make(chan struct{})
 	maintCtx, stopMaint := context.WithCancel(r.hardCtx)
 	var streamDone, claimDone, recordDone, maintDone sync.WaitGroup
+	maintDone.Go(func() { r.telemetryLoop(maintCtx) })
 	streamDone.Go(func() { r.streamLoop(streamCtx) })
 	claimDone.Go(func() { r.claimLoop(claimCtx) })
+	claimDone.Go(func() { r.listenLoop(claimCtx) })
 	recordDone.Go(func() { r.recordLoop(stopRecords) })
 	maintDone.Go(func() { r.maintainLoop(maintCtx) })
 	r.wakeClaimer() // deliveries left queued by an earlier run

@@ -209,7 +209,7 @@ func runBench(ctx context.Context, o benchOptions, log io.Writer) (*benchResult,
 	}
 	defer os.RemoveAll(dir)
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nallow_private_targets: true\nlog_level: info\nendpoints:\n", dbURL)
+	fmt.Fprintf(&b, "database_url: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: warn\nendpoints:\n", dbURL)
 	for i := range o.endpoints {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, env.recv.URL, i)
 	}

@@ -7,8 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -20,6 +23,7 @@ import (
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // cmdDemo runs the whole path on this machine: a throwaway PostgreSQL,
@@ -29,10 +33,11 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf commonFlags
 	fs := newFlagSet("demo", stderr, &cf)
 	verbose := fs.Bool("v", false, "show the relay's log")
+	keep := fs.Bool("keep", false, "keep PostgreSQL and the relay running after the demo, to try the other commands, until interrupted")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if err := demo(ctx, stdout, stderr, *verbose); err != nil {
+	if err := demo(ctx, stdout, stderr, *verbose, *keep); err != nil {
 		fmt.Fprintln(stderr, "postbox demo:", err)
 		return exitFailure
 	}
@@ -53,7 +58,7 @@ func (d *demoLine) printf(format string, args ...any) {
 	fmt.Fprintln(d.w)
 }
 
-func demo(ctx context.Context, stdout, stderr io.Writer, verbose bool) error {
+func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) error {
 	out := &demoLine{w: stdout, t0: time.Now()}
 	fmt.Fprintln(stdout, "postbox demo: a throwaway PostgreSQL, three local receivers and the relay.")
 	fmt.Fprintln(stdout)
@@ -100,13 +105,14 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose bool) error {
 		return http.StatusOK
 	})
 	defer crm.Close()
-	legacy := receiver("legacy", func(int64) int { return http.StatusGone })
+	legacy := receiver("legacy", func(int64) int { return http.StatusUnauthorized })
 	defer legacy.Close()
-	out.printf("receivers: shop (healthy), crm (503 twice, then recovers), legacy (410 Gone)")
+	out.printf("receivers: shop (healthy), crm (503 twice, then recovers), legacy (401: its credentials changed)")
 
 	cfg := config.Default()
 	cfg.DatabaseURL = dbURL
 	cfg.AllowPrivateTargets = true // the receivers listen on loopback
+	cfg.AdminListen = "127.0.0.1:0"
 	cfg.Signing.Secrets = []string{secret}
 	cfg.ShutdownGrace = config.Duration(5 * time.Second)
 	base := config.Duration(300 * time.Millisecond)
@@ -186,7 +192,20 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose bool) error {
 	}
 	out.printf("all deliveries settled")
 	fmt.Fprintln(stdout)
-	return demoReport(ctx, stdout, pool)
+	if err := demoReport(ctx, stdout, pool); err != nil {
+		return err
+	}
+	if keep {
+		fmt.Fprintf(stdout, "PostgreSQL and the relay keep running; in another shell try:\n\n")
+		fmt.Fprintf(stdout, "  export POSTBOX_DATABASE_URL='%s'\n", dbURL)
+		fmt.Fprintf(stdout, "  postbox status\n  postbox endpoints\n  postbox dead-letters analyze\n  postbox replay --dead-letters --endpoint legacy --dry-run\n\n")
+		fmt.Fprintln(stdout, "Interrupt (Ctrl-C) to stop and clean up.")
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+		<-sigs
+		signal.Stop(sigs)
+	}
+	return nil
 }
 
 func demoReport(ctx context.Context, w io.Writer, pool *pgxpool.Pool) error {
@@ -212,24 +231,28 @@ func demoReport(ctx context.Context, w io.Writer, pool *pgxpool.Pool) error {
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
-	var pending, delivered, dead, samples int
-	var p50 *float64
-	err = pool.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE status IN ('pending', 'failed', 'in_flight')),
-		       count(*) FILTER (WHERE status = 'delivered'),
-		       count(*) FILTER (WHERE status = 'dead_letter'),
-		       (SELECT count(*) FROM postbox.latency_samples),
-		       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY response_ms) FROM postbox.latency_samples)
-		FROM postbox.deliveries`).Scan(&pending, &delivered, &dead, &samples, &p50)
+	// What `postbox status` and `postbox dead-letters analyze` would say.
+	s, err := telemetry.LoadSummary(ctx, pool, config.SlotDefault)
 	if err != nil {
 		return err
 	}
-	med := "-"
-	if p50 != nil {
-		med = fmt.Sprintf("%.0f ms", *p50)
+	eps, err := telemetry.LoadEndpoints(ctx, pool, "")
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(w, "delivered %d, dead letters %d, still queued %d; %d attempts recorded, median response %s\n\n",
-		delivered, dead, pending, samples, med)
+	s.Alerts = telemetry.Firing(telemetry.Evaluate(s, eps, config.Default().Alerts))
+	fmt.Fprintln(w, "$ postbox status")
+	printStatus(w, s)
+	fmt.Fprintln(w)
+	an, err := telemetry.AnalyzeDeadLetters(ctx, pool, "", time.Now().Add(-time.Hour))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "$ postbox dead-letters analyze")
+	for _, a := range an {
+		fmt.Fprintf(w, "%s: %d dead letters, pattern %s\n  advice: %s\n", a.Endpoint, a.DeadCount, a.Pattern, a.Advice)
+	}
+	fmt.Fprintln(w)
 	return nil
 }
 

@@ -34,14 +34,21 @@ const usage = `postbox delivers webhooks and affiliate postbacks from a PostgreS
 Usage: postbox <command> [flags]
 
 Commands:
-  run          stream the outbox and deliver until SIGTERM
-  migrate      create or upgrade the outbox table and postbox's schema
-  demo         run postbox against a throwaway PostgreSQL and local receivers
-  bench        measure latency and catch-up throughput (SPEC §12)
-  version      print the version
+  run           stream the outbox and deliver until SIGTERM
+  migrate       create or upgrade the outbox table and postbox's schema
+  status        the health summary and firing alerts (--check: exit 1 while any fires)
+  endpoints     per endpoint: breaker state, p50/p95/p99 over 24 h, samples, failures
+  dead-letters  recent dead letters (--endpoint, --since); "analyze" explains them
+  replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
+                --since/--until, --from-lsn, --event-id, --dry-run, --rate)
+  demo          run postbox against a throwaway PostgreSQL and local receivers
+  bench         measure latency and catch-up throughput (SPEC §12)
+  version       print the version
 
 Every command takes --config (or POSTBOX_CONFIG) and honours
-POSTBOX_DATABASE_URL. Run 'postbox <command> -h' for a command's flags.
+POSTBOX_DATABASE_URL; status, endpoints, dead-letters and replay take --json
+and read the database directly, so they work while no relay runs.
+Run 'postbox <command> -h' for a command's flags.
 `
 
 func main() {
@@ -57,6 +64,10 @@ type command struct {
 var commands = []command{
 	{"run", cmdRun},
 	{"migrate", cmdMigrate},
+	{"status", cmdStatus},
+	{"endpoints", cmdEndpoints},
+	{"dead-letters", cmdDeadLetters},
+	{"replay", cmdReplay},
 	{"demo", cmdDemo},
 	{"bench", cmdBench},
 	{"version", cmdVersion},

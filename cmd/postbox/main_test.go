@@ -155,6 +155,7 @@ func writeConfig(t *testing.T, dbURL, body string) string {
 slot: %s
 publication: %s
 allow_private_targets: true
+admin_listen: 127.0.0.1:0
 lease: 2s
 sweep_interval: 200ms
 status_interval: 1s

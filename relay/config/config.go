@@ -22,17 +22,23 @@ import (
 
 // Defaults of the global and per-endpoint settings.
 const (
-	SlotDefault              = "postbox"
-	PublicationDefault       = "postbox"
-	AdminListenDefault       = "127.0.0.1:9187"
-	LogLevelDefault          = "info"
-	EventRetentionDefault    = 168 * time.Hour
-	DeliveryRetentionDefault = 168 * time.Hour
-	MaxBodyDefault           = 1 << 20
-	ShutdownGraceDefault     = 20 * time.Second
-	LeaseDefault             = 60 * time.Second
-	SweepIntervalDefault     = 5 * time.Second
-	StatusIntervalDefault    = 10 * time.Second
+	SlotDefault                  = "postbox"
+	PublicationDefault           = "postbox"
+	AdminListenDefault           = "127.0.0.1:9187"
+	LogLevelDefault              = "info"
+	EventRetentionDefault        = 168 * time.Hour
+	DeliveryRetentionDefault     = 168 * time.Hour
+	MaxBodyDefault               = 1 << 20
+	ShutdownGraceDefault         = 20 * time.Second
+	LeaseDefault                 = 60 * time.Second
+	SweepIntervalDefault         = 5 * time.Second
+	StatusIntervalDefault        = 10 * time.Second
+	MetricsEndpointLabelsDefault = 50
+	MaxConcurrencyDefault        = 256
+	DeadLettersPerHourDefault    = 1
+	OldestPendingDefault         = 30 * time.Minute
+	EndpointP95Default           = 2 * time.Second
+	SlotLagDefault               = 1 << 30
 
 	TimeoutDefault          = 15 * time.Second
 	MaxAttemptsDefault      = 5
@@ -80,15 +86,39 @@ type Config struct {
 	// waits for it.
 	SweepInterval Duration `yaml:"sweep_interval"`
 	// StatusInterval is the longest gap between standby status updates.
-	StatusInterval Duration                  `yaml:"status_interval"`
-	Signing        Signing                   `yaml:"signing"`
-	Defaults       EndpointConfig            `yaml:"defaults"`
-	Endpoints      map[string]EndpointConfig `yaml:"endpoints"`
+	StatusInterval Duration `yaml:"status_interval"`
+	// MaxConcurrency bounds the attempts in flight across all endpoints;
+	// each endpoint also has its own max_in_flight.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// MetricsEndpointLabels caps the endpoint label of metrics: the first
+	// N configured endpoints (by name) get their own, every other is
+	// "other", so a million per-row URLs cannot explode cardinality.
+	MetricsEndpointLabels int                       `yaml:"metrics_endpoint_labels"`
+	Alerts                Alerts                    `yaml:"alerts"`
+	Signing               Signing                   `yaml:"signing"`
+	Defaults              EndpointConfig            `yaml:"defaults"`
+	Endpoints             map[string]EndpointConfig `yaml:"endpoints"`
 
 	table     outbox.Table
 	secrets   []outbox.Secret
 	defaults  Endpoint
 	endpoints map[string]Endpoint
+}
+
+// Alerts are the thresholds at which postbox's alerts fire.
+type Alerts struct {
+	// DeadLettersPerHour: dead letters within the last hour that fire
+	// dead_letters_rising.
+	DeadLettersPerHour int `yaml:"dead_letters_per_hour"`
+	// OldestPending: an undelivered event older than this fires
+	// oldest_pending.
+	OldestPending Duration `yaml:"oldest_pending"`
+	// EndpointP95: an endpoint whose 24 h p95 latency is above this fires
+	// endpoint_latency.
+	EndpointP95 Duration `yaml:"endpoint_p95"`
+	// SlotLag: WAL retained by the slot above this fires slot_lag (so does
+	// a wal_status other than reserved); /readyz fails past it.
+	SlotLag ByteSize `yaml:"slot_lag"`
 }
 
 // Signing holds the global signing secrets; every active secret signs.
@@ -165,18 +195,26 @@ func keyErr(key, format string, args ...any) error {
 // Default returns the configuration with every default filled in.
 func Default() *Config {
 	return &Config{
-		OutboxTable:       outbox.DefaultTable,
-		Slot:              SlotDefault,
-		Publication:       PublicationDefault,
-		AdminListen:       AdminListenDefault,
-		LogLevel:          LogLevelDefault,
-		EventRetention:    Duration(EventRetentionDefault),
-		DeliveryRetention: Duration(DeliveryRetentionDefault),
-		MaxBody:           MaxBodyDefault,
-		ShutdownGrace:     Duration(ShutdownGraceDefault),
-		Lease:             Duration(LeaseDefault),
-		SweepInterval:     Duration(SweepIntervalDefault),
-		StatusInterval:    Duration(StatusIntervalDefault),
+		OutboxTable:           outbox.DefaultTable,
+		Slot:                  SlotDefault,
+		Publication:           PublicationDefault,
+		AdminListen:           AdminListenDefault,
+		LogLevel:              LogLevelDefault,
+		EventRetention:        Duration(EventRetentionDefault),
+		DeliveryRetention:     Duration(DeliveryRetentionDefault),
+		MaxBody:               MaxBodyDefault,
+		ShutdownGrace:         Duration(ShutdownGraceDefault),
+		Lease:                 Duration(LeaseDefault),
+		SweepInterval:         Duration(SweepIntervalDefault),
+		StatusInterval:        Duration(StatusIntervalDefault),
+		MetricsEndpointLabels: MetricsEndpointLabelsDefault,
+		MaxConcurrency:        MaxConcurrencyDefault,
+		Alerts: Alerts{
+			DeadLettersPerHour: DeadLettersPerHourDefault,
+			OldestPending:      Duration(OldestPendingDefault),
+			EndpointP95:        Duration(EndpointP95Default),
+			SlotLag:            SlotLagDefault,
+		},
 	}
 }
 
@@ -303,6 +341,24 @@ func (c *Config) Validate() error {
 	}
 	if c.StatusInterval.D() <= 0 {
 		return keyErr("status_interval", "must be positive")
+	}
+	if c.MaxConcurrency < 1 {
+		return keyErr("max_concurrency", "must be at least 1")
+	}
+	if c.MetricsEndpointLabels < 0 {
+		return keyErr("metrics_endpoint_labels", "must not be negative")
+	}
+	if c.Alerts.DeadLettersPerHour < 1 {
+		return keyErr("alerts.dead_letters_per_hour", "must be at least 1")
+	}
+	if c.Alerts.OldestPending.D() <= 0 {
+		return keyErr("alerts.oldest_pending", "must be positive")
+	}
+	if c.Alerts.EndpointP95.D() <= 0 {
+		return keyErr("alerts.endpoint_p95", "must be positive")
+	}
+	if c.Alerts.SlotLag <= 0 {
+		return keyErr("alerts.slot_lag", "must be positive")
 	}
 	secrets, err := parseSecrets("signing.secrets", c.Signing.Secrets)
 	if err != nil {

@@ -88,6 +88,11 @@ type Options struct {
 	// (32 MiB when zero); MaxHeldJobs the jobs (10000 when zero).
 	MaxHeldBytes int
 	MaxHeldJobs  int
+	// MaxConcurrency bounds the attempts in flight across all lanes (256
+	// when zero). Each lane still has its own cap, so one endpoint can
+	// never hold more than its share, but ten thousand per-row endpoints
+	// cannot open ten thousand connections at once.
+	MaxConcurrency int
 }
 
 // Dispatcher runs attempts, endpoint by endpoint.
@@ -100,15 +105,19 @@ type Dispatcher struct {
 	lanes     map[string]*lane
 	heldJobs  int // across lanes, reservations included
 	heldBytes int
+	inFlight  int     // across lanes
+	starved   []*lane // lanes with work waiting only for a global slot, in arrival order
 	stopping  bool
 	running   sync.WaitGroup
 }
 
 type lane struct {
+	name     string
 	cap      int
 	inFlight int
 	reserved int
 	queue    []*Job
+	starved  bool // in Dispatcher.starved
 }
 
 // held is how many jobs the lane holds or has promised room for.
@@ -130,6 +139,9 @@ func New(opts Options) *Dispatcher {
 	if opts.MaxHeldJobs <= 0 {
 		opts.MaxHeldJobs = 10000
 	}
+	if opts.MaxConcurrency <= 0 {
+		opts.MaxConcurrency = 256
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}}
 }
@@ -142,7 +154,7 @@ func (d *Dispatcher) fullLocked() bool {
 func (d *Dispatcher) laneLocked(endpoint string) *lane {
 	l := d.lanes[endpoint]
 	if l == nil {
-		l = &lane{cap: max(1, d.opts.Capacity(endpoint))}
+		l = &lane{name: endpoint, cap: max(1, d.opts.Capacity(endpoint))}
 		d.lanes[endpoint] = l
 	}
 	return l
@@ -203,7 +215,7 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 // dropIdleLocked forgets a lane that holds nothing, so a million per-row
 // endpoint names do not accumulate lanes.
 func (d *Dispatcher) dropIdleLocked(name string, l *lane) {
-	if l.held() == 0 {
+	if l.held() == 0 && !l.starved {
 		delete(d.lanes, name)
 	}
 }
@@ -242,15 +254,51 @@ func (d *Dispatcher) Stopping() bool {
 	return d.stopping
 }
 
-// pumpLocked starts queued jobs while the lane has free slots.
+// pumpLocked starts queued jobs while the lane has free slots and there
+// are global ones; a lane left waiting for a global slot is served, in
+// turn, when one frees.
 func (d *Dispatcher) pumpLocked(l *lane) {
 	for l.inFlight < l.cap && len(l.queue) > 0 {
+		if d.inFlight >= d.opts.MaxConcurrency {
+			if !l.starved {
+				l.starved = true
+				d.starved = append(d.starved, l)
+			}
+			return
+		}
 		j := l.queue[0]
 		l.queue[0] = nil
 		l.queue = l.queue[1:]
 		l.inFlight++
+		d.inFlight++
 		d.running.Add(1)
 		go d.run(l, j)
+	}
+}
+
+// pumpStarvedLocked hands freed global slots to waiting lanes, one job a
+// lane at a time, round-robin.
+func (d *Dispatcher) pumpStarvedLocked() {
+	for d.inFlight < d.opts.MaxConcurrency && len(d.starved) > 0 {
+		l := d.starved[0]
+		d.starved[0] = nil
+		d.starved = d.starved[1:]
+		l.starved = false
+		if l.inFlight >= l.cap || len(l.queue) == 0 {
+			d.dropIdleLocked(l.name, l)
+			continue
+		}
+		j := l.queue[0]
+		l.queue[0] = nil
+		l.queue = l.queue[1:]
+		l.inFlight++
+		d.inFlight++
+		d.running.Add(1)
+		go d.run(l, j)
+		if len(l.queue) > 0 && l.inFlight < l.cap {
+			l.starved = true
+			d.starved = append(d.starved, l)
+		}
 	}
 }
 
@@ -272,7 +320,11 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	}()
 	d.mu.Lock()
 	l.inFlight--
+	d.inFlight--
 	if !d.stopping {
+		if len(d.starved) > 0 {
+			d.pumpStarvedLocked()
+		}
 		d.pumpLocked(l)
 	}
 	low := l.held() <= l.limit()/2
@@ -300,7 +352,9 @@ func (d *Dispatcher) Stop(ctx context.Context) {
 	for _, l := range d.lanes {
 		queued = append(queued, l.queue...)
 		l.queue = nil
+		l.starved = false
 	}
+	d.starved = nil
 	d.mu.Unlock()
 	for _, j := range queued {
 		d.opts.OnOutcome(Outcome{Job: j, Result: Released(j)})
@@ -323,11 +377,7 @@ func (d *Dispatcher) Stop(ctx context.Context) {
 func (d *Dispatcher) InFlight() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	n := 0
-	for _, l := range d.lanes {
-		n += l.inFlight
-	}
-	return n
+	return d.inFlight
 }
 
 // Released is the result that returns a job's delivery to the queue

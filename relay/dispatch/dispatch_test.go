@@ -29,22 +29,7 @@ func newHarness(caps map[string]int) *harness {
 	}
 	h.d = dispatch.New(dispatch.Options{
 		Capacity: func(ep string) int { return caps[ep] },
-		Execute: func(ctx context.Context, j *dispatch.Job) store.Result {
-			n := h.running[j.Endpoint].Add(1)
-			for {
-				p := h.peak[j.Endpoint].Load()
-				if n <= p || h.peak[j.Endpoint].CompareAndSwap(p, n) {
-					break
-				}
-			}
-			defer h.running[j.Endpoint].Add(-1)
-			select {
-			case <-h.release:
-				return store.Result{DeliveryID: j.DeliveryID, Status: store.StatusDelivered}
-			case <-ctx.Done():
-				return dispatch.Released(j)
-			}
-		},
+		Execute:  hExecute(h),
 		OnOutcome: func(o dispatch.Outcome) {
 			h.mu.Lock()
 			h.outcomes = append(h.outcomes, o)
@@ -53,6 +38,25 @@ func newHarness(caps map[string]int) *harness {
 		},
 	})
 	return h
+}
+
+func hExecute(h *harness) func(ctx context.Context, j *dispatch.Job) store.Result {
+	return func(ctx context.Context, j *dispatch.Job) store.Result {
+		n := h.running[j.Endpoint].Add(1)
+		for {
+			p := h.peak[j.Endpoint].Load()
+			if n <= p || h.peak[j.Endpoint].CompareAndSwap(p, n) {
+				break
+			}
+		}
+		defer h.running[j.Endpoint].Add(-1)
+		select {
+		case <-h.release:
+			return store.Result{DeliveryID: j.DeliveryID, Status: store.StatusDelivered}
+		case <-ctx.Done():
+			return dispatch.Released(j)
+		}
+	}
 }
 
 func (h *harness) count(status string) int {
@@ -109,4 +113,34 @@ func TestStopReleasesQueuedAndCancelsPastGrace(t *testing.T) {
 	require.False(t, h.d.Reserve("e"), "no fast path while stopping")
 	h.d.Submit(&dispatch.Job{DeliveryID: 9, Endpoint: "e"}, false)
 	require.Equal(t, 4, h.count(store.StatusReleased), "a job submitted while stopping is released")
+}
+
+func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
+	t.Parallel()
+	caps := map[string]int{}
+	for i := range 20 {
+		caps[string(rune('a'+i))] = 4
+	}
+	h := newHarness(caps)
+	h.d = dispatch.New(dispatch.Options{
+		Capacity:       func(ep string) int { return caps[ep] },
+		MaxConcurrency: 10,
+		Execute:        hExecute(h),
+		OnOutcome: func(o dispatch.Outcome) {
+			h.mu.Lock()
+			h.outcomes = append(h.outcomes, o)
+			h.mu.Unlock()
+			h.d.Recorded(o.Job)
+		},
+	})
+	for ep := range caps {
+		for i := range 3 {
+			h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: ep}, false)
+		}
+	}
+	require.Eventually(t, func() bool { return h.d.InFlight() == 10 }, 5*time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, 10, h.d.InFlight(), "never more than the global cap")
+	close(h.release)
+	require.Eventually(t, func() bool { return h.count(store.StatusDelivered) == 60 }, 5*time.Second, time.Millisecond)
 }

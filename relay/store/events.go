@@ -216,12 +216,16 @@ func dedupe(evs []NewEvent) (kept []NewEvent, orig []int) {
 }
 
 // Commit stores the checkpoint (when lsn is not zero), deletes the given
-// outbox rows, and commits. Without an open transaction it stores only the
-// checkpoint.
-func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, outboxIDs []int64) error {
+// outbox rows, and commits; with notify, it wakes every instance's
+// claimer as it commits (rows were queued). Without an open transaction it
+// stores only the checkpoint.
+func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, outboxIDs []int64, notify bool) error {
 	b := &pgx.Batch{}
 	if !ic.inTx && lsn == 0 {
 		return nil
+	}
+	if notify {
+		b.Queue(`SELECT pg_notify($1, '')`, WakeChannel)
 	}
 	if lsn != 0 {
 		b.Queue(saveCheckpointSQL, ic.s.Slot, lsn.String())

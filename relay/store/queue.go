@@ -336,20 +336,21 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result, ap
 
 // Instance describes a running postbox for the registry.
 type Instance struct {
-	ID       string
-	Hostname string
-	PID      int
-	Version  string
+	ID        string
+	Hostname  string
+	PID       int
+	Version   string
+	Streaming bool
 }
 
 // Heartbeat registers the instance (or renews its registration) for
 // lease: its deliveries in flight stay its own until then.
 func (s *Store) Heartbeat(ctx context.Context, in Instance, lease time.Duration) error {
 	_, err := s.Pool.Exec(ctx, `
-		INSERT INTO postbox.instances (id, hostname, pid, version, expires_at)
-		VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second')
-		ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at`,
-		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds())
+		INSERT INTO postbox.instances (id, hostname, pid, version, expires_at, streaming)
+		VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', $6)
+		ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at, streaming = excluded.streaming`,
+		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds(), in.Streaming)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}

@@ -33,6 +33,10 @@ const (
 	StatusReleased = "released"
 )
 
+// WakeChannel is the NOTIFY channel that tells instances the queue has
+// new work (pending rows written without the fast path, replays).
+const WakeChannel = "postbox_queue"
+
 // Store is postbox's schema on one database.
 type Store struct {
 	Pool  *pgxpool.Pool

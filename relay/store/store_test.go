@@ -43,7 +43,7 @@ func queue(t *testing.T, s *store.Store, endpoint string, n int) {
 	}
 	_, err = ic.Insert(ctx, evs)
 	require.NoError(t, err)
-	require.NoError(t, ic.Commit(ctx, 0, nil))
+	require.NoError(t, ic.Commit(ctx, 0, nil, false))
 }
 
 func count(claimed []store.Claimed) map[string]int {

@@ -1,0 +1,421 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/telemetry"
+)
+
+// The operator commands connect to the database directly, so they answer
+// when no relay runs.
+
+// opsEnv is what an operator command needs: configuration and a pool.
+type opsEnv struct {
+	cfg  *config.Config
+	pool *pgxpool.Pool
+	json bool
+	out  io.Writer
+}
+
+// openOps parses the common flags (and fs's own), loads the configuration
+// and connects. On failure it returns the exit code to use.
+func openOps(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (*opsEnv, func(), int) {
+	var cf commonFlags
+	fs.SetOutput(stderr)
+	fs.StringVar(&cf.config, "config", "", "configuration file (YAML); env "+config.EnvConfig)
+	jsonOut := fs.Bool("json", false, "print one JSON document")
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, exitUsage
+	}
+	if cf.config == "" {
+		cf.config = os.Getenv(config.EnvConfig)
+	}
+	cfg, code := loadConfig(cf.config, stderr)
+	if cfg == nil {
+		return nil, nil, code
+	}
+	if cfg.DatabaseURL == "" {
+		fmt.Fprintln(stderr, "postbox: config: database_url: not set (set it in the file or "+config.EnvDatabaseURL+")")
+		return nil, nil, exitUsage
+	}
+	pool, err := store.Open(ctx, cfg.DatabaseURL, 4)
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = pool.Ping(pctx)
+		cancel()
+		if err != nil {
+			pool.Close()
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox: database unreachable:", err)
+		return nil, nil, exitFailure
+	}
+	return &opsEnv{cfg: cfg, pool: pool, json: *jsonOut, out: stdout}, pool.Close, exitOK
+}
+
+func (e *opsEnv) printJSON(v any) {
+	enc := json.NewEncoder(e.out)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("postbox status", flag.ContinueOnError)
+	check := fs.Bool("check", false, "exit 1 while any alert fires (for cron and health checks)")
+	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
+	if env == nil {
+		return code
+	}
+	defer closeEnv()
+	s, err := telemetry.LoadSummary(ctx, env.pool, env.cfg.Slot)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	eps, err := telemetry.LoadEndpoints(ctx, env.pool, "")
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	s.Alerts = telemetry.Firing(telemetry.Evaluate(s, eps, env.cfg.Alerts))
+	if env.json {
+		env.printJSON(s)
+	} else {
+		printStatus(stdout, s)
+	}
+	if *check && len(s.Alerts) > 0 {
+		return exitFailure
+	}
+	return exitOK
+}
+
+func printStatus(w io.Writer, s telemetry.Summary) {
+	fmt.Fprintf(w, "postbox status at %s\n\n", s.At.UTC().Format(time.RFC3339))
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "queue\tpending %d\tawaiting_retry %d\tin_flight %d\tdead_letter %d\n", s.Pending, s.AwaitingRetry, s.InFlight, s.DeadLetter)
+	fmt.Fprintf(tw, "last hour\tdelivered %d\tfailed %d\tdead letters %d\tavg response %s\n", s.DeliveredLastHour, s.FailedLastHour, s.DeadLettersLastHour, ms(s.AvgDeliveryMSLastHour))
+	fmt.Fprintf(tw, "commit→delivery\tp50 %s\tp99 %s\t(last hour)\n", ms(s.CommitToDeliveryP50MS), ms(s.CommitToDeliveryP99MS))
+	oldest := "none"
+	if s.OldestPending != nil {
+		oldest = fmt.Sprintf("%s (%s ago)", s.OldestPending.UTC().Format(time.RFC3339), time.Duration(*s.OldestPendingAgeSeconds*float64(time.Second)).Round(time.Second))
+	}
+	fmt.Fprintf(tw, "oldest_pending\t%s\n", oldest)
+	if s.Slot.Exists {
+		active := "inactive"
+		if s.Slot.Active {
+			active = "active"
+		}
+		fmt.Fprintf(tw, "slot %s\t%s\twal_status %s\tlag %s\n", s.Slot.Name, active, s.Slot.WALStatus, bytesString(s.Slot.RetainedBytes))
+	} else {
+		fmt.Fprintf(tw, "slot %s\tdoes not exist (no relay has run)\n", s.Slot.Name)
+	}
+	var inst []string
+	for _, in := range s.Instances {
+		d := in.Hostname + " pid " + fmt.Sprint(in.PID)
+		if in.Streaming {
+			d += " (streaming)"
+		}
+		inst = append(inst, d)
+	}
+	if len(inst) == 0 {
+		inst = []string{"none running"}
+	}
+	fmt.Fprintf(tw, "instances\t%s\n", strings.Join(inst, ", "))
+	_ = tw.Flush()
+	if len(s.Breakers) > 0 {
+		fmt.Fprintln(w, "\nheld back:")
+		for _, b := range s.Breakers {
+			switch {
+			case b.PausedUntil != nil:
+				fmt.Fprintf(w, "  %s  paused by the receiver until %s\n", b.Endpoint, b.PausedUntil.UTC().Format(time.RFC3339))
+			case b.State == store.BreakerOpen:
+				fmt.Fprintf(w, "  %s  breaker open since %s, probes at %s; %d consecutive failures, last: %s\n", b.Endpoint,
+					b.OpenedAt.UTC().Format(time.RFC3339), b.ReopensAt.UTC().Format(time.RFC3339), b.ConsecutiveFailures, b.LastError)
+			default:
+				fmt.Fprintf(w, "  %s  breaker %s\n", b.Endpoint, b.State)
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	if len(s.Alerts) == 0 {
+		fmt.Fprintln(w, "no alerts")
+		return
+	}
+	fmt.Fprintln(w, "ALERTS:")
+	for _, a := range s.Alerts {
+		fmt.Fprintf(w, "  %-20s %s\n", a.Name, a.Detail)
+	}
+}
+
+func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("postbox endpoints", flag.ContinueOnError)
+	only := fs.String("endpoint", "", "only this endpoint")
+	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
+	if env == nil {
+		return code
+	}
+	defer closeEnv()
+	eps, err := telemetry.LoadEndpoints(ctx, env.pool, *only)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	if env.json {
+		if eps == nil {
+			eps = []telemetry.EndpointStats{}
+		}
+		env.printJSON(map[string]any{"window": telemetry.Window.String(), "endpoints": eps})
+		return exitOK
+	}
+	if len(eps) == 0 {
+		fmt.Fprintln(stdout, "no endpoints have had deliveries yet")
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "latency of attempts over the last %s\n\n", telemetry.Window)
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ENDPOINT\tSTATE\tP50\tP95\tP99\tSAMPLES\tFAILURES\tPENDING\tRETRY\tDEAD\tLAST ERROR")
+	for _, e := range eps {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", e.Endpoint, e.State, ms(e.P50MS), ms(e.P95MS), ms(e.P99MS),
+			e.SampleCount, e.ConsecutiveFailures, e.Pending, e.AwaitingRetry, e.DeadLetter, e.LastError)
+	}
+	_ = tw.Flush()
+	return exitOK
+}
+
+func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	analyze := len(args) > 0 && args[0] == "analyze"
+	if analyze {
+		args = args[1:]
+	}
+	fs := flag.NewFlagSet("postbox dead-letters", flag.ContinueOnError)
+	endpoint := fs.String("endpoint", "", "only this endpoint")
+	sinceText := fs.String("since", "24h", "how far back: a duration (24h, 7d) or a time (RFC 3339)")
+	limit := fs.Int("limit", 100, "list at most this many")
+	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
+	if env == nil {
+		return code
+	}
+	defer closeEnv()
+	for _, a := range fs.Args() {
+		if a != "analyze" {
+			fmt.Fprintf(stderr, "postbox: dead-letters: unexpected %q (the one subcommand is analyze)\n", a)
+			return exitUsage
+		}
+		analyze = true
+	}
+	since, err := parseSince(*sinceText, time.Now())
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox: --since:", err)
+		return exitUsage
+	}
+	if analyze {
+		an, err := telemetry.AnalyzeDeadLetters(ctx, env.pool, *endpoint, since)
+		if err != nil {
+			fmt.Fprintln(stderr, "postbox:", err)
+			return exitFailure
+		}
+		if env.json {
+			if an == nil {
+				an = []telemetry.Analysis{}
+			}
+			env.printJSON(map[string]any{"since": since.UTC(), "endpoints": an})
+			return exitOK
+		}
+		if len(an) == 0 {
+			fmt.Fprintf(stdout, "no dead letters since %s\n", since.UTC().Format(time.RFC3339))
+			return exitOK
+		}
+		for _, a := range an {
+			code := "-"
+			if a.PrimaryStatusCode != nil {
+				code = fmt.Sprint(*a.PrimaryStatusCode)
+			}
+			fmt.Fprintf(stdout, "%s: %d dead letters, %s to %s, %.1f attempts on average\n", a.Endpoint, a.DeadCount,
+				a.FirstDead.UTC().Format(time.RFC3339), a.LastDead.UTC().Format(time.RFC3339), a.AvgAttempts)
+			fmt.Fprintf(stdout, "  most common: %s (status %s); at most %d in one hour\n", a.PrimaryError, code, a.MaxInOneHour)
+			fmt.Fprintf(stdout, "  pattern: %s\n  advice:  %s\n\n", a.Pattern, a.Advice)
+		}
+		return exitOK
+	}
+	dls, err := telemetry.ListDeadLetters(ctx, env.pool, *endpoint, since, *limit)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	if env.json {
+		if dls == nil {
+			dls = []telemetry.DeadLetter{}
+		}
+		env.printJSON(map[string]any{"since": since.UTC(), "dead_letters": dls})
+		return exitOK
+	}
+	if len(dls) == 0 {
+		fmt.Fprintf(stdout, "no dead letters since %s\n", since.UTC().Format(time.RFC3339))
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEAD AT\tENDPOINT\tEVENT ID\tATTEMPTS\tSTATUS\tLAST ERROR")
+	for _, d := range dls {
+		code := "-"
+		if d.LastStatusCode != nil {
+			code = fmt.Sprint(*d.LastStatusCode)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.DeadAt.UTC().Format(time.RFC3339), d.Endpoint, d.EventID, d.AttemptCount, code, d.LastError)
+	}
+	_ = tw.Flush()
+	return exitOK
+}
+
+// eventIDs collects repeated --event-id flags (commas allowed).
+type eventIDs []string
+
+func (e *eventIDs) String() string { return strings.Join(*e, ",") }
+func (e *eventIDs) Set(v string) error {
+	for _, id := range strings.Split(v, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			*e = append(*e, id)
+		}
+	}
+	return nil
+}
+
+func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("postbox replay", flag.ContinueOnError)
+	var f store.ReplayFilter
+	var ids eventIDs
+	fs.BoolVar(&f.DeadLetters, "dead-letters", false, "only events whose latest delivery is a dead letter")
+	fs.StringVar(&f.Endpoint, "endpoint", "", "only this endpoint's events")
+	sinceText := fs.String("since", "", "events committed since: a duration (2h) or a time (RFC 3339)")
+	untilText := fs.String("until", "", "events committed before: a duration ago or a time")
+	fromLSN := fs.String("from-lsn", "", "events committed at or after this WAL position (e.g. 0/16B3748)")
+	fs.Var(&ids, "event-id", "this event (repeat, or separate with commas)")
+	fs.IntVar(&f.Limit, "limit", 0, "enqueue at most this many events")
+	dryRun := fs.Bool("dry-run", false, "print what would be enqueued and change nothing")
+	rate := fs.Float64("rate", 0, "spread the replay out at this many events a second (0: all at once)")
+	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
+	if env == nil {
+		return code
+	}
+	defer closeEnv()
+	now := time.Now()
+	var err error
+	if *sinceText != "" {
+		if f.Since, err = parseSince(*sinceText, now); err != nil {
+			fmt.Fprintln(stderr, "postbox: --since:", err)
+			return exitUsage
+		}
+	}
+	if *untilText != "" {
+		if f.Until, err = parseSince(*untilText, now); err != nil {
+			fmt.Fprintln(stderr, "postbox: --until:", err)
+			return exitUsage
+		}
+	}
+	if *fromLSN != "" {
+		if f.FromLSN, err = pglogrepl.ParseLSN(*fromLSN); err != nil {
+			fmt.Fprintln(stderr, "postbox: --from-lsn: want a WAL position such as 0/16B3748")
+			return exitUsage
+		}
+	}
+	f.EventIDs = ids
+	if !f.DeadLetters && f.Endpoint == "" && f.Since.IsZero() && f.Until.IsZero() && f.FromLSN == 0 && len(ids) == 0 {
+		fmt.Fprintln(stderr, "postbox: replay needs a selection: --dead-letters, --endpoint, --since/--until, --from-lsn or --event-id")
+		return exitUsage
+	}
+	if *rate < 0 {
+		fmt.Fprintln(stderr, "postbox: --rate must not be negative")
+		return exitUsage
+	}
+	items, enqueued, err := (&store.Store{Pool: env.pool, Table: env.cfg.Table(), Slot: env.cfg.Slot}).Replay(ctx, f, *dryRun, *rate)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	queued := 0
+	for _, it := range items {
+		if it.Queued {
+			queued++
+		}
+	}
+	if env.json {
+		if items == nil {
+			items = []store.ReplayItem{}
+		}
+		env.printJSON(map[string]any{"dry_run": *dryRun, "selected": len(items), "already_queued": queued,
+			"enqueued": enqueued, "events": items})
+		return exitOK
+	}
+	if *dryRun {
+		fmt.Fprintf(stdout, "dry run: would enqueue %d of %d selected events (%d already queued); nothing changed\n\n", len(items)-queued, len(items), queued)
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "EVENT ID\tENDPOINT\tTYPE\tCOMMITTED\tLSN\tLAST STATUS")
+		for i, it := range items {
+			if i == 50 {
+				fmt.Fprintf(tw, "… and %d more\n", len(items)-50)
+				break
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", it.EventID, it.Endpoint, it.EventType, it.Committed.UTC().Format(time.RFC3339), it.CommitLSN, it.LastStatus)
+		}
+		_ = tw.Flush()
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "enqueued %d events for delivery with their original event ids (%d selected, %d already queued)\n", enqueued, len(items), queued)
+	if *rate > 0 && enqueued > 0 {
+		fmt.Fprintf(stdout, "spread out at %g a second: the last falls due in %s\n", *rate, (time.Duration(float64(enqueued-1) / *rate * float64(time.Second))).Round(time.Second))
+	}
+	return exitOK
+}
+
+// parseSince reads "24h", "7d", "90m" (ago) or an RFC 3339 time.
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		var n int
+		if _, err := fmt.Sscanf(d, "%d", &n); err == nil && n >= 0 {
+			return now.Add(-time.Duration(n) * 24 * time.Hour), nil
+		}
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, errors.New("want a duration such as 24h or 7d, or an RFC 3339 time")
+}
+
+func ms(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	if *v < 10 {
+		return fmt.Sprintf("%.1f ms", *v)
+	}
+	return fmt.Sprintf("%.0f ms", *v)
+}
+
+func bytesString(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,134 @@
+// Package admin is postbox's admin listener: Prometheus metrics, liveness
+// and readiness probes, and the health summary as JSON.
+//
+// It binds to loopback by default. Bound elsewhere it needs a token, and
+// then every path but /healthz requires "Authorization: Bearer <token>".
+package admin
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+)
+
+// Checks are the questions the admin listener asks the relay.
+type Checks struct {
+	// Ready returns nil when the relay is ready: database reachable, the
+	// slot streamed by this or another instance, not lagging too far.
+	Ready func(ctx context.Context) error
+	// Status returns the health summary.
+	Status func(ctx context.Context) (any, error)
+}
+
+// Server is the admin HTTP server.
+type Server struct {
+	srv *http.Server
+	ln  net.Listener
+	log zerolog.Logger
+}
+
+// ErrTokenRequired refuses a non-loopback listener without a token.
+var ErrTokenRequired = errors.New("admin: admin_token is required when admin_listen is not a loopback address")
+
+// Listen binds addr now, so a taken port fails at start, not later.
+func Listen(addr, token string, reg *prometheus.Registry, checks Checks, log zerolog.Logger) (*Server, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if token == "" && !loopback(host) {
+		return nil, ErrTokenRequired
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{ln: ln, log: log.With().Str("component", "admin").Logger()}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /healthz", handler(func(w http.ResponseWriter, r *http.Request) error {
+		_, err := w.Write([]byte("ok\n"))
+		return err
+	}))
+	mux.Handle("GET /readyz", handler(func(w http.ResponseWriter, r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		if err := checks.Ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return nil
+		}
+		_, err := w.Write([]byte("ready\n"))
+		return err
+	}))
+	mux.Handle("GET /status", handler(func(w http.ResponseWriter, r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		st, err := checks.Status(ctx)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return nil
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}))
+	var h http.Handler = mux
+	if token != "" {
+		h = requireToken(token, mux)
+	}
+	s.srv = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Serve serves until Shutdown.
+func (s *Server) Serve() {
+	if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		s.log.Error().Err(err).Msg("admin listener failed")
+	}
+}
+
+// Shutdown stops the server.
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+// handler adapts a handler that returns an error.
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := h(w, r); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+func requireToken(token string, next http.Handler) http.Handler {
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func loopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,138 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// ReplayFilter selects events to deliver again. Zero fields do not filter.
+type ReplayFilter struct {
+	// DeadLetters selects only events whose latest delivery is a dead letter.
+	DeadLetters bool
+	Endpoint    string
+	// Since and Until bound the events' commit time (their ingest time
+	// when the commit time is unknown).
+	Since, Until time.Time
+	// FromLSN selects events committed at or after this WAL position.
+	FromLSN  pglogrepl.LSN
+	EventIDs []string
+	// Limit caps how many events one replay enqueues (0: no cap).
+	Limit int
+}
+
+// ReplayItem is an event a replay selects.
+type ReplayItem struct {
+	EventID    string    `json:"event_id"`
+	Endpoint   string    `json:"endpoint"`
+	EventType  string    `json:"event_type"`
+	CommitLSN  string    `json:"commit_lsn,omitempty"`
+	Committed  time.Time `json:"committed_at"`
+	LastStatus string    `json:"last_status"` // of its latest delivery; "" when it has none
+	Queued     bool      `json:"already_queued"`
+}
+
+// replayCandidatesSQL selects the events of a replay with their latest
+// delivery. $1 dead letters only, $2 endpoint, $3 since, $4 until, $5 from
+// LSN, $6 event ids, $7 limit.
+const replayCandidatesSQL = `
+SELECT e.id, e.event_id::text, e.endpoint, e.event_type, coalesce(e.commit_lsn::text, ''),
+       coalesce(e.committed_at, e.ingested_at), last.id, coalesce(last.status, '')
+FROM postbox.events e
+LEFT JOIN LATERAL (
+  SELECT d.id, d.status FROM postbox.deliveries d WHERE d.event_pk = e.id ORDER BY d.id DESC LIMIT 1
+) last ON true
+WHERE ($2 = '' OR e.endpoint = $2)
+  AND ($3::timestamptz IS NULL OR coalesce(e.committed_at, e.ingested_at) >= $3)
+  AND ($4::timestamptz IS NULL OR coalesce(e.committed_at, e.ingested_at) < $4)
+  AND ($5::pg_lsn IS NULL OR e.commit_lsn >= $5)
+  AND (cardinality($6::uuid[]) = 0 OR e.event_id = ANY($6))
+  AND (NOT $1 OR last.status = 'dead_letter')
+ORDER BY coalesce(e.commit_lsn, '0/0'), e.id
+LIMIT CASE WHEN $7 > 0 THEN $7 END`
+
+// Replay selects events by f and, unless dryRun, enqueues a new delivery
+// for each that has none waiting, keeping its event id, so receivers can
+// drop what they already have. With rate > 0 the deliveries fall due
+// spread out at that many a second, to trickle a large replay. Replays
+// read postbox's event log, so they work after the slot has moved on, for
+// as long as event_retention keeps the events.
+func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate float64) ([]ReplayItem, int, error) {
+	var since, until *time.Time
+	if !f.Since.IsZero() {
+		since = &f.Since
+	}
+	if !f.Until.IsZero() {
+		until = &f.Until
+	}
+	var lsn *string
+	if f.FromLSN != 0 {
+		l := f.FromLSN.String()
+		lsn = &l
+	}
+	ids := f.EventIDs
+	if ids == nil {
+		ids = []string{}
+	}
+	var items []ReplayItem
+	enqueued := 0
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, replayCandidatesSQL, f.DeadLetters, f.Endpoint, since, until, lsn, ids, f.Limit)
+		if err != nil {
+			return err
+		}
+		var pks, lastIDs []int64
+		var endpoints []string
+		for rows.Next() {
+			var it ReplayItem
+			var pk int64
+			var last *int64
+			if err := rows.Scan(&pk, &it.EventID, &it.Endpoint, &it.EventType, &it.CommitLSN, &it.Committed, &last, &it.LastStatus); err != nil {
+				rows.Close()
+				return err
+			}
+			switch it.LastStatus {
+			case StatusPending, StatusInFlight, StatusFailed:
+				it.Queued = true
+			default:
+				pks, endpoints = append(pks, pk), append(endpoints, it.Endpoint)
+				if last != nil {
+					lastIDs = append(lastIDs, *last)
+				} else {
+					lastIDs = append(lastIDs, 0)
+				}
+			}
+			items = append(items, it)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if dryRun || len(pks) == 0 {
+			return nil
+		}
+		step := 0.0
+		if rate > 0 {
+			step = 1 / rate
+		}
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO postbox.deliveries (event_pk, endpoint, status, next_attempt_at, replay_of)
+			SELECT pk, endpoint, 'pending', now() + (ord - 1) * $4 * interval '1 second', nullif(last, 0)
+			FROM unnest($1::int8[], $2::text[], $3::int8[]) WITH ORDINALITY AS r(pk, endpoint, last, ord)
+			ON CONFLICT (event_pk) WHERE status IN ('pending', 'in_flight', 'failed') DO NOTHING`,
+			pks, endpoints, lastIDs, step)
+		if err != nil {
+			return err
+		}
+		enqueued = int(tag.RowsAffected())
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
+		return err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("replay: %w", err)
+	}
+	return items, enqueued, nil
+}

@@ -1,0 +1,86 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Purges delete in batches of at most this many rows, each its own
+// statement, so a purge never holds long locks or makes one huge
+// transaction.
+const purgeBatch = 5000
+
+// purge runs the batch statement until it deletes less than a batch, ctx
+// ends, or it has deleted max rows; it returns how many it deleted.
+func (s *Store) purge(ctx context.Context, what, sql string, args ...any) (int64, error) {
+	var total int64
+	for ctx.Err() == nil && total < 100*purgeBatch {
+		tag, err := s.Pool.Exec(ctx, sql, args...)
+		if err != nil {
+			return total, fmt.Errorf("purge %s: %w", what, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < purgeBatch {
+			break
+		}
+	}
+	return total, nil
+}
+
+// PurgeSamples deletes latency samples older than the window.
+func (s *Store) PurgeSamples(ctx context.Context, window time.Duration) (int64, error) {
+	return s.purge(ctx, "latency samples", `
+		DELETE FROM postbox.latency_samples WHERE ctid = ANY (ARRAY(
+		  SELECT ctid FROM postbox.latency_samples
+		  WHERE measured_at < now() - $1 * interval '1 second' LIMIT $2))`, window.Seconds(), purgeBatch)
+}
+
+// PurgeDeliveries deletes delivered and dead-lettered deliveries older
+// than retention.
+func (s *Store) PurgeDeliveries(ctx context.Context, retention time.Duration) (int64, error) {
+	n, err := s.purge(ctx, "delivered rows", `
+		DELETE FROM postbox.deliveries WHERE id IN (
+		  SELECT id FROM postbox.deliveries
+		  WHERE status = 'delivered' AND delivered_at < now() - $1 * interval '1 second' LIMIT $2)`,
+		retention.Seconds(), purgeBatch)
+	if err != nil {
+		return n, err
+	}
+	m, err := s.purge(ctx, "dead letters", `
+		DELETE FROM postbox.deliveries WHERE id IN (
+		  SELECT id FROM postbox.deliveries
+		  WHERE status = 'dead_letter' AND updated_at < now() - $1 * interval '1 second' LIMIT $2)`,
+		retention.Seconds(), purgeBatch)
+	return n + m, err
+}
+
+// PurgeEvents deletes events ingested longer than retention ago that have
+// no delivery waiting, with their remaining (finished) deliveries: past
+// it, an event can no longer be replayed.
+func (s *Store) PurgeEvents(ctx context.Context, retention time.Duration) (int64, error) {
+	var total int64
+	for ctx.Err() == nil && total < 100*purgeBatch {
+		var n int64
+		err := s.Pool.QueryRow(ctx, `
+			WITH gone AS (
+			  DELETE FROM postbox.events WHERE id IN (
+			    SELECT e.id FROM postbox.events e
+			    WHERE e.ingested_at < now() - $1 * interval '1 second'
+			      AND NOT EXISTS (SELECT 1 FROM postbox.deliveries d
+			                      WHERE d.event_pk = e.id AND d.status IN ('pending', 'in_flight', 'failed'))
+			    LIMIT $2)
+			  RETURNING id
+			),
+			finished AS (DELETE FROM postbox.deliveries WHERE event_pk IN (SELECT id FROM gone))
+			SELECT count(*) FROM gone`, retention.Seconds(), purgeBatch).Scan(&n)
+		if err != nil {
+			return total, fmt.Errorf("purge events: %w", err)
+		}
+		total += n
+		if n < purgeBatch {
+			break
+		}
+	}
+	return total, nil
+}

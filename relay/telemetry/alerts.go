@@ -1,0 +1,162 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/relay/config"
+)
+
+// Alert names.
+const (
+	AlertDeadLetters   = "dead_letters_rising"
+	AlertOldestPending = "oldest_pending"
+	AlertEndpointP95   = "endpoint_latency"
+	AlertSlotLag       = "slot_lag"
+)
+
+// Alert is one alert's state. Subject is the endpoint for per-endpoint
+// alerts.
+type Alert struct {
+	Name    string `json:"name"`
+	Subject string `json:"subject,omitempty"`
+	Firing  bool   `json:"firing"`
+	Detail  string `json:"detail"`
+}
+
+// minSamples is how many samples an endpoint needs before its p95 counts.
+const minSamples = 20
+
+// Evaluate computes the alerts from a summary and the endpoints' stats.
+// It returns every alert, firing or not; the per-endpoint latency alert
+// only for endpoints with enough samples.
+func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
+	out := []Alert{{Name: AlertDeadLetters, Firing: s.DeadLettersLastHour >= int64(th.DeadLettersPerHour),
+		Detail: fmt.Sprintf("%d dead letters in the last hour (threshold %d); postbox dead-letters analyze", s.DeadLettersLastHour, th.DeadLettersPerHour)}}
+	old := Alert{Name: AlertOldestPending, Detail: "nothing waiting"}
+	if s.OldestPendingAgeSeconds != nil {
+		age := time.Duration(*s.OldestPendingAgeSeconds * float64(time.Second))
+		old.Firing = age > th.OldestPending.D()
+		old.Detail = fmt.Sprintf("oldest undelivered event waits for %s (threshold %s)", age.Round(time.Second), th.OldestPending.D())
+	}
+	out = append(out, old)
+	lag := Alert{Name: AlertSlotLag}
+	switch {
+	case !s.Slot.Exists:
+		lag.Detail = "no replication slot yet"
+	case s.Slot.WALStatus != "" && s.Slot.WALStatus != "reserved":
+		lag.Firing = true
+		lag.Detail = fmt.Sprintf("slot %s wal_status is %s: it risks (or suffered) losing WAL it needs", s.Slot.Name, s.Slot.WALStatus)
+	default:
+		lag.Firing = s.Slot.RetainedBytes > int64(th.SlotLag)
+		lag.Detail = fmt.Sprintf("slot %s retains %s of WAL (threshold %s)", s.Slot.Name, bytesText(s.Slot.RetainedBytes), bytesText(int64(th.SlotLag)))
+	}
+	out = append(out, lag)
+	for _, e := range endpoints {
+		if e.P95MS == nil || e.SampleCount < minSamples {
+			continue
+		}
+		p95 := time.Duration(*e.P95MS * float64(time.Millisecond))
+		out = append(out, Alert{Name: AlertEndpointP95, Subject: e.Endpoint, Firing: p95 > th.EndpointP95.D(),
+			Detail: fmt.Sprintf("p95 latency of %s over 24 h is %s (threshold %s, %d samples)", e.Endpoint, p95, th.EndpointP95.D(), e.SampleCount)})
+	}
+	return out
+}
+
+// Firing returns the alerts that fire.
+func Firing(alerts []Alert) []Alert {
+	var out []Alert
+	for _, a := range alerts {
+		if a.Firing {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// Change is an alert whose firing state changed.
+type Change struct {
+	Alert Alert
+	Since time.Time // when it was in its previous state from
+}
+
+// RecordAlerts stores the alerts' states and returns those that changed
+// since the last call by any instance, so each change is logged once.
+// Alerts not evaluated any more (an endpoint gone quiet) are cleared.
+func RecordAlerts(ctx context.Context, pool *pgxpool.Pool, alerts []Alert) ([]Change, error) {
+	var changes []Change
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT alert, subject, firing, since FROM postbox.alerts FOR UPDATE`)
+		if err != nil {
+			return err
+		}
+		type key struct{ name, subject string }
+		type prev struct {
+			firing bool
+			since  time.Time
+		}
+		known := map[key]prev{}
+		for rows.Next() {
+			var k key
+			var p prev
+			if err := rows.Scan(&k.name, &k.subject, &p.firing, &p.since); err != nil {
+				rows.Close()
+				return err
+			}
+			known[k] = p
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		seen := map[key]bool{}
+		for _, a := range alerts {
+			k := key{a.Name, a.Subject}
+			seen[k] = true
+			p, ok := known[k]
+			if ok && p.firing == a.Firing {
+				continue
+			}
+			if ok || a.Firing {
+				changes = append(changes, Change{Alert: a, Since: p.since})
+			}
+			if _, err := tx.Exec(ctx, `
+				INSERT INTO postbox.alerts (alert, subject, firing, detail) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (alert, subject) DO UPDATE SET firing = excluded.firing, since = now(), detail = excluded.detail`,
+				a.Name, a.Subject, a.Firing, a.Detail); err != nil {
+				return err
+			}
+		}
+		for k, p := range known {
+			if !seen[k] && p.firing {
+				a := Alert{Name: k.name, Subject: k.subject, Detail: "no longer evaluated"}
+				changes = append(changes, Change{Alert: a, Since: p.since})
+				if _, err := tx.Exec(ctx, `UPDATE postbox.alerts SET firing = false, since = now(), detail = $3 WHERE alert = $1 AND subject = $2`,
+					k.name, k.subject, a.Detail); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("record alerts: %w", err)
+	}
+	return changes, nil
+}

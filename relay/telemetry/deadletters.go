@@ -1,0 +1,147 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// DeadLetter is one dead-lettered delivery.
+type DeadLetter struct {
+	DeliveryID     int64     `json:"delivery_id"`
+	EventID        string    `json:"event_id"`
+	Endpoint       string    `json:"endpoint"`
+	EventType      string    `json:"event_type"`
+	AttemptCount   int       `json:"attempt_count"`
+	LastError      string    `json:"last_error"`
+	LastStatusCode *int      `json:"last_status_code"`
+	CreatedAt      time.Time `json:"created_at"`
+	DeadAt         time.Time `json:"dead_at"`
+	CommitLSN      string    `json:"commit_lsn,omitempty"`
+}
+
+// ListDeadLetters returns dead letters since since (newest first), of one
+// endpoint when endpoint is set, at most limit.
+func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time, limit int) ([]DeadLetter, error) {
+	rows, err := q.Query(ctx, `
+		SELECT d.id, e.event_id::text, d.endpoint, e.event_type, d.attempt_count, coalesce(d.last_error, ''),
+		       d.last_status_code, d.created_at, d.updated_at, coalesce(e.commit_lsn::text, '')
+		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE d.status = 'dead_letter' AND d.updated_at >= $1 AND ($2 = '' OR d.endpoint = $2)
+		ORDER BY d.updated_at DESC, d.id DESC LIMIT $3`, since, endpoint, limit)
+	if err != nil {
+		return nil, fmt.Errorf("dead letters: %w", err)
+	}
+	defer rows.Close()
+	var out []DeadLetter
+	for rows.Next() {
+		var d DeadLetter
+		if err := rows.Scan(&d.DeliveryID, &d.EventID, &d.Endpoint, &d.EventType, &d.AttemptCount, &d.LastError,
+			&d.LastStatusCode, &d.CreatedAt, &d.DeadAt, &d.CommitLSN); err != nil {
+			return nil, fmt.Errorf("dead letters: %w", err)
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// Dead-letter patterns, the seed's and those of bad input.
+const (
+	PatternOutageCluster = "outage_cluster"
+	PatternCredentials   = "credentials_changed"
+	PatternRateLimited   = "rate_limited"
+	PatternGradual       = "gradual_accumulation"
+	PatternBadInput      = "bad_input"
+	PatternOther         = "other"
+)
+
+// Analysis is one endpoint's dead letters, their pattern and what to do.
+type Analysis struct {
+	Endpoint          string    `json:"endpoint"`
+	DeadCount         int64     `json:"dead_count"`
+	PrimaryError      string    `json:"primary_error"`
+	PrimaryStatusCode *int      `json:"primary_status_code"`
+	FirstDead         time.Time `json:"first_dead"`
+	LastDead          time.Time `json:"last_dead"`
+	AvgAttempts       float64   `json:"avg_attempts"`
+	MaxInOneHour      int64     `json:"max_in_one_hour"`
+	AuthFailures      int64     `json:"auth_failures"` // 401 and 403
+	RateLimited       int64     `json:"rate_limited"`  // 429
+	Pattern           string    `json:"pattern"`
+	Advice            string    `json:"advice"`
+}
+
+// AnalyzeDeadLetters groups the dead letters since since by endpoint (the
+// seed's analysis) and names each endpoint's pattern with advice.
+func AnalyzeDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time) ([]Analysis, error) {
+	rows, err := q.Query(ctx, `
+		WITH dl AS (
+		  SELECT endpoint, last_error, last_status_code, attempt_count, updated_at
+		  FROM postbox.deliveries
+		  WHERE status = 'dead_letter' AND updated_at >= $1 AND ($2 = '' OR endpoint = $2)
+		),
+		hours AS (
+		  SELECT endpoint, max(n) AS max_hour FROM (
+		    SELECT endpoint, count(*) AS n FROM dl GROUP BY endpoint, date_trunc('hour', updated_at)) h
+		  GROUP BY endpoint
+		)
+		SELECT dl.endpoint, count(*),
+		       mode() WITHIN GROUP (ORDER BY coalesce(dl.last_error, '')),
+		       mode() WITHIN GROUP (ORDER BY dl.last_status_code),
+		       min(dl.updated_at), max(dl.updated_at), avg(dl.attempt_count)::float8,
+		       max(hours.max_hour),
+		       count(*) FILTER (WHERE dl.last_status_code IN (401, 403)),
+		       count(*) FILTER (WHERE dl.last_status_code = 429)
+		FROM dl JOIN hours USING (endpoint)
+		GROUP BY dl.endpoint
+		ORDER BY count(*) DESC, dl.endpoint
+		LIMIT 100`, since, endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter analysis: %w", err)
+	}
+	defer rows.Close()
+	var out []Analysis
+	for rows.Next() {
+		var a Analysis
+		if err := rows.Scan(&a.Endpoint, &a.DeadCount, &a.PrimaryError, &a.PrimaryStatusCode, &a.FirstDead, &a.LastDead,
+			&a.AvgAttempts, &a.MaxInOneHour, &a.AuthFailures, &a.RateLimited); err != nil {
+			return nil, fmt.Errorf("dead-letter analysis: %w", err)
+		}
+		a.Pattern, a.Advice = classifyDeadLetters(a)
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+// badInputAdvice is what to do about each dead-letter reason that is about
+// the row or the configuration rather than the receiver.
+var badInputAdvice = map[string]string{
+	"unknown_endpoint":  "configure the endpoint (endpoints.{endpoint}.url) or write rows with a url, then replay them: postbox replay --dead-letters --endpoint {endpoint}",
+	"invalid_url":       "fix the URL the rows or endpoints.{endpoint}.url carry (absolute http or https), then replay",
+	"template_error":    "give the missing macro a value in the payload or a default in the template ({payload.x|default}), then replay",
+	"payload_too_large": "send smaller payloads, or raise max_body if the receiver accepts them, then replay",
+	"blocked_target":    "the URL resolves to a private address: if the receiver is internal on purpose, list its network in allowed_cidrs, then replay",
+	"invalid_row":       "the outbox table lacks a contract column: restore it, then replay",
+}
+
+func classifyDeadLetters(a Analysis) (pattern, advice string) {
+	code, _, _ := strings.Cut(a.PrimaryError, ":")
+	replay := fmt.Sprintf("postbox replay --dead-letters --endpoint %s --since %s", a.Endpoint, a.FirstDead.UTC().Format(time.RFC3339))
+	days := max(1, a.LastDead.Sub(a.FirstDead).Hours()/24)
+	switch {
+	case badInputAdvice[code] != "":
+		return PatternBadInput, strings.ReplaceAll(badInputAdvice[code], "{endpoint}", a.Endpoint)
+	case a.AuthFailures*2 >= a.DeadCount:
+		return PatternCredentials, fmt.Sprintf("mostly 401/403: the endpoint's credentials changed and its configuration was not updated; fix them (headers or secrets of endpoints.%s), then replay: %s", a.Endpoint, replay)
+	case a.RateLimited*2 >= a.DeadCount:
+		return PatternRateLimited, fmt.Sprintf("mostly 429: postbox sends faster than the partner allows; set endpoints.%s.rate_limit below its limit, then replay: %s", a.Endpoint, replay)
+	case a.MaxInOneHour >= 10 && a.MaxInOneHour*2 >= a.DeadCount:
+		return PatternOutageCluster, fmt.Sprintf("%d within one hour: the endpoint was down longer than the retry window; widen it (max_attempts, backoff_cap of endpoints.%s) or replay the outage: %s", a.MaxInOneHour, a.Endpoint, replay)
+	case a.DeadCount > 1 && float64(a.DeadCount)/days <= 5 && a.LastDead.Sub(a.FirstDead) >= 12*time.Hour:
+		return PatternGradual, fmt.Sprintf("a few a day (%.1f/day): sporadic failures exhaust the retries; raise endpoints.%s.max_attempts or lower its timeout", float64(a.DeadCount)/days, a.Endpoint)
+	}
+	return PatternOther, fmt.Sprintf("see last_error; once the cause is fixed, replay: %s", replay)
+}

@@ -1,0 +1,161 @@
+// Package telemetry answers the operator's questions from postbox's own
+// tables: the health summary (the seed's query, plus slot lag and
+// commit-to-delivery latency), per-endpoint latency percentiles over the
+// rolling 24 hours, dead letters and their analysis, and the alerts. It
+// also holds the Prometheus metrics.
+//
+// Every query reads through partial or time indexes, never a scan of the
+// delivered rows, so the answers stay fast with millions of them.
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/wal"
+)
+
+// Slot is the replication slot as the summary reports it.
+type Slot struct {
+	Name          string `json:"name"`
+	Exists        bool   `json:"exists"`
+	Active        bool   `json:"active"`
+	WALStatus     string `json:"wal_status"`
+	RetainedBytes int64  `json:"lag_bytes"` // WAL the slot retains
+	Confirmed     string `json:"confirmed_flush_lsn"`
+}
+
+// Breaker is an endpoint held back by its breaker or a pause.
+type Breaker struct {
+	Endpoint            string     `json:"endpoint"`
+	State               string     `json:"state"`
+	ConsecutiveFailures int        `json:"consecutive_failures"`
+	OpenedAt            *time.Time `json:"opened_at,omitempty"`
+	ReopensAt           *time.Time `json:"reopens_at,omitempty"`
+	PausedUntil         *time.Time `json:"paused_until,omitempty"`
+	LastError           string     `json:"last_error,omitempty"`
+}
+
+// Instance is a registered postbox.
+type Instance struct {
+	ID          string    `json:"id"`
+	Hostname    string    `json:"hostname"`
+	PID         int       `json:"pid"`
+	Version     string    `json:"version"`
+	Streaming   bool      `json:"streaming"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+}
+
+// Summary is the health of the whole pipeline. Field names follow the
+// seed's columns.
+type Summary struct {
+	Pending                 int64      `json:"pending"`
+	AwaitingRetry           int64      `json:"awaiting_retry"`
+	InFlight                int64      `json:"in_flight"`
+	DeadLetter              int64      `json:"dead_letter"`
+	DeliveredLastHour       int64      `json:"delivered_last_hour"`
+	FailedLastHour          int64      `json:"failed_last_hour"`
+	DeadLettersLastHour     int64      `json:"dead_letters_last_hour"`
+	OldestPending           *time.Time `json:"oldest_pending"`
+	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds"`
+	AvgDeliveryMSLastHour   *float64   `json:"avg_delivery_ms_last_hour"`
+	CommitToDeliveryP50MS   *float64   `json:"commit_to_delivery_p50_ms"`
+	CommitToDeliveryP99MS   *float64   `json:"commit_to_delivery_p99_ms"`
+	Slot                    Slot       `json:"slot"`
+	Breakers                []Breaker  `json:"breakers"`
+	Instances               []Instance `json:"instances"`
+	Alerts                  []Alert    `json:"alerts"`
+	At                      time.Time  `json:"at"`
+}
+
+// SummarySQL is the seed's monitoring query, each figure from its own
+// index: pending, retries and in-flight rows from their partial indexes,
+// the last hour's deliveries from delivered_at, dead letters by time.
+const SummarySQL = `
+SELECT
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'pending'),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed'),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter'),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered' AND delivered_at >= now() - interval '1 hour'),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed' AND updated_at >= now() - interval '1 hour'),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter' AND updated_at >= now() - interval '1 hour'),
+  (SELECT min(created_at) FROM postbox.deliveries WHERE status IN ('pending', 'failed')),
+  d.avg_ms, d.p50, d.p99, now()
+FROM (
+  SELECT avg(last_response_ms)::float8 AS avg_ms,
+         percentile_cont(0.5) WITHIN GROUP (ORDER BY commit_to_delivery_ms) AS p50,
+         percentile_cont(0.99) WITHIN GROUP (ORDER BY commit_to_delivery_ms) AS p99
+  FROM postbox.deliveries WHERE status = 'delivered' AND delivered_at >= now() - interval '1 hour'
+) d`
+
+// LoadSummary reads the health summary (without alerts; see Evaluate).
+func LoadSummary(ctx context.Context, q store.Querier, slotName string) (Summary, error) {
+	var s Summary
+	var failedRetry, failedDead int64
+	err := q.QueryRow(ctx, SummarySQL).Scan(&s.Pending, &s.AwaitingRetry, &s.InFlight, &s.DeadLetter,
+		&s.DeliveredLastHour, &failedRetry, &failedDead, &s.OldestPending,
+		&s.AvgDeliveryMSLastHour, &s.CommitToDeliveryP50MS, &s.CommitToDeliveryP99MS, &s.At)
+	if err != nil {
+		return s, fmt.Errorf("health summary: %w", err)
+	}
+	s.FailedLastHour, s.DeadLettersLastHour = failedRetry+failedDead, failedDead
+	if s.OldestPending != nil {
+		age := s.At.Sub(*s.OldestPending).Seconds()
+		s.OldestPendingAgeSeconds = &age
+	}
+	st, err := wal.Slot(ctx, q, slotName)
+	if err != nil {
+		return s, err
+	}
+	s.Slot = Slot{Name: slotName, Exists: st.Exists, Active: st.Active, WALStatus: st.WALStatus,
+		RetainedBytes: st.RetainedBytes}
+	if st.Exists {
+		s.Slot.Confirmed = st.ConfirmedFlush.String()
+	}
+	rows, err := q.Query(ctx, `
+		SELECT endpoint, state, consecutive_failures, opened_at,
+		       opened_at + cooldown_seconds * interval '1 second', paused_until, coalesce(last_error, '')
+		FROM postbox.endpoint_health
+		WHERE state <> 'closed' OR paused_until > now() ORDER BY endpoint`)
+	if err != nil {
+		return s, fmt.Errorf("breakers: %w", err)
+	}
+	for rows.Next() {
+		var b Breaker
+		var paused *time.Time
+		if err := rows.Scan(&b.Endpoint, &b.State, &b.ConsecutiveFailures, &b.OpenedAt, &b.ReopensAt, &paused, &b.LastError); err != nil {
+			rows.Close()
+			return s, fmt.Errorf("breakers: %w", err)
+		}
+		if paused != nil && paused.After(s.At) {
+			b.PausedUntil = paused
+		}
+		if b.State == store.BreakerClosed {
+			b.OpenedAt, b.ReopensAt = nil, nil
+		}
+		s.Breakers = append(s.Breakers, b)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return s, fmt.Errorf("breakers: %w", err)
+	}
+	rows, err = q.Query(ctx, `
+		SELECT id, hostname, pid, version, streaming, started_at, heartbeat_at
+		FROM postbox.instances WHERE expires_at > now() ORDER BY started_at`)
+	if err != nil {
+		return s, fmt.Errorf("instances: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var in Instance
+		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &in.Streaming, &in.StartedAt, &in.HeartbeatAt); err != nil {
+			return s, fmt.Errorf("instances: %w", err)
+		}
+		s.Instances = append(s.Instances, in)
+	}
+	return s, rows.Err()
+}

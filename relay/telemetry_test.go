@@ -1,0 +1,109 @@
+package relay_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+)
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	return string(body)
+}
+
+// TestMetricsAndProbes: /metrics exposes the named series, and the
+// endpoint label stays capped with 10,000 distinct per-row endpoints.
+func TestMetricsAndProbes(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.logLevel = zerolog.InfoLevel
+	rc := newIDCounter(t)
+	tb.endpoint(t, "alpha", rc.URL, nil)
+	tb.endpoint(t, "beta", rc.URL, nil)
+	tb.endpoint(t, "gamma", rc.URL, nil)
+	tb.cfg.MetricsEndpointLabels = 2
+	r := tb.start(t, relay.Options{})
+	base := "http://" + r.AdminAddr()
+
+	require.Equal(t, "ok\n", scrape(t, base+"/healthz"))
+	waitUntil(t, 10*time.Second, "readiness", func() bool {
+		resp, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	tb.insert(t, outbox.Event{Endpoint: "alpha"}, outbox.Event{Endpoint: "beta"}, outbox.Event{Endpoint: "gamma"})
+	_, err := tb.pool.Exec(context.Background(), `
+		INSERT INTO postbox.outbox (endpoint, url) SELECT 'row-' || i, $1 FROM generate_series(1, 10000) i`, rc.URL)
+	require.NoError(t, err)
+	tb.waitSettled(t, 10003, 3*time.Minute)
+
+	var body string
+	waitUntil(t, 30*time.Second, "the gauges", func() bool {
+		body = scrape(t, base+"/metrics")
+		return strings.Contains(body, "postbox_queue_depth{")
+	})
+	for _, name := range []string{
+		"postbox_deliveries_total", "postbox_attempt_duration_seconds_bucket", "postbox_commit_to_delivery_seconds_bucket",
+		"postbox_queue_depth", "postbox_oldest_pending_age_seconds", "postbox_replication_slot_lag_bytes",
+		"postbox_ingested_events_total", "postbox_alert_firing", "postbox_streaming", "postbox_circuit_breaker_state",
+	} {
+		require.Contains(t, body, name, "series %s", name)
+	}
+	require.Regexp(t, `postbox_ingested_events_total 10003\b`, body)
+	labels := map[string]bool{}
+	for _, m := range regexp.MustCompile(`endpoint="([^"]+)"`).FindAllStringSubmatch(body, -1) {
+		labels[m[1]] = true
+	}
+	require.Equal(t, map[string]bool{"alpha": true, "beta": true, "other": true}, labels,
+		"the first two configured endpoints and other: %d per-row endpoints folded", 10000)
+	require.Regexp(t, `postbox_deliveries_total\{endpoint="other",outcome="delivered"\} 10001\b`, body)
+
+	status := scrape(t, base+"/status")
+	require.Contains(t, status, `"delivered_last_hour": 10003`)
+}
+
+func TestAdminTokenRequiredOffLoopback(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.AdminListen = "0.0.0.0:0"
+	require.Error(t, tb.cfg.Validate(), "no token: refused")
+	tb.cfg.AdminToken = "s3cret-token"
+	require.NoError(t, tb.cfg.Validate())
+	r := tb.start(t, relay.Options{})
+	port := r.AdminAddr()[strings.LastIndex(r.AdminAddr(), ":"):]
+	url := "http://127.0.0.1" + port
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	req, _ := http.NewRequest(http.MethodGet, url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer s3cret-token")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, err = http.Get(url + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "liveness needs no token")
+}

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strings"
+	"time"
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/deliver"
@@ -14,34 +17,95 @@ import (
 	"github.com/postbox-relay/postbox/relay/store"
 )
 
-// target is an event's resolved request target, or the reason it has none.
+// event is what resolve needs to know of an event.
+type event struct {
+	EventID, Endpoint, URL, EventType string
+	Payload                           []byte
+	CreatedAt                         time.Time
+	Invalid                           string // a decoding problem (see wal.Row)
+}
+
+// target is an event's resolved request, or the reason it has none.
 type target struct {
 	ep     config.Endpoint
 	url    string
+	body   []byte // nil for GET
 	reason string // a dead-letter reason, "" when deliverable
 }
 
-// resolve decides where an event goes under cfg. The reasons are SPEC §11's:
-// each starts with its code, so dead letters group by it.
-func resolve(cfg *config.Config, endpoint, rowURL string, payloadLen int, invalid string) target {
-	ep := cfg.Endpoint(endpoint)
-	t := target{ep: ep, url: rowURL}
-	if t.url == "" {
-		t.url = ep.URL
+// resolve decides where and what an event sends under cfg: the URL (a
+// template expanded), the body, or a dead-letter reason (SPEC §11), each
+// starting with its code so dead letters group by it. A target whose host
+// is a literal address the guard refuses is refused here, never dialled.
+func resolve(cfg *config.Config, ev event) target {
+	ep := cfg.Endpoint(ev.Endpoint)
+	t := target{ep: ep}
+	raw, tpl := ev.URL, (*deliver.Template)(nil)
+	if raw == "" {
+		raw, tpl = ep.URL, ep.URLTemplate
+	}
+	vals := deliver.Values{EventID: ev.EventID, EventType: ev.EventType, Endpoint: ev.Endpoint, CreatedAt: ev.CreatedAt, Payload: ev.Payload}
+	fail := func(code, format string, args ...any) target {
+		t.reason = code + ": " + fmt.Sprintf(format, args...)
+		return t
 	}
 	switch {
-	case invalid != "":
-		t.reason = invalid
-	case t.url == "":
-		t.reason = fmt.Sprintf("%s: no endpoint %q is configured and the row has no url", policy.ReasonUnknownEndpoint, endpoint)
-	case payloadLen > int(cfg.MaxBody):
-		t.reason = fmt.Sprintf("%s: %d bytes is above max_body (%d)", policy.ReasonPayloadTooLarge, payloadLen, cfg.MaxBody)
-	default:
-		if err := config.ValidateURL(t.url); err != nil {
-			t.reason = fmt.Sprintf("%s: %v", policy.ReasonInvalidURL, err)
+	case ev.Invalid != "":
+		t.reason = ev.Invalid
+		return t
+	case raw == "":
+		return fail(policy.ReasonUnknownEndpoint, "no endpoint %q is configured and the row has no url", ev.Endpoint)
+	case len(ev.Payload) > int(cfg.MaxBody):
+		return fail(policy.ReasonPayloadTooLarge, "%d bytes is above max_body (%d)", len(ev.Payload), cfg.MaxBody)
+	}
+	if tpl == nil && deliver.HasMacros(raw) {
+		parsed, err := deliver.ParseTemplate(raw, true)
+		if err != nil {
+			return fail(policy.ReasonTemplateError, "the row's url: %v", err)
+		}
+		tpl = &parsed
+	}
+	t.url = raw
+	if tpl != nil {
+		u, err := tpl.ExpandURL(vals)
+		if err != nil {
+			return fail(policy.ReasonTemplateError, "%s", strings.TrimPrefix(err.Error(), deliver.ErrTemplate.Error()+": "))
+		}
+		t.url = u
+	}
+	if err := config.ValidateURL(t.url); err != nil {
+		return fail(policy.ReasonInvalidURL, "%v", err)
+	}
+	u, _ := url.Parse(t.url)
+	if ip, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
+		if err := cfg.Guard().Check(ip); err != nil {
+			return fail(policy.ReasonBlockedTarget, "%v", err)
+		}
+	}
+	if ep.Method != http.MethodGet {
+		t.body = ev.Payload
+		if ep.BodyTemplate != nil {
+			escape := deliver.JSONEscape
+			if strings.HasPrefix(strings.ToLower(headerValue(ep.Headers, "Content-Type")), "application/x-www-form-urlencoded") {
+				escape = url.QueryEscape
+			}
+			b, err := ep.BodyTemplate.ExpandBody(vals, escape)
+			if err != nil {
+				return fail(policy.ReasonTemplateError, "body: %s", strings.TrimPrefix(err.Error(), deliver.ErrTemplate.Error()+": "))
+			}
+			t.body = []byte(b)
 		}
 	}
 	return t
+}
+
+func headerValue(h map[string]string, name string) string {
+	for k, v := range h {
+		if strings.EqualFold(k, name) {
+			return v
+		}
+	}
+	return ""
 }
 
 // forbiddenHeaders cannot be set by configuration or by a row: hop-by-hop
@@ -80,7 +144,8 @@ func requestHeader(ep config.Endpoint, rowHeaders []byte) http.Header {
 func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 	cfg := r.cfg.Load()
 	res := store.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, CommitToDeliveryMS: -1}
-	t := resolve(cfg, j.Endpoint, j.URL, len(j.Payload), "")
+	t := resolve(cfg, event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
+		Payload: j.Payload, CreatedAt: j.CreatedAt})
 	if t.reason != "" {
 		res.Status, res.Attempted, res.LastError, res.At = store.StatusDeadLetter, true, t.reason, r.now()
 		r.log.Warn().Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Str("reason", t.reason).Msg("dead letter")
@@ -104,12 +169,10 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 		EventID: j.EventID,
 		Method:  ep.Method,
 		URL:     t.url,
+		Body:    t.body,
 		Header:  requestHeader(ep, j.Headers),
 		Secrets: ep.Secrets,
 		Timeout: ep.Timeout,
-	}
-	if ep.Method != http.MethodGet {
-		req.Body = j.Payload
 	}
 	resp := r.client.Do(ctx, req)
 	res.At = r.now()
@@ -156,6 +219,10 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 	default:
 		res.Status = store.StatusDeadLetter
 		ev = r.log.Warn()
+	}
+	if cfg.LogPayloads {
+		// Only with log_payloads: the full URL and the body sent.
+		ev = ev.Str("url", t.url).Bytes("body", t.body)
 	}
 	ev.Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Int("attempt", j.Attempt).
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Str("outcome", res.Status).

@@ -294,7 +294,8 @@ func (r *Relay) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LS
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
 		CommitLSN: commitLSN, CommittedAt: commitTime, Status: store.StatusPending,
 	}
-	t := resolve(cfg, row.Endpoint, row.URL, len(row.Payload), row.Invalid)
+	t := resolve(cfg, event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
+		Payload: row.Payload, CreatedAt: parsePGTime(row.CreatedAt), Invalid: row.Invalid})
 	switch {
 	case t.reason != "":
 		ev.Status, ev.LastError = store.StatusDeadLetter, t.reason

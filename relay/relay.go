@@ -117,6 +117,9 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	r.labelEndpoints(cfg)
 	copts := opts.HTTP
 	copts.UserAgent = "postbox/" + Version
+	if copts.DialContext == nil {
+		copts.DialContext = deliver.GuardedDialer(func() deliver.Guard { return r.cfg.Load().Guard() })
+	}
 	r.client = deliver.NewClient(copts)
 	r.disp = dispatch.New(dispatch.Options{
 		Capacity:       func(ep string) int { return r.cfg.Load().Endpoint(ep).MaxInFlight },
@@ -314,6 +317,7 @@ func (r *Relay) run() error {
 	maintCtx, stopMaint := context.WithCancel(r.hardCtx)
 	var streamDone, claimDone, recordDone, maintDone sync.WaitGroup
 	maintDone.Go(func() { r.telemetryLoop(maintCtx) })
+	maintDone.Go(func() { r.watchSecrets(maintCtx) })
 	streamDone.Go(func() { r.streamLoop(streamCtx) })
 	claimDone.Go(func() { r.claimLoop(claimCtx) })
 	claimDone.Go(func() { r.listenLoop(claimCtx) })
@@ -405,3 +409,49 @@ func (r *Relay) advanceDurable(lsn pglogrepl.LSN) {
 }
 
 var _ wal.Acker = (*ingester)(nil)
+
+// watchSecrets reloads the configuration when a secrets file changes (a
+// Kubernetes secret rotated in place), so a rotation needs no restart and
+// no signal.
+func (r *Relay) watchSecrets(ctx context.Context) {
+	type stamp struct {
+		mod  time.Time
+		size int64
+	}
+	read := func() map[string]stamp {
+		out := map[string]stamp{}
+		for _, f := range r.cfg.Load().SecretFiles() {
+			if fi, err := os.Stat(f); err == nil {
+				out[f] = stamp{fi.ModTime(), fi.Size()}
+			}
+		}
+		return out
+	}
+	seen := read()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := read()
+		changed := len(now) != len(seen)
+		for f, s := range now {
+			if seen[f] != s {
+				changed = true
+			}
+		}
+		if !changed {
+			continue
+		}
+		seen = now
+		next := *r.cfg.Load()
+		if err := r.Reload(&next); err != nil {
+			r.log.Error().Err(err).Msg("a secrets file changed but does not load; keeping the secrets in use")
+			continue
+		}
+		r.log.Info().Msg("signing secrets reloaded: a secrets file changed")
+	}
+}

@@ -16,8 +16,10 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/logsafe"
 	"github.com/postbox-relay/postbox/relay/store"
 )
 
@@ -41,6 +43,7 @@ Commands:
   dead-letters  recent dead letters (--endpoint, --since); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
                 --since/--until, --from-lsn, --event-id, --dry-run, --rate)
+  secret new    print a fresh signing secret (whsec_…)
   demo          run postbox against a throwaway PostgreSQL and local receivers
   bench         measure latency and catch-up throughput (SPEC §12)
   version       print the version
@@ -68,6 +71,7 @@ var commands = []command{
 	{"endpoints", cmdEndpoints},
 	{"dead-letters", cmdDeadLetters},
 	{"replay", cmdReplay},
+	{"secret", cmdSecret},
 	{"demo", cmdDemo},
 	{"bench", cmdBench},
 	{"version", cmdVersion},
@@ -113,13 +117,25 @@ func loadConfig(path string, stderr io.Writer) (*config.Config, int) {
 	return cfg, exitOK
 }
 
-func newLogger(level string, w io.Writer) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
+// newLogger returns the process logger. Every line passes the log field
+// policy (package logsafe): payloads, query strings and secrets never
+// reach the log unless log_payloads is set (and secrets not even then).
+func newLogger(cfg *config.Config, w io.Writer) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(cfg.LogLevel)
 	if err != nil {
 		lvl = zerolog.InfoLevel
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
-	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+	return zerolog.New(logsafe.NewWriter(w, cfg.LogPayloads)).Level(lvl).With().Timestamp().Logger()
+}
+
+func cmdSecret(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 || args[0] != "new" {
+		fmt.Fprintln(stderr, "usage: postbox secret new")
+		return exitUsage
+	}
+	fmt.Fprintln(stdout, outbox.NewSecret())
+	return exitOK
 }
 
 func cmdVersion(_ context.Context, _ []string, stdout, _ io.Writer) int {
@@ -182,7 +198,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 	if cfg == nil {
 		return code
 	}
-	log := newLogger(cfg.LogLevel, stderr)
+	log := newLogger(cfg, stderr)
 	r, err := relay.New(cfg, relay.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)

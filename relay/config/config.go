@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"reflect"
@@ -18,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/deliver"
 )
 
 // Defaults of the global and per-endpoint settings.
@@ -101,6 +103,7 @@ type Config struct {
 
 	table     outbox.Table
 	secrets   []outbox.Secret
+	allowed   []netip.Prefix
 	defaults  Endpoint
 	endpoints map[string]Endpoint
 }
@@ -124,6 +127,9 @@ type Alerts struct {
 // Signing holds the global signing secrets; every active secret signs.
 type Signing struct {
 	Secrets []string `yaml:"secrets"`
+	// SecretsFile names a file of secrets, one a line (a mounted
+	// Kubernetes secret, say); postbox re-reads it when it changes.
+	SecretsFile string `yaml:"secrets_file"`
 }
 
 // EndpointConfig is one endpoint's settings as written; unset keys inherit
@@ -141,10 +147,15 @@ type EndpointConfig struct {
 	RateLimit        *Rate             `yaml:"rate_limit"`
 	MaxInFlight      *int              `yaml:"max_in_flight"`
 	Secrets          []string          `yaml:"secrets"`
+	SecretsFile      *string           `yaml:"secrets_file"`
 	Headers          map[string]string `yaml:"headers"`
-	Success          *Success          `yaml:"success"`
-	RetryOn          []int             `yaml:"retry_on"`
-	Ordered          *bool             `yaml:"ordered"`
+	// Body is a body template for POST, PUT and PATCH (the payload when
+	// unset): JSON-escaped values, or form-escaped ones when the
+	// endpoint's Content-Type header is application/x-www-form-urlencoded.
+	Body    *string  `yaml:"body"`
+	Success *Success `yaml:"success"`
+	RetryOn []int    `yaml:"retry_on"`
+	Ordered *bool    `yaml:"ordered"`
 }
 
 // Success is a partner's own rule for a successful delivery.
@@ -170,9 +181,14 @@ type Endpoint struct {
 	MaxInFlight      int
 	Secrets          []outbox.Secret
 	Headers          map[string]string
-	Success          Success
-	RetryOn          []int
-	Ordered          bool
+	Body             string
+	// URLTemplate and BodyTemplate are the parsed URL and body when they
+	// carry macros (nil otherwise).
+	URLTemplate  *deliver.Template
+	BodyTemplate *deliver.Template
+	Success      Success
+	RetryOn      []int
+	Ordered      bool
 }
 
 // Error is a configuration error naming the key it is about.
@@ -325,10 +341,13 @@ func (c *Config) Validate() error {
 	if c.AdminListen != "" && !isLoopback(host) && c.AdminToken == "" {
 		return keyErr("admin_token", "required when admin_listen (%s) is not a loopback address", c.AdminListen)
 	}
+	c.allowed = nil
 	for i, cidr := range c.AllowedCIDRs {
-		if _, _, err := net.ParseCIDR(cidr); err != nil {
+		p, err := netip.ParsePrefix(cidr)
+		if err != nil {
 			return keyErr(fmt.Sprintf("allowed_cidrs[%d]", i), "%q is not a CIDR such as 10.1.0.0/16", cidr)
 		}
+		c.allowed = append(c.allowed, p.Masked())
 	}
 	if c.MaxBody <= 0 {
 		return keyErr("max_body", "must be positive")
@@ -363,6 +382,13 @@ func (c *Config) Validate() error {
 	secrets, err := parseSecrets("signing.secrets", c.Signing.Secrets)
 	if err != nil {
 		return err
+	}
+	if c.Signing.SecretsFile != "" {
+		fromFile, err := readSecretsFile("signing.secrets_file", c.Signing.SecretsFile)
+		if err != nil {
+			return err
+		}
+		secrets = append(secrets, fromFile...)
 	}
 	c.secrets = secrets
 
@@ -409,6 +435,21 @@ func resolve(key string, base Endpoint, ec EndpointConfig) (Endpoint, error) {
 			return ep, keyErr(key+".url", "%v", err)
 		}
 		ep.URL = *ec.URL
+		ep.URLTemplate = nil
+		if deliver.HasMacros(ep.URL) {
+			t, err := deliver.ParseTemplate(ep.URL, true)
+			if err != nil {
+				return ep, keyErr(key+".url", "%v", err)
+			}
+			ep.URLTemplate = &t
+		}
+	}
+	if ec.Body != nil {
+		t, err := deliver.ParseTemplate(*ec.Body, false)
+		if err != nil {
+			return ep, keyErr(key+".body", "%v", err)
+		}
+		ep.Body, ep.BodyTemplate = *ec.Body, &t
 	}
 	if ec.Method != nil {
 		m := strings.ToUpper(*ec.Method)
@@ -462,10 +503,17 @@ func resolve(key string, base Endpoint, ec EndpointConfig) (Endpoint, error) {
 	if ec.RateLimit != nil {
 		ep.RateLimit = *ec.RateLimit
 	}
-	if ec.Secrets != nil {
+	if ec.Secrets != nil || ec.SecretsFile != nil {
 		s, err := parseSecrets(key+".secrets", ec.Secrets)
 		if err != nil {
 			return ep, err
+		}
+		if ec.SecretsFile != nil {
+			fromFile, err := readSecretsFile(key+".secrets_file", *ec.SecretsFile)
+			if err != nil {
+				return ep, err
+			}
+			s = append(s, fromFile...)
 		}
 		ep.Secrets = s
 	}
@@ -517,6 +565,47 @@ func parseSecrets(key string, in []string) ([]outbox.Secret, error) {
 	return out, nil
 }
 
+// readSecretsFile reads one secret a line; blank lines and # comments are
+// skipped. Errors never show the file's content.
+func readSecretsFile(key, path string) ([]outbox.Secret, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, keyErr(key, "cannot read %s: %v", path, errors.Unwrap(err))
+	}
+	var lines []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) == 0 {
+		return nil, keyErr(key, "%s holds no secret", path)
+	}
+	s, err := parseSecrets(key, lines)
+	if err != nil {
+		return nil, keyErr(key, "%s: a line is not a valid secret (want whsec_ followed by base64)", path)
+	}
+	return s, nil
+}
+
+// SecretFiles lists the secrets files the configuration reads, so they
+// can be watched for rotations.
+func (c *Config) SecretFiles() []string {
+	var out []string
+	if c.Signing.SecretsFile != "" {
+		out = append(out, c.Signing.SecretsFile)
+	}
+	if c.Defaults.SecretsFile != nil {
+		out = append(out, *c.Defaults.SecretsFile)
+	}
+	for _, ec := range c.Endpoints {
+		if ec.SecretsFile != nil {
+			out = append(out, *ec.SecretsFile)
+		}
+	}
+	return out
+}
+
 // ValidateURL checks an endpoint URL (macros such as {payload.click_id}
 // allowed): absolute, http or https, with a host.
 func ValidateURL(raw string) error {
@@ -539,6 +628,11 @@ func isLoopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// Guard is the SSRF guard this configuration asks for.
+func (c *Config) Guard() deliver.Guard {
+	return deliver.Guard{AllowAll: c.AllowPrivateTargets, Allowed: c.allowed}
 }
 
 // Table is the validated outbox table.

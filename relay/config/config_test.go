@@ -199,3 +199,44 @@ func TestTemplatesDefaultToGet(t *testing.T) {
 	require.Equal(t, "GET", cfg.Endpoint("aff").Method)
 	require.True(t, strings.Contains(cfg.Endpoint("aff").URL, "{payload.click_id}"))
 }
+
+// TestSampleConfigs loads testdata/config: the samples parse, and each
+// invalid one fails naming the key its first line promises.
+func TestSampleConfigs(t *testing.T) {
+	t.Parallel()
+	samples, _ := filepath.Glob("../../testdata/config/*.yaml")
+	require.NotEmpty(t, samples)
+	for _, f := range samples {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		_, err = config.Parse(data)
+		require.NoError(t, err, f)
+	}
+	invalid, _ := filepath.Glob("../../testdata/config/invalid/*.yaml")
+	require.NotEmpty(t, invalid)
+	for _, f := range invalid {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		first, _, _ := strings.Cut(string(data), "\n")
+		want := strings.TrimSpace(strings.TrimPrefix(first, "# error:"))
+		_, err = config.Parse(data)
+		var ce *config.Error
+		require.ErrorAs(t, err, &ce, f)
+		require.Equal(t, want, ce.Key, "%s: %v", f, err)
+	}
+}
+
+func TestAffiliateExampleConfig(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile("../../examples/affiliate/postbox.yaml")
+	require.NoError(t, err)
+	secrets := filepath.Join(t.TempDir(), "signing")
+	require.NoError(t, os.WriteFile(secrets, []byte(outbox.NewSecret()+"\n"), 0o600))
+	cfg, err := config.Parse([]byte(strings.ReplaceAll(string(data), "/var/run/secrets/postbox/signing", secrets)))
+	require.NoError(t, err)
+	ep := cfg.Endpoint("acme-network")
+	require.Equal(t, "GET", ep.Method)
+	require.NotNil(t, ep.URLTemplate)
+	require.Len(t, cfg.Secrets(), 1)
+	require.Equal(t, []string{secrets}, cfg.SecretFiles())
+}

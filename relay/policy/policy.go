@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/deliver"
 )
 
 // Backoff returns the wait before retry n (n ≥ 1 is the number of attempts
@@ -132,6 +133,10 @@ func isSuccessStatus(code int, s config.Success) bool {
 }
 
 func classifyError(a Attempt) Verdict {
+	var blocked *deliver.BlockedError
+	if errors.As(a.Err, &blocked) {
+		return Verdict{Kind: Permanent, Reason: ReasonBlockedTarget + ": " + blocked.Error()}
+	}
 	if errors.Is(a.Err, context.DeadlineExceeded) {
 		return Verdict{Kind: Retry, Reason: fmt.Sprintf("timeout after %s", a.Timeout)}
 	}

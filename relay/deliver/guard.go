@@ -1,0 +1,130 @@
+package deliver
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+)
+
+// BlockedError is a refused connection: the target's address is in a
+// range deliveries may not reach. It names the address and its class.
+type BlockedError struct {
+	Addr  netip.Addr
+	Class string
+}
+
+func (e *BlockedError) Error() string {
+	return fmt.Sprintf("%s is %s", e.Addr, e.Class)
+}
+
+// blockedRanges are the address classes the guard refuses, with the name
+// it reports. IPv4-mapped, NAT64 and 6to4 IPv6 addresses are checked by
+// the IPv4 address they carry.
+var blockedRanges = []struct {
+	prefix netip.Prefix
+	class  string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "unspecified (this network)"},
+	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	{netip.MustParsePrefix("10.0.0.0/8"), "private (RFC 1918)"},
+	{netip.MustParsePrefix("172.16.0.0/12"), "private (RFC 1918)"},
+	{netip.MustParsePrefix("192.168.0.0/16"), "private (RFC 1918)"},
+	{netip.MustParsePrefix("100.64.0.0/10"), "carrier-grade NAT (RFC 6598)"},
+	{netip.MustParsePrefix("169.254.169.254/32"), "the cloud metadata service (link-local)"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
+	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol assignments"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking (RFC 2544)"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+	{netip.MustParsePrefix("::/128"), "unspecified"},
+	{netip.MustParsePrefix("::1/128"), "loopback"},
+	{netip.MustParsePrefix("fd00:ec2::254/128"), "the cloud metadata service (unique-local)"},
+	{netip.MustParsePrefix("fc00::/7"), "unique-local"},
+	{netip.MustParsePrefix("fe80::/10"), "link-local"},
+	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+	{netip.MustParsePrefix("100::/64"), "discard-only"},
+}
+
+// Guard decides which addresses deliveries may connect to.
+type Guard struct {
+	// AllowAll turns the guard off (allow_private_targets).
+	AllowAll bool
+	// Allowed opens these ranges (allowed_cidrs) despite their class.
+	Allowed []netip.Prefix
+}
+
+// Check returns a *BlockedError when addr may not be reached.
+func (g Guard) Check(addr netip.Addr) error {
+	if g.AllowAll {
+		return nil
+	}
+	addr = addr.WithZone("")
+	for _, p := range g.Allowed {
+		if p.Contains(addr) || (addr.Is4In6() && p.Contains(addr.Unmap())) {
+			return nil
+		}
+	}
+	if class := classify(addr); class != "" {
+		return &BlockedError{Addr: addr, Class: class}
+	}
+	return nil
+}
+
+var (
+	nat64   = netip.MustParsePrefix("64:ff9b::/96")
+	sixTo4  = netip.MustParsePrefix("2002::/16")
+	mapped4 = netip.MustParsePrefix("::ffff:0:0/96")
+)
+
+// classify names addr's blocked class, or "" when it is a public address.
+func classify(addr netip.Addr) string {
+	if addr.Is6() {
+		b := addr.As16()
+		switch {
+		case mapped4.Contains(addr):
+			if c := classify(addr.Unmap()); c != "" {
+				return c + " (IPv4-mapped)"
+			}
+			return ""
+		case nat64.Contains(addr):
+			if c := classify(netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})); c != "" {
+				return c + " (NAT64)"
+			}
+		case sixTo4.Contains(addr):
+			if c := classify(netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]})); c != "" {
+				return c + " (6to4)"
+			}
+		}
+	}
+	for _, r := range blockedRanges {
+		if r.prefix.Contains(addr) {
+			return r.class
+		}
+	}
+	if addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return "broadcast"
+	}
+	return ""
+}
+
+// GuardedDialer returns a dialer that checks every address it is about to
+// connect to against the guard current at that moment, after DNS
+// resolution, at connect time: a name that resolves (or re-resolves: DNS
+// rebinding) to a blocked address is refused before any packet is sent.
+func GuardedDialer(guard func() Guard) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{
+		Timeout:   10 * time.Second,
+		KeepAlive: 30 * time.Second,
+		Control: func(network, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return fmt.Errorf("guard: unexpected address %q: %w", address, err)
+			}
+			return guard().Check(ap.Addr())
+		},
+	}
+	return d.DialContext
+}

@@ -1,0 +1,112 @@
+package deliver_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/relay/deliver"
+)
+
+func TestGuardRefusesEveryPrivateClass(t *testing.T) {
+	t.Parallel()
+	var g deliver.Guard
+	for addr, class := range map[string]string{
+		"0.0.0.0":                "unspecified",
+		"127.0.0.1":              "loopback",
+		"127.255.0.9":            "loopback",
+		"10.1.2.3":               "private (RFC 1918)",
+		"172.16.0.1":             "private (RFC 1918)",
+		"172.31.255.254":         "private (RFC 1918)",
+		"192.168.1.1":            "private (RFC 1918)",
+		"100.64.0.1":             "carrier-grade NAT",
+		"100.127.255.254":        "carrier-grade NAT",
+		"169.254.169.254":        "the cloud metadata service",
+		"169.254.1.1":            "link-local",
+		"224.0.0.1":              "multicast",
+		"239.255.255.250":        "multicast",
+		"240.0.0.1":              "reserved",
+		"255.255.255.255":        "reserved",
+		"::":                     "unspecified",
+		"::1":                    "loopback",
+		"fe80::1":                "link-local",
+		"fc00::1":                "unique-local",
+		"fd12:3456::1":           "unique-local",
+		"fd00:ec2::254":          "the cloud metadata service",
+		"ff02::1":                "multicast",
+		"::ffff:127.0.0.1":       "loopback (IPv4-mapped)",
+		"::ffff:10.0.0.1":        "private (RFC 1918) (IPv4-mapped)",
+		"::ffff:169.254.169.254": "the cloud metadata service (link-local) (IPv4-mapped)",
+		"64:ff9b::a00:1":         "private (RFC 1918) (NAT64)",
+		"2002:7f00:1::1":         "loopback (6to4)",
+	} {
+		err := g.Check(netip.MustParseAddr(addr))
+		var be *deliver.BlockedError
+		require.True(t, errors.As(err, &be), "%s should be blocked", addr)
+		require.Contains(t, be.Error(), class, addr)
+	}
+	for _, public := range []string{"93.184.216.34", "8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8", "172.32.0.1", "100.128.0.1"} {
+		require.NoError(t, g.Check(netip.MustParseAddr(public)), public)
+	}
+}
+
+func TestGuardOpensDeliberately(t *testing.T) {
+	t.Parallel()
+	g := deliver.Guard{Allowed: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")}}
+	require.NoError(t, g.Check(netip.MustParseAddr("10.20.3.4")))
+	require.NoError(t, g.Check(netip.MustParseAddr("::ffff:10.20.3.4")))
+	require.Error(t, g.Check(netip.MustParseAddr("10.21.0.1")))
+	require.NoError(t, deliver.Guard{AllowAll: true}.Check(netip.MustParseAddr("127.0.0.1")))
+}
+
+// TestGuardedDialerNeverConnects: a hostname that resolves to loopback, and
+// IPv6 loopback, are refused at connect time; the listening server sees
+// nothing.
+func TestGuardedDialerNeverConnects(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	c := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return deliver.Guard{} })})
+	for _, u := range []string{"http://localhost:" + port + "/x?click_id=1", "http://127.0.0.1:" + port + "/", "http://[::ffff:127.0.0.1]:" + port + "/"} {
+		resp := c.Do(context.Background(), deliver.Request{EventID: "e", Method: http.MethodGet, URL: u, Timeout: 2 * time.Second})
+		var be *deliver.BlockedError
+		require.True(t, errors.As(resp.Err, &be), "%s: %v", u, resp.Err)
+		require.Contains(t, be.Class, "loopback")
+	}
+	require.Zero(t, hits.Load(), "nothing reached the server")
+	// The same client with the guard open does reach it.
+	open := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return deliver.Guard{AllowAll: true} })})
+	resp := open.Do(context.Background(), deliver.Request{EventID: "e", Method: http.MethodGet, URL: srv.URL, Timeout: 2 * time.Second})
+	require.NoError(t, resp.Err)
+	require.EqualValues(t, 1, hits.Load())
+}
+
+// TestRedirectsAreNeverFollowed: an allowed receiver redirecting to a
+// private address gets its 3xx back as the answer; the target sees nothing.
+func TestRedirectsAreNeverFollowed(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	inner, err := net.Listen("tcp", "127.0.0.2:0")
+	require.NoError(t, err)
+	target := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })}
+	go func() { _ = target.Serve(inner) }()
+	defer target.Close()
+	redirector := httptest.NewServer(http.RedirectHandler("http://"+inner.Addr().String()+"/admin", http.StatusFound))
+	defer redirector.Close()
+	g := deliver.Guard{Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
+	c := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return g })})
+	resp := c.Do(context.Background(), deliver.Request{EventID: "e", Method: http.MethodPost, URL: redirector.URL, Body: []byte("{}"), Timeout: 2 * time.Second})
+	require.NoError(t, resp.Err)
+	require.Equal(t, http.StatusFound, resp.StatusCode)
+	require.Zero(t, hits.Load())
+}

@@ -1,0 +1,134 @@
+package relay_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// TestBlockedTargetsAreNeverContacted: with the guard on (the default),
+// events aimed at loopback, a name resolving to it, IPv6 loopback, the
+// metadata service or a private network become blocked_target dead
+// letters; the listening receiver sees nothing.
+func TestBlockedTargetsAreNeverContacted(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.AllowPrivateTargets = false
+	rc := newReceiver(t, nil)
+	_, port, _ := net.SplitHostPort(rc.Listener.Addr().String())
+	tb.start(t, relay.Options{})
+	cases := map[string]string{
+		"http://127.0.0.1:" + port + "/hook":      "blocked_target: 127.0.0.1 is loopback",
+		"http://localhost:" + port + "/hook":      "blocked_target: ",
+		"http://[::1]:" + port + "/hook":          "blocked_target: ::1 is loopback",
+		"http://169.254.169.254/latest/meta":      "blocked_target: 169.254.169.254 is the cloud metadata service",
+		"http://10.0.0.8/hook":                    "blocked_target: 10.0.0.8 is private (RFC 1918)",
+		"http://[fd00:ec2::254]/latest":           "blocked_target: fd00:ec2::254 is the cloud metadata service",
+		"http://[::ffff:127.0.0.1]:" + port + "/": "blocked_target: ::ffff:127.0.0.1 is loopback (IPv4-mapped)",
+	}
+	var ids []string
+	var want []string
+	for u, reason := range cases {
+		ids = append(ids, tb.insert(t, outbox.Event{Endpoint: "row-url", URL: u})...)
+		want = append(want, reason)
+	}
+	tb.waitSettled(t, len(cases), 30*time.Second)
+	for i, id := range ids {
+		d := tb.delivery(t, id)
+		require.Equal(t, store.StatusDeadLetter, d.Status)
+		require.True(t, strings.HasPrefix(d.LastError, want[i]), "%q should start with %q", d.LastError, want[i])
+	}
+	require.Zero(t, rc.count(), "nothing reached the listening receiver")
+
+	// allowed_cidrs opens a range deliberately.
+	tb2 := setup(t)
+	tb2.cfg.AllowPrivateTargets = false
+	tb2.cfg.AllowedCIDRs = []string{"127.0.0.0/8"}
+	require.NoError(t, tb2.cfg.Validate())
+	tb2.start(t, relay.Options{})
+	ok := tb2.insert(t, outbox.Event{Endpoint: "row-url", URL: "http://localhost:" + port + "/hook"})
+	tb2.waitSettled(t, 1, 30*time.Second)
+	require.Equal(t, store.StatusDelivered, tb2.delivery(t, ok[0]).Status)
+	require.Equal(t, 1, rc.count())
+}
+
+// TestGetPostbackTemplate sends an affiliate-style GET postback: the macros
+// filled and escaped for their position, no body, signed headers, static
+// and per-row headers, and the signature headers not overridable.
+func TestGetPostbackTemplate(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "aff", rc.URL+"/postback/{payload.offer}?click_id={payload.click_id}&payout={payload.payout}&cur={payload.currency|EUR}&sub1={payload.sub1|}&event={event_type}&id={event_id}",
+		func(ec *config.EndpointConfig) {
+			ec.Headers = map[string]string{"X-Network": "acme"}
+		})
+	tb.endpoint(t, "strict", rc.URL+"/pb?cid={payload.click_id}", nil)
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "aff", Type: "conversion", Payload: []byte(`{"click_id":"abc 1&x=2","payout":12.50,"offer":"sale/2026","sub1":null}`),
+			Headers: map[string]string{"X-Tenant": "t-9", "Webhook-Signature": "forged", "Host": "evil.example"}},
+		outbox.Event{Endpoint: "strict", Payload: []byte(`{"other":1}`)},
+	)
+	tb.waitSettled(t, 2, 20*time.Second)
+	reqs := rc.requests()
+	require.Len(t, reqs, 1, "the event missing its macro was not sent")
+	r := reqs[0]
+	require.Equal(t, http.MethodGet, r.Method)
+	require.Empty(t, r.Body, "GET sends no body")
+	require.Equal(t, "/postback/sale/2026", r.Path)
+	q, err := url.ParseQuery(r.Query)
+	require.NoError(t, err)
+	require.Equal(t, "abc 1&x=2", q.Get("click_id"))
+	require.Equal(t, "12.50", q.Get("payout"))
+	require.Equal(t, "EUR", q.Get("cur"))
+	require.Equal(t, "", q.Get("sub1"))
+	require.Equal(t, "conversion", q.Get("event"))
+	require.Equal(t, ids[0], q.Get("id"))
+	require.Equal(t, "acme", r.Header.Get("X-Network"))
+	require.Equal(t, "t-9", r.Header.Get("X-Tenant"))
+	require.NotEqual(t, "forged", r.Header.Get("Webhook-Signature"))
+	require.NoError(t, outbox.Verify([]string{tb.secret}, r.Header, nil, time.Now()), "GET postbacks carry the same signature headers")
+
+	d := tb.delivery(t, ids[1])
+	require.Equal(t, store.StatusDeadLetter, d.Status)
+	require.Equal(t, "template_error: {payload.click_id} has no value (give it a default: {payload.click_id|…})", d.LastError)
+}
+
+func TestPostBodyTemplate(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	body := `{"click":"{payload.click_id}","amount":{payload.payout},"id":"{event_id}"}`
+	tb.endpoint(t, "json", rc.URL, func(ec *config.EndpointConfig) { ec.Body = &body })
+	form := "cid={payload.click_id}&amt={payload.payout}"
+	tb.endpoint(t, "form", rc.URL, func(ec *config.EndpointConfig) {
+		ec.Body = &form
+		ec.Headers = map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
+	})
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "json", Payload: []byte(`{"click_id":"a\"b","payout":3.5}`)},
+		outbox.Event{Endpoint: "form", Payload: []byte(`{"click_id":"a b&c","payout":3.5}`)},
+	)
+	tb.waitSettled(t, 2, 20*time.Second)
+	got := map[string]received{}
+	for _, r := range rc.requests() {
+		got[r.ID] = r
+	}
+	require.JSONEq(t, fmt.Sprintf(`{"click":"a\"b","amount":3.5,"id":%q}`, ids[0]), string(got[ids[0]].Body))
+	require.Equal(t, "cid=a+b%26c&amt=3.5", string(got[ids[1]].Body))
+	require.Equal(t, "application/x-www-form-urlencoded", got[ids[1]].Header.Get("Content-Type"))
+	require.NoError(t, outbox.Verify([]string{tb.secret}, got[ids[1]].Header, got[ids[1]].Body, time.Now()), "the signature covers the body sent")
+}

@@ -15,37 +15,46 @@ import (
 	"github.com/postbox-relay/postbox/relay/wal"
 )
 
-// streamLoop keeps a replication session going: it sets up publication and
-// slot, reconciles when the slot is new, streams, and after a failure
-// reconnects with backoff. A slot another instance streams means standing
-// by, not failing.
+// errStandby: another instance holds the leadership.
+var errStandby = errors.New("another instance streams the slot")
+
+// streamLoop keeps this instance streaming when it leads, and standing by
+// when another does: it sets up publication and slot, reconciles when the
+// slot is new or the server changed, streams, and after a failure
+// reconnects with backoff.
 func (r *Relay) streamLoop(ctx context.Context) {
 	failures := 0
 	standby := false
 	for ctx.Err() == nil {
 		err := r.streamOnce(ctx)
 		r.streaming.Store(false)
+		r.metrics.Streaming(false)
 		if ctx.Err() != nil {
 			return
 		}
 		var wait time.Duration
 		switch {
-		case errors.Is(err, wal.ErrSlotBusy):
+		case errors.Is(err, errStandby), errors.Is(err, wal.ErrSlotBusy):
 			if !standby {
-				r.log.Info().Msg("another instance streams the slot; standing by")
+				r.log.Info().Err(err).Msg("standing by: delivering from the queue while another instance streams")
 				standby = true
 			}
-			wait = 2 * time.Second
+			wait = r.cfg.Load().LeaderLease.D() / 6
+		case store.IsFenced(err):
+			r.log.Warn().Err(err).Msg("another instance took over streaming (this one was paused or cut off); standing by")
+			standby = true
+			continue
 		case errors.Is(err, wal.ErrSlotMissing):
 			r.log.Error().Err(err).Msg("REPLICATION SLOT LOST: it was dropped; recreating it and reconciling the outbox table")
 			continue
 		case errors.Is(err, wal.ErrSlotInvalidated):
 			r.log.Error().Err(err).Msg("REPLICATION SLOT INVALIDATED (max_slot_wal_keep_size exceeded?): recreating it and reconciling the outbox table")
-			if derr := wal.DropSlot(ctx, r.pool, r.cfg.Load().Slot); derr != nil {
+			if derr := r.dropSlot(ctx); derr != nil {
 				r.log.Error().Err(derr).Msg("could not drop the invalidated slot")
 			}
 			continue
 		default:
+			standby = false
 			failures++
 			wait = retryWait(failures)
 			r.log.Warn().Err(err).Dur("retry_in", wait).Msg("replication session ended")
@@ -58,9 +67,61 @@ func (r *Relay) streamLoop(ctx context.Context) {
 	}
 }
 
-// streamOnce runs one replication session.
+// dropSlot drops the slot, first ending the walsender attached to it.
+func (r *Relay) dropSlot(ctx context.Context) error {
+	if err := r.detachSlot(ctx); err != nil {
+		return err
+	}
+	return wal.DropSlot(ctx, r.pool, r.cfg.Load().Slot)
+}
+
+// detachSlot ends the walsender still attached to the slot (a leader that
+// died, froze or lost its network) and waits until the slot is free.
+func (r *Relay) detachSlot(ctx context.Context) error {
+	slot := r.cfg.Load().Slot
+	for range 50 {
+		st, err := wal.Slot(ctx, r.pool, slot)
+		if err != nil {
+			return err
+		}
+		if !st.Exists || !st.Active {
+			return nil
+		}
+		if _, err := r.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, st.ActivePID); err != nil {
+			return fmt.Errorf("end the walsender (pid %d) of slot %s: %w", st.ActivePID, slot, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%w: its walsender would not end", wal.ErrSlotBusy)
+}
+
+// streamOnce runs one replication session, if this instance can lead.
 func (r *Relay) streamOnce(ctx context.Context) error {
 	cfg := r.cfg.Load()
+	lead, ok, leader, err := r.store.AcquireLeadership(ctx, r.owner, cfg.LeaderLease.D())
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w (%s)", errStandby, leader)
+	}
+	sessCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var lost atomic.Bool
+	go r.keepLeadership(sessCtx, lead, cancel, &lost)
+	defer func() {
+		if ctx.Err() != nil && !lost.Load() {
+			// A clean stop: hand over at once rather than after the lease.
+			rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = r.store.ReleaseLeadership(rctx, r.owner, lead)
+			rcancel()
+		}
+	}()
+
 	if err := wal.EnsurePublication(ctx, r.pool, cfg.Publication, cfg.Table()); err != nil {
 		return err
 	}
@@ -78,7 +139,12 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 		return fmt.Errorf("%w: wal_status is lost", wal.ErrSlotInvalidated)
 	}
 	if slot.Exists && slot.Active {
-		return fmt.Errorf("%w: pid %d", wal.ErrSlotBusy, slot.ActivePID)
+		// We hold the lease, so whoever is attached lost it: a leader that
+		// died without closing its connection, or froze.
+		r.log.Warn().Int("pid", slot.ActivePID).Msg("taking the slot over from a walsender whose leader's lease expired")
+		if err := r.detachSlot(ctx); err != nil {
+			return err
+		}
 	}
 	if !slot.Exists {
 		created, err := wal.CreateSlot(ctx, cfg.DatabaseURL, cfg.Slot)
@@ -90,43 +156,106 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 			r.reconciled.Store(false) // rows written while there was no slot
 		}
 	}
-	checkpoint, err := r.store.Checkpoint(ctx)
+	cp, err := r.store.Checkpoint(ctx)
 	if err != nil {
 		return err
 	}
-	r.advanceDurable(checkpoint)
 
 	queue := wal.NewQueue(ingestQueueRows, ingestQueueBytes)
-	sessCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ing := &ingester{r: r, in: queue, drained: make(chan struct{}), fail: cancel}
-	go ing.run(r.hardCtx)
+	ing := &ingester{r: r, in: queue, drained: make(chan struct{}), fail: cancel, lead: lead}
 	var flushed atomic.Uint64
+	var reconcileSnap string
+	var reconcilePos pglogrepl.LSN
 	stream := wal.NewStream(wal.Options{
 		ConnString:     cfg.DatabaseURL,
 		Slot:           cfg.Slot,
 		Publication:    cfg.Publication,
 		Table:          cfg.Table(),
 		StatusInterval: cfg.StatusInterval.D(),
+		StallTimeout:   cfg.StallTimeout.D(),
 		Logger:         r.log.With().Str("component", "wal").Logger(),
 		Flushed:        func(lsn pglogrepl.LSN) { flushed.Store(uint64(lsn)) },
 	})
-	err = stream.Run(sessCtx, checkpoint, checkpoint, queue, ing, func(s wal.Session) {
-		r.streaming.Store(true)
-		r.log.Info().Str("slot", cfg.Slot).Stringer("from", checkpoint).Str("system_id", s.SystemID).
-			Int32("timeline", s.Timeline).Msg("streaming")
+	plan := func(s wal.Session) (pglogrepl.LSN, pglogrepl.LSN, error) {
+		ing.systemID, ing.timeline = s.SystemID, s.Timeline
+		start := cp.LSN
+		switch {
+		case cp.SystemID != "" && cp.SystemID != s.SystemID:
+			// A different server (restored, rebuilt): its LSNs say
+			// nothing about the old checkpoint.
+			r.log.Error().Str("was", cp.SystemID).Str("now", s.SystemID).
+				Msg("the database server changed (system identifier): not trusting the checkpoint; reconciling the outbox table")
+			start = 0
+			r.reconciled.Store(false)
+		case cp.Timeline != 0 && cp.Timeline != s.Timeline:
+			// A failover or promotion: the slot is the new primary's.
+			r.log.Warn().Int32("was", cp.Timeline).Int32("now", s.Timeline).
+				Msg("the database server's timeline changed (failover): not trusting the checkpoint; reconciling the outbox table")
+			start = 0
+			r.reconciled.Store(false)
+		}
+		r.durable.Store(uint64(start))
 		if !r.reconciled.Load() {
-			// Once the stream has passed the server's position at the
-			// start, every row committed before it has come through the
-			// stream if it ever will: what is left in the table was missed.
-			go r.reconcileAfter(sessCtx, s.XLogPos, &flushed)
+			// Rows committed as of this snapshot either come through the
+			// stream before it passes pos, or never will: those are the
+			// ones reconciliation takes, once the stream is past pos.
+			snap, pos, err := r.store.Snapshot(ctx)
+			if err != nil {
+				return 0, 0, err
+			}
+			reconcileSnap, reconcilePos = snap, pos
+		}
+		return start, start, nil
+	}
+	go ing.run(r.hardCtx)
+	err = stream.Run(sessCtx, plan, queue, ing, func(s wal.Session) {
+		r.streaming.Store(true)
+		r.metrics.Streaming(true)
+		r.log.Info().Str("slot", cfg.Slot).Stringer("from", pglogrepl.LSN(r.durable.Load())).Str("system_id", s.SystemID).
+			Int32("timeline", s.Timeline).Int64("fencing_token", lead.Token).Msg("streaming")
+		if reconcileSnap != "" {
+			go r.reconcileAfter(sessCtx, reconcilePos, reconcileSnap, &flushed)
 		}
 	})
 	<-ing.drained
 	if ing.err != nil {
 		return ing.err
 	}
+	if lost.Load() {
+		return fmt.Errorf("%w: the leadership lease was lost", store.ErrFenced)
+	}
 	return err
+}
+
+// keepLeadership renews the lease every third of it; when another
+// instance has taken over, or renewals fail for a whole lease, it ends the
+// session.
+func (r *Relay) keepLeadership(ctx context.Context, lead store.Leadership, cancel context.CancelFunc, lost *atomic.Bool) {
+	lease := r.cfg.Load().LeaderLease.D()
+	tick := time.NewTicker(lease / 3)
+	defer tick.Stop()
+	lastOK := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		ok, err := r.store.RenewLeadership(ctx, r.owner, lead, lease)
+		switch {
+		case err == nil && ok:
+			lastOK = time.Now()
+		case err == nil:
+			lost.Store(true)
+			cancel()
+			return
+		case time.Since(lastOK) > lease:
+			r.log.Warn().Err(err).Msg("cannot renew the streaming lease; stepping down")
+			lost.Store(true)
+			cancel()
+			return
+		}
+	}
 }
 
 // Bounds of the queue between the stream and the ingester.
@@ -144,6 +273,13 @@ type ingester struct {
 	drained chan struct{}
 	fail    context.CancelFunc // ends the session after an error
 	err     error
+
+	// The session's leadership and server, for checkpoint writes; the
+	// stream's plan sets the server before it queues anything, and the
+	// queue orders that before the ingester reads it.
+	lead     store.Leadership
+	systemID string
+	timeline int32
 
 	conn   *store.IngestConn
 	tx     *dispatch.Ingest // the open transaction's handle
@@ -266,7 +402,11 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	if cfg.OutboxRetention.D() == 0 {
 		del = ing.ids
 	}
+	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
 	err := ing.conn.Commit(ctx, end, del, len(ing.queued) > 0)
+	if store.IsFenced(err) {
+		return err
+	}
 	if len(ing.ids) >= 1000 {
 		r.log.Debug().Int("rows", len(ing.ids)).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
@@ -336,9 +476,9 @@ func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.I
 	}
 }
 
-// reconcileAfter runs reconcile once the stream's flushed position has
-// reached pos.
-func (r *Relay) reconcileAfter(ctx context.Context, pos pglogrepl.LSN, flushed *atomic.Uint64) {
+// reconcileAfter runs reconcile for the rows committed as of snapshot once
+// the stream's flushed position has reached pos.
+func (r *Relay) reconcileAfter(ctx context.Context, pos pglogrepl.LSN, snapshot string, flushed *atomic.Uint64) {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for pglogrepl.LSN(flushed.Load()) < pos && r.Durable() < pos {
@@ -348,31 +488,40 @@ func (r *Relay) reconcileAfter(ctx context.Context, pos pglogrepl.LSN, flushed *
 		case <-tick.C:
 		}
 	}
-	r.reconcile(ctx)
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		err := r.reconcile(ctx, snapshot)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		wait := retryWait(attempt)
+		r.log.Warn().Err(err).Dur("retry_in", wait).Msg("reconciling the outbox failed")
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
 }
 
 // reconcile ingests outbox rows that never came through the stream: rows
 // written while no slot existed, or whose WAL a lost slot took with it.
 // Rows the stream brings as well are ingested once (the unique key), and
 // only the first ingest delivers them.
-func (r *Relay) reconcile(ctx context.Context) {
+func (r *Relay) reconcile(ctx context.Context, snapshot string) error {
 	if !r.reconMu.TryLock() {
-		return
+		return nil
 	}
 	defer r.reconMu.Unlock()
 	cfg := r.cfg.Load()
 	conn, err := r.store.AcquireIngest(ctx, r.owner)
 	if err != nil {
-		r.log.Warn().Err(err).Msg("reconcile: no connection; will retry")
-		return
+		return err
 	}
 	defer conn.Release()
 	var after, total int64
 	for ctx.Err() == nil {
-		rows, err := r.store.UningestedOutbox(ctx, after, 1000)
+		rows, err := r.store.UningestedOutbox(ctx, after, 1000, snapshot)
 		if err != nil {
-			r.log.Warn().Err(err).Msg("reconcile: read failed; will retry")
-			return
+			return err
 		}
 		if len(rows) == 0 {
 			break
@@ -393,8 +542,7 @@ func (r *Relay) reconcile(ctx context.Context) {
 		}
 		if err != nil {
 			conn.Rollback(ctx)
-			r.log.Warn().Err(err).Msg("reconcile: write failed; will retry")
-			return
+			return err
 		}
 		total += int64(len(got))
 		r.metrics.Ingested(len(got))
@@ -403,12 +551,13 @@ func (r *Relay) reconcile(ctx context.Context) {
 		r.wakeClaimer()
 	}
 	if ctx.Err() != nil {
-		return
+		return ctx.Err()
 	}
 	r.reconciled.Store(true)
 	if total > 0 {
 		r.log.Warn().Int64("events", total).Msg("reconciled outbox rows the stream had not delivered")
 	}
+	return nil
 }
 
 // parsePGTime parses a timestamptz as PostgreSQL prints it with DateStyle

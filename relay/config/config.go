@@ -35,6 +35,8 @@ const (
 	LeaseDefault                 = 60 * time.Second
 	SweepIntervalDefault         = 5 * time.Second
 	StatusIntervalDefault        = 10 * time.Second
+	StallTimeoutDefault          = 30 * time.Second
+	LeaderLeaseDefault           = 3 * time.Second
 	MetricsEndpointLabelsDefault = 50
 	MaxConcurrencyDefault        = 256
 	DeadLettersPerHourDefault    = 1
@@ -89,6 +91,13 @@ type Config struct {
 	SweepInterval Duration `yaml:"sweep_interval"`
 	// StatusInterval is the longest gap between standby status updates.
 	StatusInterval Duration `yaml:"status_interval"`
+	// StallTimeout ends a replication session that received nothing (not
+	// even the replies its status updates ask for) for this long.
+	StallTimeout Duration `yaml:"stall_timeout"`
+	// LeaderLease is how long the streaming instance's leadership outlives
+	// its last renewal: a standby takes over that long after the leader
+	// dies or freezes.
+	LeaderLease Duration `yaml:"leader_lease"`
 	// MaxConcurrency bounds the attempts in flight across all endpoints;
 	// each endpoint also has its own max_in_flight.
 	MaxConcurrency int `yaml:"max_concurrency"`
@@ -223,6 +232,8 @@ func Default() *Config {
 		Lease:                 Duration(LeaseDefault),
 		SweepInterval:         Duration(SweepIntervalDefault),
 		StatusInterval:        Duration(StatusIntervalDefault),
+		StallTimeout:          Duration(StallTimeoutDefault),
+		LeaderLease:           Duration(LeaderLeaseDefault),
 		MetricsEndpointLabels: MetricsEndpointLabelsDefault,
 		MaxConcurrency:        MaxConcurrencyDefault,
 		Alerts: Alerts{
@@ -360,6 +371,12 @@ func (c *Config) Validate() error {
 	}
 	if c.StatusInterval.D() <= 0 {
 		return keyErr("status_interval", "must be positive")
+	}
+	if c.StallTimeout.D() <= c.StatusInterval.D() {
+		return keyErr("stall_timeout", "must be longer than status_interval (%s)", c.StatusInterval.D())
+	}
+	if c.LeaderLease.D() < 300*time.Millisecond {
+		return keyErr("leader_lease", "must be at least 300ms")
 	}
 	if c.MaxConcurrency < 1 {
 		return keyErr("max_concurrency", "must be at least 1")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -114,6 +115,16 @@ type IngestConn struct {
 	s     *Store
 	inTx  bool
 	owner string
+	// The session's leadership and server, written with each checkpoint.
+	lead     Leadership
+	systemID string
+	timeline int32
+}
+
+// SetSession sets the leadership token and the server identity checkpoint
+// writes are made under.
+func (ic *IngestConn) SetSession(l Leadership, systemID string, timeline int32) {
+	ic.lead, ic.systemID, ic.timeline = l, systemID, timeline
 }
 
 // AcquireIngest takes a connection from the pool for ingesting. owner
@@ -228,7 +239,7 @@ func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, outboxIDs [
 		b.Queue(`SELECT pg_notify($1, '')`, WakeChannel)
 	}
 	if lsn != 0 {
-		b.Queue(saveCheckpointSQL, ic.s.Slot, lsn.String())
+		b.Queue(`SELECT postbox.save_checkpoint($1, $2::pg_lsn, $3, $4, $5)`, ic.s.Slot, lsn.String(), ic.lead.Token, ic.systemID, ic.timeline)
 	}
 	if len(outboxIDs) > 0 {
 		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
@@ -237,7 +248,14 @@ func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, outboxIDs [
 		b.Queue("COMMIT")
 	}
 	err := ic.conn.SendBatch(ctx, b).Close()
+	if err != nil && ic.inTx {
+		// A failed statement left the transaction aborted: end it.
+		_, _ = ic.conn.Exec(context.Background(), "ROLLBACK")
+	}
 	ic.inTx = false
+	if IsFenced(err) {
+		return fmt.Errorf("commit ingest: %w", ErrFenced)
+	}
 	if err != nil {
 		return fmt.Errorf("commit ingest: %w", err)
 	}
@@ -263,28 +281,94 @@ func (ic *IngestConn) Release() {
 	ic.conn.Release()
 }
 
-const saveCheckpointSQL = `
-INSERT INTO postbox.checkpoints (slot, lsn, updated_at) VALUES ($1, $2::pg_lsn, now())
-ON CONFLICT (slot) DO UPDATE SET lsn = greatest(checkpoints.lsn, excluded.lsn), updated_at = now()`
-
-// Checkpoint returns the end LSN of the last ingested transaction for the
-// slot (0 when none).
-func (s *Store) Checkpoint(ctx context.Context) (pglogrepl.LSN, error) {
-	var text string
-	err := s.Pool.QueryRow(ctx, `SELECT lsn::text FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&text)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("read checkpoint: %w", err)
-	}
-	return pglogrepl.ParseLSN(text)
+// Checkpoint is where ingestion stands for a slot, and on which server.
+type Checkpoint struct {
+	LSN      pglogrepl.LSN // end of the last ingested transaction (0: none)
+	SystemID string        // the server's system identifier then ("": unknown)
+	Timeline int32
 }
 
-// ResetCheckpoint forgets the checkpoint, for a new slot or server whose
-// LSNs the old one cannot be compared with.
-func (s *Store) ResetCheckpoint(ctx context.Context) error {
-	_, err := s.Pool.Exec(ctx, `DELETE FROM postbox.checkpoints WHERE slot = $1`, s.Slot)
+// Checkpoint returns the slot's checkpoint (zero when none).
+func (s *Store) Checkpoint(ctx context.Context) (Checkpoint, error) {
+	var text string
+	var c Checkpoint
+	var sys *string
+	var tli *int32
+	err := s.Pool.QueryRow(ctx, `SELECT lsn::text, system_id, timeline FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&text, &sys, &tli)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, nil
+	}
+	if err != nil {
+		return c, fmt.Errorf("read checkpoint: %w", err)
+	}
+	if sys != nil {
+		c.SystemID = *sys
+	}
+	if tli != nil {
+		c.Timeline = *tli
+	}
+	c.LSN, err = pglogrepl.ParseLSN(text)
+	return c, err
+}
+
+// ErrFenced means another instance took over streaming: this one's
+// leadership token is stale and its checkpoint write was refused.
+var ErrFenced = errors.New("fenced off: another instance took over streaming")
+
+// codeFenced is the SQLSTATE postbox.save_checkpoint raises when fenced.
+const codeFenced = "PBF01"
+
+// IsFenced reports whether err is a fenced checkpoint write.
+func IsFenced(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.Is(err, ErrFenced) || (errors.As(err, &pgErr) && pgErr.Code == codeFenced)
+}
+
+// Leadership is a held lease on streaming a slot.
+type Leadership struct {
+	Token int64
+}
+
+// AcquireLeadership makes owner the slot's streamer if nobody holds a
+// current lease (or owner already does), with a new fencing token. It
+// reports false, with the current leader, when another instance leads.
+func (s *Store) AcquireLeadership(ctx context.Context, owner string, lease time.Duration) (Leadership, bool, string, error) {
+	var token int64
+	err := s.Pool.QueryRow(ctx, `
+		INSERT INTO postbox.checkpoints AS c (slot, leader, fencing, lease_expires_at)
+		VALUES ($1, $2, 1, now() + $3 * interval '1 second')
+		ON CONFLICT (slot) DO UPDATE SET leader = $2, fencing = c.fencing + 1,
+		                                 lease_expires_at = now() + $3 * interval '1 second'
+		WHERE c.leader IS NULL OR c.leader = $2 OR c.lease_expires_at < now()
+		RETURNING fencing`, s.Slot, owner, lease.Seconds()).Scan(&token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var leader string
+		_ = s.Pool.QueryRow(ctx, `SELECT coalesce(leader, '') FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&leader)
+		return Leadership{}, false, leader, nil
+	}
+	if err != nil {
+		return Leadership{}, false, "", fmt.Errorf("acquire leadership: %w", err)
+	}
+	return Leadership{Token: token}, true, owner, nil
+}
+
+// RenewLeadership extends owner's lease; it reports false once another
+// instance has taken over.
+func (s *Store) RenewLeadership(ctx context.Context, owner string, l Leadership, lease time.Duration) (bool, error) {
+	tag, err := s.Pool.Exec(ctx, `
+		UPDATE postbox.checkpoints SET lease_expires_at = now() + $4 * interval '1 second'
+		WHERE slot = $1 AND leader = $2 AND fencing = $3`, s.Slot, owner, l.Token, lease.Seconds())
+	if err != nil {
+		return false, fmt.Errorf("renew leadership: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ReleaseLeadership gives the lease up, so a standby takes over at once.
+func (s *Store) ReleaseLeadership(ctx context.Context, owner string, l Leadership) error {
+	_, err := s.Pool.Exec(ctx, `
+		UPDATE postbox.checkpoints SET leader = NULL, lease_expires_at = NULL
+		WHERE slot = $1 AND leader = $2 AND fencing = $3`, s.Slot, owner, l.Token)
 	return err
 }
 
@@ -300,16 +384,41 @@ type OutboxRow struct {
 	CreatedAt string
 }
 
+// Snapshot returns a snapshot of now (pg_current_snapshot) and a WAL
+// position at or after every commit it sees.
+func (s *Store) Snapshot(ctx context.Context) (string, pglogrepl.LSN, error) {
+	var snap, lsn string
+	if err := s.Pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text, pg_current_wal_lsn()::text`).Scan(&snap, &lsn); err != nil {
+		return "", 0, fmt.Errorf("snapshot: %w", err)
+	}
+	pos, err := pglogrepl.ParseLSN(lsn)
+	return snap, pos, err
+}
+
 // UningestedOutbox returns up to limit outbox rows with id > after that are
-// not in postbox.events, in id order.
-func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int) ([]OutboxRow, error) {
+// not in postbox.events and that were committed as of snapshot (see
+// Snapshot; "" for all), in id order. Rows committed later are the
+// stream's to bring.
+//
+// A row's xmin is a 32-bit transaction id; it is widened to the 64-bit
+// form pg_visible_in_snapshot takes with the epoch of the snapshot's
+// xmax (one less when the id is above xmax's low half, i.e. from before
+// the last wraparound).
+func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, snapshot string) ([]OutboxRow, error) {
 	rows, err := s.Pool.Query(ctx, `
+		WITH snap AS (
+		  SELECT $3::text::pg_snapshot AS s, pg_snapshot_xmax($3::text::pg_snapshot)::text::int8 AS xmax8
+		  WHERE $3::text <> ''
+		)
 		SELECT o.id, o.event_id::text, o.endpoint, coalesce(o.url, ''), o.event_type,
 		       o.payload::text, o.headers::text, o.created_at::text
 		FROM `+s.Table.Ident()+` o
 		WHERE o.id > $1
 		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = o.endpoint)
-		ORDER BY o.id LIMIT $2`, after, limit)
+		  AND ($3::text = '' OR (SELECT pg_visible_in_snapshot(
+		        ((((snap.xmax8 >> 32) - CASE WHEN o.xmin::text::int8 > (snap.xmax8 & 4294967295) THEN 1 ELSE 0 END) << 32)
+		          | o.xmin::text::int8)::text::xid8, snap.s) FROM snap))
+		ORDER BY o.id LIMIT $2`, after, limit, snapshot)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}

@@ -106,9 +106,15 @@ type Session struct {
 	XLogPos  pglogrepl.LSN
 }
 
-// Run streams one session: it connects, starts replication at start, and
-// puts each committed transaction's outbox rows on out; transactions whose
-// commit lies before skipBefore (already ingested) are dropped. It answers
+// Plan decides, once the server has identified itself, where a session
+// starts and which transactions it drops as already ingested (those whose
+// commit lies before skipBefore).
+type Plan func(s Session) (start, skipBefore pglogrepl.LSN, err error)
+
+// Run streams one session: it connects, identifies the server, asks plan
+// where to start, starts replication, and puts each committed
+// transaction's outbox rows on out, dropping those plan says were
+// ingested already. It answers
 // keepalives, reports ack.Durable() as flushed, and, when nothing is in
 // progress, lets the flushed position follow the server's WAL end so a
 // quiet outbox never pins WAL.
@@ -117,22 +123,21 @@ type Session struct {
 // it closes out, waits for ack.Drained(), reports the final position and
 // closes the connection. started, when not nil, is called once replication
 // has started.
-func (s *Stream) Run(ctx context.Context, start, skipBefore pglogrepl.LSN, out *Queue, ack Acker, started func(Session)) error {
+func (s *Stream) Run(ctx context.Context, plan Plan, out *Queue, ack Acker, started func(Session)) error {
 	conn, err := Connect(ctx, s.opts.ConnString)
 	if err != nil {
 		out.Close()
 		return err
 	}
 	ss := &session{
-		opts:       s.opts,
-		conn:       conn,
-		out:        out,
-		ack:        ack,
-		skipBefore: skipBefore,
-		rels:       map[uint32]*relation{},
-		log:        s.opts.Logger,
+		opts: s.opts,
+		conn: conn,
+		out:  out,
+		ack:  ack,
+		rels: map[uint32]*relation{},
+		log:  s.opts.Logger,
 	}
-	err = ss.run(ctx, start, started)
+	err = ss.run(ctx, plan, started)
 	out.Close()
 	// Let the consumer finish what it was sent, then confirm it.
 	select {
@@ -171,11 +176,17 @@ type session struct {
 	lastRecv   time.Time
 }
 
-func (ss *session) run(ctx context.Context, start pglogrepl.LSN, started func(Session)) error {
+func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) error {
 	sys, err := pglogrepl.IdentifySystem(ctx, ss.conn)
 	if err != nil {
 		return fmt.Errorf("identify system: %w", err)
 	}
+	info := Session{SystemID: sys.SystemID, Timeline: sys.Timeline, XLogPos: sys.XLogPos}
+	start, skipBefore, err := plan(info)
+	if err != nil {
+		return err
+	}
+	ss.skipBefore = skipBefore
 	args := []string{
 		"proto_version '1'",
 		"publication_names '" + ss.opts.Publication + "'", // validated: [a-z0-9_]
@@ -188,7 +199,7 @@ func (ss *session) run(ctx context.Context, start pglogrepl.LSN, started func(Se
 	ss.lastFlush = start
 	ss.lastStatus, ss.lastRecv = time.Now(), time.Now()
 	if started != nil {
-		started(Session{SystemID: sys.SystemID, Timeline: sys.Timeline, XLogPos: sys.XLogPos})
+		started(info)
 	}
 	for {
 		if err := ss.sendStatus(false); err != nil {

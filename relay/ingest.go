@@ -146,19 +146,25 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 			return err
 		}
 	}
+	cp, err := r.store.Checkpoint(ctx)
+	if err != nil {
+		return err
+	}
 	if !slot.Exists {
 		created, err := wal.CreateSlot(ctx, cfg.DatabaseURL, cfg.Slot)
 		if err != nil {
 			return err
 		}
 		if created {
-			r.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
+			if cp.LSN != 0 {
+				// postbox streamed from this slot before: it was dropped.
+				r.log.Error().Str("slot", cfg.Slot).Stringer("last_checkpoint", cp.LSN).
+					Msg("REPLICATION SLOT LOST: it was dropped; recreated it, and reconciling the outbox table for what was written meanwhile")
+			} else {
+				r.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
+			}
 			r.reconciled.Store(false) // rows written while there was no slot
 		}
-	}
-	cp, err := r.store.Checkpoint(ctx)
-	if err != nil {
-		return err
 	}
 
 	queue := wal.NewQueue(ingestQueueRows, ingestQueueBytes)
@@ -546,6 +552,11 @@ func (r *Relay) reconcile(ctx context.Context, snapshot string) error {
 		}
 		total += int64(len(got))
 		r.metrics.Ingested(len(got))
+		for _, g := range got {
+			if ev := evs[g.Index]; ev.Status == store.StatusDeadLetter {
+				r.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
+			}
+		}
 		after = rows[len(rows)-1].ID
 		r.backlog.Store(true)
 		r.wakeClaimer()

@@ -253,10 +253,12 @@ func (r *Relay) maintainLoop(ctx context.Context) {
 			r.backlog.Store(true)
 			r.wakeClaimer()
 		}
-		if ret := cfg.OutboxRetention.D(); ret > 0 {
-			if _, err := r.store.PurgeIngestedOutbox(ctx, ret, 5000); err != nil && ctx.Err() == nil {
-				r.log.Warn().Err(err).Msg("purging the outbox failed")
-			}
+		// With outbox_retention 0 the ingest deletes the rows it ingests,
+		// but an application's commit can be streamed a moment before it
+		// becomes visible to other sessions, and the delete then misses
+		// its row: the purge picks such rows up.
+		if _, err := r.store.PurgeIngestedOutbox(ctx, cfg.OutboxRetention.D(), 5000); err != nil && ctx.Err() == nil {
+			r.log.Warn().Err(err).Msg("purging the outbox failed")
 		}
 		select {
 		case <-ctx.Done():

@@ -43,6 +43,7 @@ Commands:
   dead-letters  recent dead letters (--endpoint, --since); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
                 --since/--until, --from-lsn, --event-id, --dry-run, --rate)
+  doctor        check the database for postbox and explain what to fix (exit 1 on errors)
   secret new    print a fresh signing secret (whsec_…)
   demo          run postbox against a throwaway PostgreSQL and local receivers
   bench         measure latency and catch-up throughput (SPEC §12)
@@ -71,6 +72,7 @@ var commands = []command{
 	{"endpoints", cmdEndpoints},
 	{"dead-letters", cmdDeadLetters},
 	{"replay", cmdReplay},
+	{"doctor", cmdDoctor},
 	{"secret", cmdSecret},
 	{"demo", cmdDemo},
 	{"bench", cmdBench},

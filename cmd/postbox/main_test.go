@@ -151,7 +151,7 @@ func (c *counter) snapshot() (distinct, total int, dups map[string]int) {
 func writeConfig(t *testing.T, dbURL, body string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "postbox.yaml")
-	cfg := fmt.Sprintf(`database_url: %s
+	base := fmt.Sprintf(`database_url: %s
 slot: %s
 publication: %s
 allow_private_targets: true
@@ -163,8 +163,26 @@ shutdown_grace: 5s
 log_level: debug
 defaults:
   backoff_base: 50ms
-%s`, dbURL, pgtest.UniqueName("slot"), pgtest.UniqueName("pub"), body)
-	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+`, dbURL, pgtest.UniqueName("slot"), pgtest.UniqueName("pub"))
+	// A top-level key the test sets replaces the base's.
+	given := map[string]bool{}
+	for _, line := range strings.Split(body, "\n") {
+		if k, _, ok := strings.Cut(line, ":"); ok && k != "" && !strings.HasPrefix(k, " ") {
+			given[k] = true
+		}
+	}
+	var cfg strings.Builder
+	skipping := false
+	for _, line := range strings.Split(base, "\n") {
+		if k, _, ok := strings.Cut(line, ":"); ok && !strings.HasPrefix(line, " ") {
+			skipping = given[k]
+		}
+		if !skipping && line != "" {
+			cfg.WriteString(line + "\n")
+		}
+	}
+	cfg.WriteString(body)
+	require.NoError(t, os.WriteFile(path, []byte(cfg.String()), 0o600))
 	return path
 }
 
@@ -194,11 +212,65 @@ func newPool(t *testing.T, dbURL string) *pgxpool.Pool {
 	return pool
 }
 
+// waitStreaming waits until a walsender streams the test database's slot
+// (a slot being created shows as active too, so that is not enough).
 func waitStreaming(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	waitForT(t, 60*time.Second, "postbox to stream", func() bool {
 		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE database = current_database() AND active`).Scan(&n)
+		_ = pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid
+			WHERE s.database = current_database() AND r.state = 'streaming'`).Scan(&n)
 		return n == 1
 	})
+}
+
+var (
+	buildOnce sync.Once
+	builtPath string
+	buildErr  error
+)
+
+// builtPostbox builds the postbox binary without the race detector, for
+// measurements of the process itself (the test binary, built with -race,
+// carries the detector's shadow memory).
+func builtPostbox(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "postbox-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtPath = filepath.Join(dir, "postbox")
+		out, err := exec.Command("go", "build", "-o", builtPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtPath
+}
+
+// startBuilt starts the binary from builtPostbox.
+func startBuilt(t *testing.T, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(builtPostbox(t), args...)
+	p := &proc{cmd: cmd, out: &lockedBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	require.NoError(t, cmd.Start())
+	go func() {
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("postbox %s output:\n%s", strings.Join(args, " "), p.out.String())
+		}
+	})
+	return p
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/doctor"
 	"github.com/postbox-relay/postbox/relay/store"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
@@ -418,4 +419,34 @@ func bytesString(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("postbox doctor", flag.ContinueOnError)
+	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
+	if env == nil {
+		return code
+	}
+	defer closeEnv()
+	checks, err := doctor.Run(ctx, env.pool, env.cfg, time.Now)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	if env.json {
+		env.printJSON(map[string]any{"ok": !doctor.Failed(checks), "checks": checks})
+	} else {
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		for _, c := range checks {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", strings.ToUpper(string(c.Severity)), c.Name, c.Detail)
+			if c.Fix != "" {
+				fmt.Fprintf(tw, "\t\t→ %s\n", c.Fix)
+			}
+		}
+		_ = tw.Flush()
+	}
+	if doctor.Failed(checks) {
+		return exitFailure
+	}
+	return exitOK
 }

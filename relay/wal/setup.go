@@ -133,15 +133,23 @@ func deref(s *string) string {
 }
 
 // CreateSlot creates a permanent pgoutput slot over a replication
-// connection. A slot that appeared meanwhile (another instance) is fine.
+// connection; on PostgreSQL 17 and newer with failover enabled, so the
+// slot is synchronised to standbys and survives a failover. A slot that
+// appeared meanwhile (another instance) is fine.
 func CreateSlot(ctx context.Context, connString, slot string) (created bool, err error) {
 	conn, err := Connect(ctx, connString)
 	if err != nil {
 		return false, err
 	}
 	defer conn.Close(context.Background())
-	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if serverMajor(conn) >= 17 {
+		// The options form; pglogrepl writes the pre-15 keyword form.
+		_, err = pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx,
+			"CREATE_REPLICATION_SLOT "+slot+" LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER)"))
+	} else {
+		_, err = pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == codeDuplicateObject {
 		return false, nil
@@ -150,6 +158,20 @@ func CreateSlot(ctx context.Context, connString, slot string) (created bool, err
 		return false, fmt.Errorf("create replication slot %s: %w", slot, err)
 	}
 	return true, nil
+}
+
+// serverMajor is the server's major version from the connection's
+// parameters (0 when unknown).
+func serverMajor(conn *pgconn.PgConn) int {
+	v := conn.ParameterStatus("server_version")
+	major := 0
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			break
+		}
+		major = major*10 + int(c-'0')
+	}
+	return major
 }
 
 // DropSlot drops the slot, waiting for nothing: it must not be active.

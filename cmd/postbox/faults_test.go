@@ -1,0 +1,592 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// The fault tests break things under load and count events by id: sent
+// (committed by the producer) against received by the test receiver.
+
+// producer commits one-row outbox transactions at a steady pace until
+// stopped, remembering the ids whose commit it saw succeed.
+type producer struct {
+	mu        sync.Mutex
+	committed []string
+	failed    atomic.Int64 // inserts that errored (the database was down, say)
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+func produce(t *testing.T, pool *pgxpool.Pool, endpoint string, every time.Duration) *producer {
+	p := &producer{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-p.stop:
+				return
+			case <-tick.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			var id string
+			err := pool.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ($1, jsonb_build_object('i', $2::int)) RETURNING event_id::text`, endpoint, i).Scan(&id)
+			cancel()
+			if err != nil {
+				p.failed.Add(1)
+				continue
+			}
+			p.mu.Lock()
+			p.committed = append(p.committed, id)
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(p.finish)
+	return p
+}
+
+func (p *producer) finish() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+func (p *producer) ids() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.committed...)
+}
+
+// tally compares what was sent with what the receiver got.
+type tally struct {
+	sent, received, duplicated int
+	missing                    []string
+}
+
+func count(sent []string, rc *counter) tally {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	t := tally{sent: len(sent), received: len(rc.ids)}
+	for _, n := range rc.ids {
+		if n > 1 {
+			t.duplicated++
+		}
+	}
+	for _, id := range sent {
+		if rc.ids[id] == 0 {
+			t.missing = append(t.missing, id)
+		}
+	}
+	return t
+}
+
+// waitAllReceived waits until every sent id arrived.
+func waitAllReceived(t *testing.T, sent []string, rc *counter, within time.Duration) tally {
+	t.Helper()
+	var last tally
+	waitForT(t, within, "every sent event received", func() bool {
+		last = count(sent, rc)
+		return len(last.missing) == 0
+	})
+	return last
+}
+
+// slotPID is the pid of the walsender streaming the test database's slot
+// (0 when none).
+func slotPID(t *testing.T, pool *pgxpool.Pool) int {
+	var pid int
+	_ = pool.QueryRow(context.Background(), `SELECT coalesce(max(active_pid), 0) FROM pg_replication_slots WHERE database = current_database()`).Scan(&pid)
+	return pid
+}
+
+// TestStreamerKilledStandbyTakesOver kills the streaming instance with
+// SIGKILL under load; the standby takes over and nothing is lost.
+func TestStreamerKilledStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "leader_lease: 3s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
+	leader := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	standby := startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 30*time.Second, "the standby to register", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE expires_at > now()`) == 2
+	})
+	oldPID := slotPID(t, pool)
+
+	prod := produce(t, pool, "p", 10*time.Millisecond) // ~100 events a second
+	time.Sleep(2 * time.Second)
+	killedAt := time.Now()
+	leader.kill(t)
+	waitForT(t, 30*time.Second, "the standby to stream", func() bool {
+		pid := slotPID(t, pool)
+		return pid != 0 && pid != oldPID
+	})
+	takeover := time.Since(killedAt)
+	time.Sleep(2 * time.Second)
+	prod.finish()
+	sent := prod.ids()
+	res := waitAllReceived(t, sent, rc, 90*time.Second)
+	require.Contains(t, standby.out.String(), `"message":"streaming"`)
+	t.Logf("streamer killed: sent %d, received %d distinct, %d duplicated; standby streaming %s after the kill",
+		res.sent, res.received, res.duplicated, takeover.Round(time.Millisecond))
+	require.Less(t, takeover, 15*time.Second, "the standby takes over within the leader lease and a poll, not after wal_sender_timeout")
+}
+
+// TestPostgresRestart restarts PostgreSQL mid-stream, fast and then
+// immediate (a crash), with two instances running: both reconnect with
+// backoff and nothing committed is lost.
+func TestPostgresRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgtest.Start(ctx, pgtest.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	dbURL, err := cluster.CreateDatabase(ctx, "restart")
+	require.NoError(t, err)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	a := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	b := startPostbox(t, nil, "run", "--config", cfg)
+	prod := produce(t, pool, "p", 10*time.Millisecond)
+	for _, mode := range []pgtest.RestartMode{pgtest.Fast, pgtest.Immediate} {
+		time.Sleep(1500 * time.Millisecond)
+		require.NoError(t, cluster.Kill(mode))
+		time.Sleep(time.Second) // down for a second: inserts fail, the relays retry
+		require.NoError(t, cluster.StartAgain(ctx))
+		waitStreaming(t, pool)
+	}
+	time.Sleep(time.Second)
+	prod.finish()
+	sent := prod.ids()
+	res := waitAllReceived(t, sent, rc, 120*time.Second)
+	// Every event that reached postbox.events (some inserts whose commit
+	// the producer never saw acknowledged may have committed) is delivered.
+	var inEvents []string
+	rows, err := pool.Query(ctx, `SELECT event_id::text FROM postbox.events`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		inEvents = append(inEvents, id)
+	}
+	require.NoError(t, rows.Err())
+	waitAllReceived(t, inEvents, rc, 60*time.Second)
+	waitForT(t, 60*time.Second, "nothing left un-ingested", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.outbox`) == 0
+	})
+	t.Logf("PostgreSQL restarted fast and immediate: sent %d (%d inserts failed while it was down), received %d distinct, %d duplicated",
+		res.sent, prod.failed.Load(), res.received, res.duplicated)
+	for _, p := range []*proc{a, b} {
+		select {
+		case <-p.exited:
+			t.Fatalf("an instance exited: %s", p.out.String())
+		default:
+		}
+	}
+	require.Contains(t, a.out.String()+b.out.String(), "replication session ended")
+}
+
+// TestSlotDroppedByAnOperator drops the slot under a running relay: it
+// recreates the slot, says so loudly, and reconciles what was written
+// while there was none.
+func TestSlotDroppedByAnOperator(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	p := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	prod := produce(t, pool, "p", 10*time.Millisecond)
+	time.Sleep(time.Second)
+	ctx := context.Background()
+	waitForT(t, 30*time.Second, "the slot to be dropped", func() bool {
+		_, _ = pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = current_database() AND active`)
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
+		return err == nil && queryInt(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`) == 0
+	})
+	time.Sleep(1500 * time.Millisecond)
+	prod.finish()
+	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
+	require.Contains(t, p.out.String(), "REPLICATION SLOT LOST")
+	t.Logf("slot dropped: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
+}
+
+// TestSlotInvalidated lets the slot exceed max_slot_wal_keep_size while
+// postbox is stopped: on start it recreates the slot and reconciles from
+// the outbox table; nothing is lost.
+func TestSlotInvalidated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{"max_slot_wal_keep_size": "1MB", "max_wal_size": "32MB", "min_wal_size": "32MB"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	dbURL, err := cluster.CreateDatabase(ctx, "invalidated")
+	require.NoError(t, err)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	first := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	var sent []string
+	insert := func(n int) {
+		for range n {
+			var id string
+			require.NoError(t, pool.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint) VALUES ('p') RETURNING event_id::text`).Scan(&id))
+			sent = append(sent, id)
+		}
+	}
+	insert(20)
+	waitAllReceived(t, sent, rc, 30*time.Second)
+	first.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, first.wait(t, 30*time.Second))
+
+	insert(30) // waiting in the outbox; their WAL is about to go
+	waitForT(t, 60*time.Second, "the slot to be invalidated", func() bool {
+		_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS filler (v text); INSERT INTO filler SELECT repeat(md5(i::text), 8) FROM generate_series(1, 20000) i; CHECKPOINT`)
+		require.NoError(t, err)
+		var status string
+		_ = pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE database = current_database()`).Scan(&status)
+		return status == "lost"
+	})
+	second := startPostbox(t, nil, "run", "--config", cfg)
+	res := waitAllReceived(t, sent, rc, 90*time.Second)
+	require.Contains(t, second.out.String(), "REPLICATION SLOT INVALIDATED")
+	require.Contains(t, second.out.String(), "reconciled outbox rows the stream had not delivered")
+	t.Logf("slot invalidated: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
+}
+
+// freezer is a TCP proxy to PostgreSQL that can freeze the replication
+// connections it carries: keep them open, stop forwarding, like a proxy
+// or NAT box that lost its state.
+type freezer struct {
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	repl    []chan struct{} // closed to freeze a replication connection
+	handled atomic.Int64
+}
+
+func newFreezer(t *testing.T, target string) *freezer {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	f := &freezer{ln: ln, target: target}
+	go f.serve()
+	t.Cleanup(func() { ln.Close() })
+	return f
+}
+
+func (f *freezer) serve() {
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		go f.handle(c)
+	}
+}
+
+func (f *freezer) handle(client net.Conn) {
+	defer client.Close()
+	server, err := net.Dial("tcp", f.target)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	f.handled.Add(1)
+	// The startup packet says whether this is a replication connection.
+	var hdr [4]byte
+	if _, err := io.ReadFull(client, hdr[:]); err != nil {
+		return
+	}
+	n := int(hdr[0])<<24 | int(hdr[1])<<16 | int(hdr[2])<<8 | int(hdr[3])
+	if n < 4 || n > 1<<16 {
+		return
+	}
+	startup := make([]byte, n-4)
+	if _, err := io.ReadFull(client, startup); err != nil {
+		return
+	}
+	freeze := make(chan struct{})
+	if strings.Contains(string(startup), "replication\x00database") {
+		f.mu.Lock()
+		f.repl = append(f.repl, freeze)
+		f.mu.Unlock()
+		defer func() {
+			f.mu.Lock()
+			for i, c := range f.repl {
+				if c == freeze {
+					f.repl = append(f.repl[:i], f.repl[i+1:]...)
+					break
+				}
+			}
+			f.mu.Unlock()
+		}()
+	}
+	if _, err := server.Write(append(hdr[:], startup...)); err != nil {
+		return
+	}
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-freeze:
+				<-make(chan struct{}) // hold the connection open, forward nothing, forever
+			default:
+			}
+			if err != nil {
+				return
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go pipe(server, client)
+	pipe(client, server)
+}
+
+// freezeReplication freezes every replication connection open now.
+func (f *freezer) freezeReplication() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := len(f.repl)
+	for _, c := range f.repl {
+		close(c)
+	}
+	f.repl = nil
+	return n
+}
+
+// TestStalledReplicationConnection freezes the replication connection
+// without closing it: the relay's read deadline and keepalive timing notice,
+// it reconnects (taking its slot back from the orphaned walsender), and
+// delivers what was committed meanwhile.
+func TestStalledReplicationConnection(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	target := strings.Split(strings.SplitN(dbURL, "@", 2)[1], "/")[0]
+	fz := newFreezer(t, target)
+	proxied := strings.Replace(dbURL, target, fz.ln.Addr().String(), 1)
+	cfg := writeConfig(t, proxied, "status_interval: 500ms\nstall_timeout: 2s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
+	p := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	prod := produce(t, pool, "p", 20*time.Millisecond)
+	time.Sleep(time.Second)
+	require.Equal(t, 1, fz.freezeReplication(), "the one replication connection open")
+	frozenAt := time.Now()
+	waitForT(t, 30*time.Second, "the relay to notice the stall", func() bool {
+		return strings.Contains(p.out.String(), "replication connection stalled")
+	})
+	noticed := time.Since(frozenAt)
+	time.Sleep(2 * time.Second)
+	prod.finish()
+	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
+	t.Logf("replication connection frozen: noticed after %s; sent %d, received %d distinct, %d duplicated",
+		noticed.Round(time.Millisecond), res.sent, res.received, res.duplicated)
+}
+
+// TestHugeTransactionRSS commits 200,000 outbox rows in one transaction
+// and measures the relay process's peak resident memory.
+func TestHugeTransactionRSS(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("200,000 deliveries")
+	}
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "log_level: info\nendpoints:\n  bulk:\n    url: "+rc.URL+"\n    max_in_flight: 32\n")
+	p := startBuilt(t, "run", "--config", cfg) // without the race detector: its RSS is the point
+	waitStreaming(t, pool)
+	const n = 200000
+	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'bulk', jsonb_build_object('i', i, 'click_id', md5(i::text), 'pad', repeat('x', 200)) FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+	waitForT(t, 10*time.Minute, "200,000 deliveries", func() bool {
+		d, _, _ := rc.snapshot()
+		return d == n
+	})
+	rss := peakRSS(p.cmd.Process.Pid)
+	distinct, total, _ := rc.snapshot()
+	t.Logf("one transaction of %d rows: received %d distinct in %d requests; relay peak RSS %.0f MB", n, distinct, total, rss)
+	require.Less(t, rss, 150.0, "bounded memory")
+}
+
+// TestOutboxAlteredWhileStreaming adds a column to the outbox between
+// inserts: the relation message refreshes the column map, nothing is lost.
+func TestOutboxAlteredWhileStreaming(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	prod := produce(t, pool, "p", 10*time.Millisecond)
+	time.Sleep(time.Second)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `ALTER TABLE postbox.outbox ADD COLUMN tenant text DEFAULT 'acme'`)
+	require.NoError(t, err)
+	time.Sleep(500 * time.Millisecond)
+	_, err = pool.Exec(ctx, `ALTER TABLE postbox.outbox ADD COLUMN region text, ALTER COLUMN event_type SET DEFAULT 'altered'`)
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	prod.finish()
+	res := waitAllReceived(t, prod.ids(), rc, 60*time.Second)
+	waitForT(t, 30*time.Second, "every result recorded", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status <> 'delivered'`) == 0
+	})
+	t.Logf("outbox altered while streaming: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
+}
+
+// TestSIGTERMDuringABurst stops postbox while a burst is being delivered:
+// attempts in flight finish, the rest return to the queue, it exits 0, and
+// the next instance delivers the rest without repeating any.
+func TestSIGTERMDuringABurst(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	rc.delay = 20 * time.Millisecond
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 4\n")
+	first := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	ctx := context.Background()
+	var sent []string
+	rows, err := pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint) SELECT 'p' FROM generate_series(1, 300) RETURNING event_id::text`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		sent = append(sent, id)
+	}
+	require.NoError(t, rows.Err())
+	waitForT(t, 30*time.Second, "the burst under way", func() bool { _, n, _ := rc.snapshot(); return n >= 40 })
+	first.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, first.wait(t, 30*time.Second), "SIGTERM exits 0")
+	delivered := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`)
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`), "nothing left claimed")
+	_, before, _ := rc.snapshot()
+	require.Equal(t, before, delivered, "every attempt that reached the receiver was recorded")
+
+	startPostbox(t, nil, "run", "--config", cfg)
+	res := waitAllReceived(t, sent, rc, 90*time.Second)
+	require.Zero(t, res.duplicated, "no duplicates: the in-flight attempts finished and were recorded before exit")
+	t.Logf("SIGTERM during a burst: %d delivered before the stop, sent %d, received %d distinct, %d duplicated", before, res.sent, res.received, res.duplicated)
+}
+
+// TestServerChangeIsNotTrusted: a checkpoint from another server (a
+// restored or rebuilt database) is not trusted; the relay reconciles.
+func TestServerChangeIsNotTrusted(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	first := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint) VALUES ('p')`)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "a delivery", func() bool { d, _, _ := rc.snapshot(); return d == 1 })
+	first.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, first.wait(t, 30*time.Second))
+	_, err = pool.Exec(ctx, `UPDATE postbox.checkpoints SET system_id = '1234567890'`)
+	require.NoError(t, err)
+	second := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint) VALUES ('p')`)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "the second delivery", func() bool { d, _, _ := rc.snapshot(); return d == 2 })
+	require.Contains(t, second.out.String(), "the database server changed")
+}
+
+// TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP):
+// its lease runs out, the standby takes the slot over, and when the old
+// leader wakes it stands by instead of streaming or moving the checkpoint.
+func TestFrozenLeaderIsFencedOff(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "leader_lease: 2s\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
+	leader := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	startPostbox(t, nil, "run", "--config", cfg)
+	oldPID := slotPID(t, pool)
+	prod := produce(t, pool, "p", 10*time.Millisecond)
+	time.Sleep(time.Second)
+	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGSTOP))
+	frozenAt := time.Now()
+	waitForT(t, 30*time.Second, "the standby to take over", func() bool {
+		pid := slotPID(t, pool)
+		return pid != 0 && pid != oldPID
+	})
+	takeover := time.Since(frozenAt)
+	time.Sleep(time.Second)
+	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGCONT))
+	time.Sleep(2 * time.Second)
+	prod.finish()
+	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
+	waitForT(t, 60*time.Second, "the old leader to stand by", func() bool {
+		out := leader.out.String()
+		return strings.Contains(out, "standing by") || strings.Contains(out, "took over streaming")
+	})
+	t.Logf("streamer frozen: standby streaming %s after SIGSTOP; sent %d, received %d distinct, %d duplicated",
+		takeover.Round(time.Millisecond), res.sent, res.received, res.duplicated)
+}
+
+// TestDoctor explains the test server: all required settings in place,
+// an unlimited max_slot_wal_keep_size warned about; a role without
+// REPLICATION is an error (exit 1).
+func TestDoctor(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	cfg := writeConfig(t, dbURL, "")
+	code, out, errOut := postbox(t, "doctor", "--config", cfg)
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Contains(t, out, "OK    wal_level")
+	require.Contains(t, out, "WARN  max_slot_wal_keep_size")
+	require.Contains(t, out, "clock_skew")
+
+	ctx := context.Background()
+	role := pgtest.UniqueName("norepl")
+	_, err := pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP ROLE `+role) })
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	cfg2 := writeConfig(t, u.String(), "")
+	code, out, _ = postbox(t, "doctor", "--config", cfg2, "--json")
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, out, `"severity": "error"`)
+	require.Contains(t, out, "WITH REPLICATION")
+}

@@ -1,0 +1,261 @@
+// Package doctor checks a database for postbox and explains what it finds:
+// the settings logical replication needs, the role's privilege, the
+// publication and the slot, and the clock. `postbox doctor` prints it;
+// `postbox run` refuses to start on the fatal subset (store.Preflight).
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/wal"
+)
+
+// Severity of a finding.
+type Severity string
+
+// Severities.
+const (
+	OK    Severity = "ok"
+	Warn  Severity = "warn"
+	Error Severity = "error"
+)
+
+// Check is one finding.
+type Check struct {
+	Name     string   `json:"check"`
+	Severity Severity `json:"severity"`
+	Detail   string   `json:"detail"`
+	Fix      string   `json:"fix,omitempty"`
+}
+
+// Run checks the database behind q for cfg. now is the relay's clock.
+func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() time.Time) ([]Check, error) {
+	var s settings
+	t0 := now()
+	err := q.QueryRow(ctx, `
+		SELECT current_setting('server_version_num')::int, current_setting('server_version'),
+		       current_setting('wal_level'),
+		       current_setting('max_replication_slots')::int,
+		       (SELECT count(*) FROM pg_replication_slots),
+		       current_setting('max_wal_senders')::int,
+		       (SELECT count(*) FROM pg_stat_replication),
+		       current_setting('max_slot_wal_keep_size'),
+		       current_setting('wal_sender_timeout'),
+		       current_user,
+		       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
+		       clock_timestamp(),
+		       to_regclass($1) IS NOT NULL`, cfg.Table().String()).
+		Scan(&s.versionNum, &s.version, &s.walLevel, &s.maxSlots, &s.slotsUsed, &s.maxSenders, &s.sendersUsed,
+			&s.keepSize, &s.senderTimeout, &s.role, &s.canReplicate, &s.dbNow, &s.tableExists)
+	if err != nil {
+		return nil, fmt.Errorf("doctor: %w", err)
+	}
+	rtt := now().Sub(t0)
+	var out []Check
+	add := func(name string, sev Severity, detail, fix string) {
+		out = append(out, Check{Name: name, Severity: sev, Detail: detail, Fix: fix})
+	}
+
+	if s.versionNum < store.MinServerVersion {
+		add("server_version", Error, "PostgreSQL "+s.version, "postbox needs PostgreSQL 14 or newer: upgrade the server")
+	} else {
+		add("server_version", OK, "PostgreSQL "+s.version, "")
+	}
+	if s.walLevel != "logical" {
+		add("wal_level", Error, "wal_level is "+s.walLevel, "ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL")
+	} else {
+		add("wal_level", OK, "logical", "")
+	}
+	if !s.canReplicate {
+		add("replication_privilege", Error, fmt.Sprintf("role %s may not replicate", s.role),
+			fmt.Sprintf("as a superuser: ALTER ROLE %s WITH REPLICATION", pgx.Identifier{s.role}.Sanitize()))
+	} else {
+		add("replication_privilege", OK, fmt.Sprintf("role %s may replicate", s.role), "")
+	}
+
+	st, err := wal.Slot(ctx, q, cfg.Slot)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case s.maxSlots == 0:
+		add("max_replication_slots", Error, "0: logical replication is off", "set max_replication_slots to at least 4 and restart PostgreSQL")
+	case !st.Exists && s.slotsUsed >= s.maxSlots:
+		add("max_replication_slots", Error, fmt.Sprintf("all %d slots are taken and postbox needs one", s.maxSlots), "raise max_replication_slots (restart) or drop an unused slot")
+	default:
+		add("max_replication_slots", OK, fmt.Sprintf("%d of %d in use", s.slotsUsed, s.maxSlots), "")
+	}
+	switch {
+	case s.maxSenders == 0:
+		add("max_wal_senders", Error, "0: no replication connection is possible", "set max_wal_senders to at least 4 and restart PostgreSQL")
+	case s.sendersUsed >= s.maxSenders:
+		add("max_wal_senders", Warn, fmt.Sprintf("all %d in use", s.maxSenders), "raise max_wal_senders (restart): postbox needs one when it (re)connects")
+	default:
+		add("max_wal_senders", OK, fmt.Sprintf("%d of %d in use", s.sendersUsed, s.maxSenders), "")
+	}
+	if s.keepSize == "-1" {
+		add("max_slot_wal_keep_size", Warn, "unlimited: a slot nobody reads (postbox stopped for good, a forgotten slot) retains WAL until the disk is full",
+			"ALTER SYSTEM SET max_slot_wal_keep_size = '20GB' (postbox recreates an invalidated slot and reconciles from the outbox table)")
+	} else {
+		add("max_slot_wal_keep_size", OK, s.keepSize, "")
+	}
+	timeout, terr := parseGUCDuration(s.senderTimeout)
+	switch {
+	case terr != nil:
+		add("wal_sender_timeout", Warn, "unreadable: "+s.senderTimeout, "")
+	case timeout == 0:
+		add("wal_sender_timeout", Warn, "0: the server never notices a replication client that vanished, and its slot stays taken", "set wal_sender_timeout to 60s")
+	case timeout < 2*cfg.StatusInterval.D():
+		add("wal_sender_timeout", Warn, fmt.Sprintf("%s is less than twice postbox's status_interval (%s)", timeout, cfg.StatusInterval.D()), "raise wal_sender_timeout or lower status_interval")
+	default:
+		add("wal_sender_timeout", OK, timeout.String(), "")
+	}
+
+	if !s.tableExists {
+		add("outbox_table", Warn, cfg.Table().String()+" does not exist", "postbox migrate (or postbox run) creates it; or apply outbox/schema.sql")
+	} else {
+		add("outbox_table", OK, cfg.Table().String(), "")
+	}
+	out = append(out, publicationCheck(ctx, q, cfg))
+
+	switch {
+	case !st.Exists:
+		add("slot", OK, fmt.Sprintf("%s does not exist yet: postbox run creates it", cfg.Slot), "")
+	case st.Plugin != "pgoutput":
+		add("slot", Error, fmt.Sprintf("%s uses plugin %s", cfg.Slot, st.Plugin), "drop it, or give postbox another slot name")
+	case st.WALStatus == "lost":
+		add("slot", Error, fmt.Sprintf("%s is invalidated (wal_status lost): WAL it needed is gone", cfg.Slot), "postbox run recreates it and reconciles from the outbox table")
+	case st.WALStatus == "unreserved":
+		add("slot", Warn, fmt.Sprintf("%s is about to lose WAL (wal_status unreserved), retaining %s", cfg.Slot, bytesText(st.RetainedBytes)), "start postbox, or raise max_slot_wal_keep_size")
+	case st.RetainedBytes > int64(cfg.Alerts.SlotLag):
+		add("slot", Warn, fmt.Sprintf("%s retains %s of WAL, above alerts.slot_lag", cfg.Slot, bytesText(st.RetainedBytes)), "is postbox running and keeping up? postbox status")
+	case !st.Active:
+		add("slot", Warn, fmt.Sprintf("%s exists but no postbox streams it (retains %s)", cfg.Slot, bytesText(st.RetainedBytes)), "start postbox run")
+	default:
+		add("slot", OK, fmt.Sprintf("%s streamed (wal_status %s, retains %s)", cfg.Slot, st.WALStatus, bytesText(st.RetainedBytes)), "")
+	}
+
+	skew := s.dbNow.Sub(t0.Add(rtt / 2))
+	switch {
+	case skew.Abs() > time.Minute:
+		add("clock_skew", Error, fmt.Sprintf("this host's clock is %s off the database's", skew.Round(time.Millisecond)), "synchronise both with NTP: commit-to-delivery times and retries' due times mix the two clocks")
+	case skew.Abs() > time.Second:
+		add("clock_skew", Warn, fmt.Sprintf("this host's clock is %s off the database's", skew.Round(time.Millisecond)), "synchronise both with NTP")
+	default:
+		add("clock_skew", OK, fmt.Sprintf("%s (round trip %s)", skew.Round(time.Microsecond), rtt.Round(time.Microsecond)), "")
+	}
+	return out, nil
+}
+
+type settings struct {
+	versionNum                                   int
+	version, walLevel, keepSize, senderTimeout   string
+	maxSlots, slotsUsed, maxSenders, sendersUsed int
+	role                                         string
+	canReplicate, tableExists                    bool
+	dbNow                                        time.Time
+}
+
+func publicationCheck(ctx context.Context, q store.Querier, cfg *config.Config) Check {
+	c := Check{Name: "publication"}
+	rows, err := q.Query(ctx, `
+		SELECT p.pubinsert, p.puballtables, coalesce(t.schemaname || '.' || t.tablename, '')
+		FROM pg_publication p LEFT JOIN pg_publication_tables t ON t.pubname = p.pubname
+		WHERE p.pubname = $1`, cfg.Publication)
+	if err != nil {
+		c.Severity, c.Detail = Warn, "unreadable: "+err.Error()
+		return c
+	}
+	defer rows.Close()
+	var tables []string
+	var insert, all, found bool
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&insert, &all, &t); err != nil {
+			c.Severity, c.Detail = Warn, "unreadable: "+err.Error()
+			return c
+		}
+		found = true
+		if t != "" {
+			tables = append(tables, t)
+		}
+	}
+	want := cfg.Table().String()
+	covers := false
+	for _, t := range tables {
+		covers = covers || t == want
+	}
+	switch {
+	case !found:
+		c.Severity, c.Detail = OK, cfg.Publication+" does not exist yet: postbox run creates it (FOR TABLE "+want+", publish = 'insert')"
+	case !covers:
+		c.Severity, c.Detail = Error, fmt.Sprintf("%s does not publish %s", cfg.Publication, want)
+		c.Fix = fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, want)
+	case !insert:
+		c.Severity, c.Detail = Error, cfg.Publication+" does not publish inserts"
+		c.Fix = fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication)
+	case all || len(tables) > 1:
+		c.Severity, c.Detail = Warn, fmt.Sprintf("%s publishes %d tables, not only %s: the server decodes and sends changes postbox ignores", cfg.Publication, len(tables), want)
+		c.Fix = "give postbox a publication of the outbox table only (publication: in the config)"
+	default:
+		c.Severity, c.Detail = OK, fmt.Sprintf("%s publishes only %s", cfg.Publication, want)
+	}
+	return c
+}
+
+// Failed reports whether any check is an error.
+func Failed(checks []Check) bool {
+	for _, c := range checks {
+		if c.Severity == Error {
+			return true
+		}
+	}
+	return false
+}
+
+// parseGUCDuration reads a duration setting as current_setting shows it
+// ("60s", "1min", "500ms", "0").
+func parseGUCDuration(s string) (time.Duration, error) {
+	units := []struct {
+		suffix string
+		d      time.Duration
+	}{{"ms", time.Millisecond}, {"min", time.Minute}, {"s", time.Second}, {"h", time.Hour}, {"d", 24 * time.Hour}}
+	for _, u := range units {
+		if n, ok := cutSuffix(s, u.suffix); ok {
+			v, err := strconv.Atoi(n)
+			return time.Duration(v) * u.d, err
+		}
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, errors.New("not a duration")
+	}
+	return time.Duration(v) * time.Millisecond, nil
+}
+
+func cutSuffix(s, suffix string) (string, bool) {
+	if len(s) > len(suffix) && s[len(s)-len(suffix):] == suffix {
+		return s[:len(s)-len(suffix)], true
+	}
+	return "", false
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

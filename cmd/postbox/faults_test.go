@@ -146,7 +146,7 @@ func TestStreamerKilledStandbyTakesOver(t *testing.T) {
 	prod.finish()
 	sent := prod.ids()
 	res := waitAllReceived(t, sent, rc, 90*time.Second)
-	require.Contains(t, standby.out.String(), `"message":"streaming"`)
+	standby.waitLog(t, 10*time.Second, `"message":"streaming"`)
 	t.Logf("streamer killed: sent %d, received %d distinct, %d duplicated; standby streaming %s after the kill",
 		res.sent, res.received, res.duplicated, takeover.Round(time.Millisecond))
 	require.Less(t, takeover, 15*time.Second, "the standby takes over within the leader lease and a poll, not after wal_sender_timeout")
@@ -230,7 +230,7 @@ func TestSlotDroppedByAnOperator(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	prod.finish()
 	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
-	require.Contains(t, p.out.String(), "REPLICATION SLOT LOST")
+	p.waitLog(t, 10*time.Second, "REPLICATION SLOT LOST")
 	t.Logf("slot dropped: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
 }
 
@@ -273,8 +273,8 @@ func TestSlotInvalidated(t *testing.T) {
 	})
 	second := startPostbox(t, nil, "run", "--config", cfg)
 	res := waitAllReceived(t, sent, rc, 90*time.Second)
-	require.Contains(t, second.out.String(), "REPLICATION SLOT INVALIDATED")
-	require.Contains(t, second.out.String(), "reconciled outbox rows the stream had not delivered")
+	second.waitLog(t, 10*time.Second, "REPLICATION SLOT INVALIDATED")
+	second.waitLog(t, 10*time.Second, "reconciled outbox rows the stream had not delivered")
 	t.Logf("slot invalidated: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
 }
 
@@ -524,7 +524,7 @@ func TestServerChangeIsNotTrusted(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint) VALUES ('p')`)
 	require.NoError(t, err)
 	waitForT(t, 30*time.Second, "the second delivery", func() bool { d, _, _ := rc.snapshot(); return d == 2 })
-	require.Contains(t, second.out.String(), "the database server changed")
+	second.waitLog(t, 10*time.Second, "the database server changed")
 }
 
 // TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP):

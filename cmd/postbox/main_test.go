@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -72,6 +73,13 @@ func (p *proc) kill(t *testing.T) {
 func (p *proc) signal(t *testing.T, sig os.Signal) {
 	t.Helper()
 	require.NoError(t, p.cmd.Process.Signal(sig))
+}
+
+// waitLog waits until the process has logged a line containing substr:
+// log lines may follow the effect they describe by a moment.
+func (p *proc) waitLog(t *testing.T, within time.Duration, substr string) {
+	t.Helper()
+	waitForT(t, within, "the log line "+strconv.Quote(substr), func() bool { return strings.Contains(p.out.String(), substr) })
 }
 
 // wait waits for the process to exit and returns its exit code.

@@ -66,19 +66,28 @@ func (r *Relay) telemetryLoop(ctx context.Context) {
 
 // observe sets the gauges and returns the alerts' states.
 func (r *Relay) observe(ctx context.Context) ([]telemetry.Alert, error) {
-	cfg := r.cfg.Load()
-	s, err := telemetry.LoadSummary(ctx, r.pool, cfg.Slot)
+	s, eps, alerts, err := r.loadState(ctx)
 	if err != nil {
 		return nil, err
 	}
-	eps, err := telemetry.LoadStoredEndpoints(ctx, r.pool)
-	if err != nil {
-		return nil, err
-	}
-	alerts := telemetry.Evaluate(s, eps, cfg.Alerts)
 	r.metrics.Observe(s, eps, alerts)
 	r.metrics.Streaming(r.Streaming())
 	return alerts, nil
+}
+
+// loadState reads the health summary and the endpoints' stored figures,
+// and evaluates the alerts on them.
+func (r *Relay) loadState(ctx context.Context) (telemetry.Summary, []telemetry.EndpointStats, []telemetry.Alert, error) {
+	cfg := r.cfg.Load()
+	s, err := telemetry.LoadSummary(ctx, r.pool, cfg.Slot)
+	if err != nil {
+		return s, nil, nil, err
+	}
+	eps, err := telemetry.LoadStoredEndpoints(ctx, r.pool)
+	if err != nil {
+		return s, nil, nil, err
+	}
+	return s, eps, telemetry.Evaluate(s, eps, cfg.Alerts), nil
 }
 
 // upkeep refreshes percentiles and purges what is past its retention.
@@ -153,15 +162,10 @@ func (r *Relay) status(ctx context.Context) (any, error) {
 	if r.pool == nil {
 		return nil, errors.New("database not connected yet")
 	}
-	cfg := r.cfg.Load()
-	s, err := telemetry.LoadSummary(ctx, r.pool, cfg.Slot)
+	s, _, alerts, err := r.loadState(ctx)
 	if err != nil {
 		return nil, err
 	}
-	eps, err := telemetry.LoadStoredEndpoints(ctx, r.pool)
-	if err != nil {
-		return nil, err
-	}
-	s.Alerts = telemetry.Firing(telemetry.Evaluate(s, eps, cfg.Alerts))
+	s.Alerts = telemetry.Firing(alerts)
 	return s, nil
 }

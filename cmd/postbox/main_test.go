@@ -47,6 +47,13 @@ func startPostbox(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), envAsMain+"=1"), env...)
+	return startCmd(t, cmd, args)
+}
+
+// startCmd starts cmd, collects its output, and kills it when the test
+// ends, printing the output if the test failed.
+func startCmd(t *testing.T, cmd *exec.Cmd, args []string) *proc {
+	t.Helper()
 	p := &proc{cmd: cmd, out: &lockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	require.NoError(t, cmd.Start())
@@ -265,20 +272,5 @@ func builtPostbox(t *testing.T) string {
 // startBuilt starts the binary from builtPostbox.
 func startBuilt(t *testing.T, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(builtPostbox(t), args...)
-	p := &proc{cmd: cmd, out: &lockedBuffer{}, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	require.NoError(t, cmd.Start())
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			t.Logf("postbox %s output:\n%s", strings.Join(args, " "), p.out.String())
-		}
-	})
-	return p
+	return startCmd(t, exec.Command(builtPostbox(t), args...), args)
 }

@@ -121,7 +121,7 @@ func printStatus(w io.Writer, s telemetry.Summary) {
 		if s.Slot.Active {
 			active = "active"
 		}
-		fmt.Fprintf(tw, "slot %s\t%s\twal_status %s\tlag %s\n", s.Slot.Name, active, s.Slot.WALStatus, bytesString(s.Slot.RetainedBytes))
+		fmt.Fprintf(tw, "slot %s\t%s\twal_status %s\tlag %s\n", s.Slot.Name, active, s.Slot.WALStatus, telemetry.FormatBytes(s.Slot.RetainedBytes))
 	} else {
 		fmt.Fprintf(tw, "slot %s\tdoes not exist (no relay has run)\n", s.Slot.Name)
 	}
@@ -407,18 +407,6 @@ func ms(v *float64) string {
 		return fmt.Sprintf("%.1f ms", *v)
 	}
 	return fmt.Sprintf("%.0f ms", *v)
-}
-
-func bytesString(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {

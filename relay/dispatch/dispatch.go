@@ -266,14 +266,19 @@ func (d *Dispatcher) pumpLocked(l *lane) {
 			}
 			return
 		}
-		j := l.queue[0]
-		l.queue[0] = nil
-		l.queue = l.queue[1:]
-		l.inFlight++
-		d.inFlight++
-		d.running.Add(1)
-		go d.run(l, j)
+		d.startLocked(l)
 	}
+}
+
+// startLocked starts the lane's next job.
+func (d *Dispatcher) startLocked(l *lane) {
+	j := l.queue[0]
+	l.queue[0] = nil
+	l.queue = l.queue[1:]
+	l.inFlight++
+	d.inFlight++
+	d.running.Add(1)
+	go d.run(l, j)
 }
 
 // pumpStarvedLocked hands freed global slots to waiting lanes, one job a
@@ -288,13 +293,7 @@ func (d *Dispatcher) pumpStarvedLocked() {
 			d.dropIdleLocked(l.name, l)
 			continue
 		}
-		j := l.queue[0]
-		l.queue[0] = nil
-		l.queue = l.queue[1:]
-		l.inFlight++
-		d.inFlight++
-		d.running.Add(1)
-		go d.run(l, j)
+		d.startLocked(l)
 		if len(l.queue) > 0 && l.inFlight < l.cap {
 			l.starved = true
 			d.starved = append(d.starved, l)

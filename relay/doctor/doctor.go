@@ -15,6 +15,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 	"github.com/postbox-relay/postbox/relay/wal"
 )
 
@@ -134,13 +135,13 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 	case st.WALStatus == "lost":
 		add("slot", Error, fmt.Sprintf("%s is invalidated (wal_status lost): WAL it needed is gone", cfg.Slot), "postbox run recreates it and reconciles from the outbox table")
 	case st.WALStatus == "unreserved":
-		add("slot", Warn, fmt.Sprintf("%s is about to lose WAL (wal_status unreserved), retaining %s", cfg.Slot, bytesText(st.RetainedBytes)), "start postbox, or raise max_slot_wal_keep_size")
+		add("slot", Warn, fmt.Sprintf("%s is about to lose WAL (wal_status unreserved), retaining %s", cfg.Slot, telemetry.FormatBytes(st.RetainedBytes)), "start postbox, or raise max_slot_wal_keep_size")
 	case st.RetainedBytes > int64(cfg.Alerts.SlotLag):
-		add("slot", Warn, fmt.Sprintf("%s retains %s of WAL, above alerts.slot_lag", cfg.Slot, bytesText(st.RetainedBytes)), "is postbox running and keeping up? postbox status")
+		add("slot", Warn, fmt.Sprintf("%s retains %s of WAL, above alerts.slot_lag", cfg.Slot, telemetry.FormatBytes(st.RetainedBytes)), "is postbox running and keeping up? postbox status")
 	case !st.Active:
-		add("slot", Warn, fmt.Sprintf("%s exists but no postbox streams it (retains %s)", cfg.Slot, bytesText(st.RetainedBytes)), "start postbox run")
+		add("slot", Warn, fmt.Sprintf("%s exists but no postbox streams it (retains %s)", cfg.Slot, telemetry.FormatBytes(st.RetainedBytes)), "start postbox run")
 	default:
-		add("slot", OK, fmt.Sprintf("%s streamed (wal_status %s, retains %s)", cfg.Slot, st.WALStatus, bytesText(st.RetainedBytes)), "")
+		add("slot", OK, fmt.Sprintf("%s streamed (wal_status %s, retains %s)", cfg.Slot, st.WALStatus, telemetry.FormatBytes(st.RetainedBytes)), "")
 	}
 
 	skew := s.dbNow.Sub(t0.Add(rtt / 2))
@@ -246,16 +247,4 @@ func cutSuffix(s, suffix string) (string, bool) {
 		return s[:len(s)-len(suffix)], true
 	}
 	return "", false
-}
-
-func bytesText(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

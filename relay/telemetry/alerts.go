@@ -53,7 +53,7 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 		lag.Detail = fmt.Sprintf("slot %s wal_status is %s: it risks (or suffered) losing WAL it needs", s.Slot.Name, s.Slot.WALStatus)
 	default:
 		lag.Firing = s.Slot.RetainedBytes > int64(th.SlotLag)
-		lag.Detail = fmt.Sprintf("slot %s retains %s of WAL (threshold %s)", s.Slot.Name, bytesText(s.Slot.RetainedBytes), bytesText(int64(th.SlotLag)))
+		lag.Detail = fmt.Sprintf("slot %s retains %s of WAL (threshold %s)", s.Slot.Name, FormatBytes(s.Slot.RetainedBytes), FormatBytes(int64(th.SlotLag)))
 	}
 	out = append(out, lag)
 	for _, e := range endpoints {
@@ -78,7 +78,8 @@ func Firing(alerts []Alert) []Alert {
 	return out
 }
 
-func bytesText(n int64) string {
+// FormatBytes prints a byte count in binary units, as the commands show WAL.
+func FormatBytes(n int64) string {
 	switch {
 	case n >= 1<<30:
 		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))

@@ -181,7 +181,7 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 		return dispatch.Released(j)
 	}
 	res.Attempted, res.Sampled = true, true
-	res.ResponseMS = int(resp.Duration.Milliseconds())
+	res.ResponseMS = millis(resp.Duration)
 	res.StatusCode = resp.StatusCode
 	res.Response = responseSnippet(resp.Body)
 	v := policy.Classify(policy.Attempt{StatusCode: resp.StatusCode, Header: resp.Header, Body: resp.Body,
@@ -203,7 +203,7 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 	case v.Kind == policy.Success:
 		res.Status, res.LastError = store.StatusDelivered, ""
 		if !j.CommittedAt.IsZero() {
-			res.CommitToDeliveryMS = int(res.At.Sub(j.CommittedAt).Milliseconds())
+			res.CommitToDeliveryMS = millis(res.At.Sub(j.CommittedAt))
 		}
 	case v.Kind == policy.Retry && j.Attempt < ep.MaxAttempts:
 		res.Status = store.StatusFailed
@@ -253,3 +253,6 @@ func responseSnippet(b []byte) string {
 	}
 	return strings.ReplaceAll(strings.ToValidUTF8(string(b), ""), "\x00", "")
 }
+
+// millis is d in fractional milliseconds.
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

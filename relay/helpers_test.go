@@ -163,7 +163,7 @@ type delivery struct {
 	LastStatus   int
 	NextAttempt  time.Time
 	DeliveredAt  *time.Time
-	C2DMS        *int
+	C2DMS        *float64
 	LastResponse string
 }
 

@@ -162,7 +162,7 @@ func (r *Relay) applyHealth(cur store.Health, rs []store.Result) store.Health {
 		Threshold:   ep.FailureThreshold,
 		Cooldown:    ep.Cooldown,
 		MaxCooldown: ep.MaxCooldown,
-		SlowP95:     time.Duration(cur.P95MS)*time.Millisecond > policy.SlowP95,
+		SlowP95:     time.Duration(cur.P95MS*float64(time.Millisecond)) > policy.SlowP95,
 	}
 	b := policy.Breaker{State: cur.State, Failures: cur.ConsecutiveFailures, OpenedAt: cur.OpenedAt, Cooldown: cur.Cooldown}
 	if b.Cooldown <= 0 {

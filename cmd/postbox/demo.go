@@ -211,7 +211,7 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 func demoReport(ctx context.Context, w io.Writer, pool *pgxpool.Pool) error {
 	rows, err := pool.Query(ctx, `
 		SELECT d.endpoint, d.status, d.attempt_count, coalesce(d.last_status_code::text, '-'),
-		       coalesce(d.commit_to_delivery_ms::text || ' ms', '-'), coalesce(d.last_error, '')
+		       coalesce(round(d.commit_to_delivery_ms::numeric, 1)::text || ' ms', '-'), coalesce(d.last_error, '')
 		FROM postbox.deliveries d ORDER BY d.endpoint`)
 	if err != nil {
 		return err

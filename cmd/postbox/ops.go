@@ -189,7 +189,7 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "latency of attempts over the last %s\n\n", telemetry.Window)
 	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENDPOINT\tSTATE\tP50\tP95\tP99\tSAMPLES\tFAILURES\tPENDING\tRETRY\tDEAD\tLAST ERROR")
+	fmt.Fprintln(tw, "ENDPOINT\tSTATE\tP50\tP95\tP99\tSAMPLES\tFAIL STREAK\tPENDING\tRETRY\tDEAD\tLAST ERROR")
 	for _, e := range eps {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", e.Endpoint, e.State, ms(e.P50MS), ms(e.P95MS), ms(e.P99MS),
 			e.SampleCount, e.ConsecutiveFailures, e.Pending, e.AwaitingRetry, e.DeadLetter, e.LastError)
@@ -402,6 +402,9 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 func ms(v *float64) string {
 	if v == nil {
 		return "-"
+	}
+	if *v < 1 {
+		return fmt.Sprintf("%.2f ms", *v)
 	}
 	if *v < 10 {
 		return fmt.Sprintf("%.1f ms", *v)

@@ -32,7 +32,7 @@ type Health struct {
 	LastStatusCode      int
 	PausedUntil         time.Time
 	ProbeOwner          string
-	P50MS, P95MS, P99MS int // 0 when unknown
+	P50MS, P95MS, P99MS float64 // 0 when unknown
 	SampleCount         int
 }
 

@@ -221,10 +221,10 @@ type Result struct {
 	Pause              time.Duration
 	LastError          string
 	StatusCode         int // 0 when there was no response
-	ResponseMS         int
+	ResponseMS         float64
 	Response           string // the start of the response body
 	At                 time.Time
-	CommitToDeliveryMS int // -1 when unknown
+	CommitToDeliveryMS float64 // -1 when unknown
 }
 
 const recordResultsSQL = `
@@ -242,13 +242,13 @@ UPDATE postbox.deliveries d SET
   delivered_at = CASE WHEN r.status = 'delivered' THEN r.at ELSE d.delivered_at END,
   commit_to_delivery_ms = CASE WHEN r.status = 'delivered' THEN nullif(r.c2d_ms, -1) ELSE d.commit_to_delivery_ms END,
   lease_owner = NULL, updated_at = now()
-FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::int4[], $8::text[], $9::timestamptz[], $10::int4[])
+FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::float4[], $8::text[], $9::timestamptz[], $10::float4[])
   AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms)
 WHERE d.id = ANY($1) AND d.id = r.id AND d.status = 'in_flight' AND d.lease_owner = $11`
 
 const insertSamplesSQL = `
 INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
-SELECT * FROM unnest($1::text[], $2::int4[], $3::int4[], $4::text[], $5::timestamptz[])`
+SELECT * FROM unnest($1::text[], $2::float4[], $3::int4[], $4::text[], $5::timestamptz[])`
 
 // HealthFunc computes an endpoint's new health from its current row (a
 // closed one when it has none) and the batch's results for it, in order.
@@ -272,18 +272,19 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result, ap
 	n := len(rs)
 	ids, statuses, delays := make([]int64, n), make([]string, n), make([]float64, n)
 	attempted, errs, codes := make([]bool, n), make([]string, n), make([]int32, n)
-	ms, bodies, ats, c2d := make([]int32, n), make([]string, n), make([]time.Time, n), make([]int32, n)
+	ms, bodies, ats, c2d := make([]float32, n), make([]string, n), make([]time.Time, n), make([]float32, n)
 	var sEp []string
-	var sMS, sCode []int32
+	var sMS []float32
+	var sCode []int32
 	var sOutcome []string
 	var sAt []time.Time
 	byEndpoint := map[string][]Result{}
 	for i, r := range rs {
 		ids[i], statuses[i], delays[i] = r.DeliveryID, r.Status, r.Delay.Seconds()
 		attempted[i], errs[i], codes[i] = r.Attempted, r.LastError, int32(r.StatusCode)
-		ms[i], bodies[i], ats[i], c2d[i] = int32(r.ResponseMS), r.Response, r.At, int32(r.CommitToDeliveryMS)
+		ms[i], bodies[i], ats[i], c2d[i] = float32(r.ResponseMS), r.Response, r.At, float32(r.CommitToDeliveryMS)
 		if r.Sampled {
-			sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, int32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, r.Status), append(sAt, r.At)
+			sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, float32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, r.Status), append(sAt, r.At)
 		}
 		if r.Sampled || r.Signal != SignalNone || r.Pause > 0 {
 			byEndpoint[r.Endpoint] = append(byEndpoint[r.Endpoint], r)

@@ -69,7 +69,7 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 
 // Firing returns the alerts that fire.
 func Firing(alerts []Alert) []Alert {
-	var out []Alert
+	out := []Alert{}
 	for _, a := range alerts {
 		if a.Firing {
 			out = append(out, a)

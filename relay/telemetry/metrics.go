@@ -137,12 +137,12 @@ func (m *Metrics) Recorded(r store.Result) {
 	ep := m.Label(r.Endpoint)
 	m.deliveries.WithLabelValues(ep, r.Status).Inc()
 	if r.Sampled {
-		m.attemptDuration.WithLabelValues(ep).Observe(float64(r.ResponseMS) / 1000)
+		m.attemptDuration.WithLabelValues(ep).Observe(r.ResponseMS / 1000)
 	}
 	switch r.Status {
 	case store.StatusDelivered:
 		if r.CommitToDeliveryMS >= 0 {
-			m.commitToDelivery.WithLabelValues(ep).Observe(float64(r.CommitToDeliveryMS) / 1000)
+			m.commitToDelivery.WithLabelValues(ep).Observe(r.CommitToDeliveryMS / 1000)
 		}
 	case store.StatusDeadLetter:
 		m.deadLetters.WithLabelValues(ep).Inc()

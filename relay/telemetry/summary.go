@@ -94,7 +94,7 @@ FROM (
 
 // LoadSummary reads the health summary (without alerts; see Evaluate).
 func LoadSummary(ctx context.Context, q store.Querier, slotName string) (Summary, error) {
-	var s Summary
+	s := Summary{Breakers: []Breaker{}, Alerts: []Alert{}}
 	var failedRetry, failedDead int64
 	err := q.QueryRow(ctx, SummarySQL).Scan(&s.Pending, &s.AwaitingRetry, &s.InFlight, &s.DeadLetter,
 		&s.DeliveredLastHour, &failedRetry, &failedDead, &s.OldestPending,

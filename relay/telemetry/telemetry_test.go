@@ -76,9 +76,19 @@ func TestPercentilesOverTheWindow(t *testing.T) {
 	require.Equal(t, 99.0, *e.P99MS)
 
 	require.NoError(t, telemetry.RefreshPercentiles(ctx, pool))
-	var p50, p95, p99, n int
+	var p50, p95, p99 float64
+	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT p50_ms, p95_ms, p99_ms, sample_count FROM postbox.endpoint_health WHERE endpoint = 'ep'`).Scan(&p50, &p95, &p99, &n))
-	require.Equal(t, []int{50, 95, 99, 100}, []int{p50, p95, p99, n})
+	require.Equal(t, []float64{50, 95, 99}, []float64{p50, p95, p99})
+	require.Equal(t, 100, n)
+
+	// A receiver on the same network answers within a millisecond: its
+	// percentiles keep their fraction rather than reading 0.
+	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome)
+		VALUES ('lan', 0.25, 200, 'delivered'), ('lan', 0.5, 200, 'delivered'), ('lan', 0.75, 200, 'delivered')`)
+	eps, err = telemetry.LoadEndpoints(ctx, pool, "lan")
+	require.NoError(t, err)
+	require.Equal(t, 0.5, *eps[0].P50MS)
 
 	s := &store.Store{Pool: pool}
 	purged, err := s.PurgeSamples(ctx, telemetry.Window)

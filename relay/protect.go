@@ -181,6 +181,10 @@ func (r *Relay) applyHealth(cur store.Health, rs []store.Result) store.Health {
 			next.LastSuccessAt = res.At
 		case store.SignalFailure:
 			b = b.Record(true, res.At, settings)
+		}
+		// Every failed attempt is the endpoint's latest failure, also one
+		// (a 401, a template error) that says nothing about its health.
+		if res.Attempted && res.Status != store.StatusDelivered {
 			next.LastFailureAt, next.LastError, next.LastStatusCode = res.At, res.LastError, res.StatusCode
 		}
 	}

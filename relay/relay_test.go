@@ -109,6 +109,14 @@ func TestPermanentStatusesDeadLetterAfterOneAttempt(t *testing.T) {
 		require.Equal(t, 1, d.Attempts)
 		require.Equal(t, code, d.LastStatus)
 		require.Equal(t, fmt.Sprintf("http %d", code), d.LastError)
+		// The endpoint shows its latest failure, though a 4xx leaves its
+		// breaker alone.
+		var state, lastErr string
+		var lastCode, streak int
+		require.NoError(t, tb.pool.QueryRow(context.Background(), `
+			SELECT state, coalesce(last_error, ''), coalesce(last_status_code, 0), consecutive_failures
+			FROM postbox.endpoint_health WHERE endpoint = $1`, fmt.Sprintf("ep%d", code)).Scan(&state, &lastErr, &lastCode, &streak))
+		require.Equal(t, []any{store.BreakerClosed, d.LastError, code, 0}, []any{state, lastErr, lastCode, streak})
 	}
 }
 

@@ -249,10 +249,7 @@ func demoReport(ctx context.Context, w io.Writer, pool *pgxpool.Pool) error {
 		return err
 	}
 	fmt.Fprintln(w, "$ postbox dead-letters analyze")
-	for _, a := range an {
-		fmt.Fprintf(w, "%s: %d dead letters, pattern %s\n  advice: %s\n", a.Endpoint, a.DeadCount, a.Pattern, a.Advice)
-	}
-	fmt.Fprintln(w)
+	printAnalysis(w, an)
 	return nil
 }
 

@@ -241,16 +241,7 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 			fmt.Fprintf(stdout, "no dead letters since %s\n", since.UTC().Format(time.RFC3339))
 			return exitOK
 		}
-		for _, a := range an {
-			code := "-"
-			if a.PrimaryStatusCode != nil {
-				code = fmt.Sprint(*a.PrimaryStatusCode)
-			}
-			fmt.Fprintf(stdout, "%s: %d dead letters, %s to %s, %.1f attempts on average\n", a.Endpoint, a.DeadCount,
-				a.FirstDead.UTC().Format(time.RFC3339), a.LastDead.UTC().Format(time.RFC3339), a.AvgAttempts)
-			fmt.Fprintf(stdout, "  most common: %s (status %s); at most %d in one hour\n", a.PrimaryError, code, a.MaxInOneHour)
-			fmt.Fprintf(stdout, "  pattern: %s\n  advice:  %s\n\n", a.Pattern, a.Advice)
-		}
+		printAnalysis(stdout, an)
 		return exitOK
 	}
 	dls, err := telemetry.ListDeadLetters(ctx, env.pool, *endpoint, since, *limit)
@@ -362,7 +353,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitOK
 	}
 	if *dryRun {
-		fmt.Fprintf(stdout, "dry run: would enqueue %d of %d selected events (%d already queued); nothing changed\n\n", len(items)-queued, len(items), queued)
+		fmt.Fprintf(stdout, "dry run: would enqueue %d of %s (%d already queued); nothing changed\n\n", len(items)-queued, plural(int64(len(items)), "selected event"), queued)
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "EVENT ID\tENDPOINT\tTYPE\tCOMMITTED\tLSN\tLAST STATUS")
 		for i, it := range items {
@@ -375,7 +366,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		_ = tw.Flush()
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "enqueued %d events for delivery with their original event ids (%d selected, %d already queued)\n", enqueued, len(items), queued)
+	fmt.Fprintf(stdout, "enqueued %s for delivery with their original event ids (%d selected, %d already queued)\n", plural(int64(enqueued), "event"), len(items), queued)
 	if *rate > 0 && enqueued > 0 {
 		fmt.Fprintf(stdout, "spread out at %g a second: the last falls due in %s\n", *rate, (time.Duration(float64(enqueued-1) / *rate * float64(time.Second))).Round(time.Second))
 	}
@@ -440,4 +431,24 @@ func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitFailure
 	}
 	return exitOK
+}
+
+func printAnalysis(w io.Writer, an []telemetry.Analysis) {
+	for _, a := range an {
+		code := "-"
+		if a.PrimaryStatusCode != nil {
+			code = fmt.Sprint(*a.PrimaryStatusCode)
+		}
+		fmt.Fprintf(w, "%s: %s, %s to %s, %.1f attempts on average\n", a.Endpoint, plural(a.DeadCount, "dead letter"),
+			a.FirstDead.UTC().Format(time.RFC3339), a.LastDead.UTC().Format(time.RFC3339), a.AvgAttempts)
+		fmt.Fprintf(w, "  most common: %s (status %s); at most %d in one hour\n", a.PrimaryError, code, a.MaxInOneHour)
+		fmt.Fprintf(w, "  pattern: %s\n  advice:  %s\n\n", a.Pattern, a.Advice)
+	}
+}
+
+func plural(n int64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

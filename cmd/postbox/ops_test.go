@@ -89,6 +89,15 @@ func TestReplayDeadLettersAndDryRun(t *testing.T) {
 		require.Equal(t, 2, n, "event %s: once refused, once replayed, with the same webhook-id", id)
 	}
 	require.Equal(t, 3, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE replay_of IS NOT NULL`))
+	// The dead letters replayed are dead letters no more, their history kept.
+	require.Equal(t, 3, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'replayed' AND last_status_code = 401`))
+	code, out, _ = postbox(t, "status", "--config", cfg, "--json", "--check")
+	require.Equal(t, exitOK, code, "no alert fires once the dead letters are replayed")
+	var st struct {
+		DeadLetter int `json:"dead_letter"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st))
+	require.Equal(t, 0, st.DeadLetter)
 
 	// Replaying again finds nothing dead any more.
 	code, out, _ = postbox(t, "replay", "--config", cfg, "--dead-letters", "--endpoint", "p")
@@ -159,7 +168,7 @@ func TestStatusCheckAndJSON(t *testing.T) {
 			Active bool `json:"active"`
 		} `json:"slot"`
 	}
-	code, out, _ = postbox(t, "status", "--config", cfg, "--json")
+	code, out, _ = postbox(t, "status", "--config", cfg, "--json", "--check")
 	require.Equal(t, exitOK, code)
 	require.NoError(t, json.Unmarshal([]byte(out), &s))
 	require.NotNil(t, s.Pending)

@@ -286,7 +286,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result, ap
 		if r.Sampled {
 			sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, float32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, r.Status), append(sAt, r.At)
 		}
-		if r.Sampled || r.Signal != SignalNone || r.Pause > 0 {
+		if r.Sampled || r.Attempted || r.Signal != SignalNone || r.Pause > 0 {
 			byEndpoint[r.Endpoint] = append(byEndpoint[r.Endpoint], r)
 		}
 	}

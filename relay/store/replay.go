@@ -118,16 +118,24 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 		if rate > 0 {
 			step = 1 / rate
 		}
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO postbox.deliveries (event_pk, endpoint, status, next_attempt_at, replay_of)
-			SELECT pk, endpoint, 'pending', now() + (ord - 1) * $4 * interval '1 second', nullif(last, 0)
-			FROM unnest($1::int8[], $2::text[], $3::int8[]) WITH ORDINALITY AS r(pk, endpoint, last, ord)
-			ON CONFLICT (event_pk) WHERE status IN ('pending', 'in_flight', 'failed') DO NOTHING`,
-			pks, endpoints, lastIDs, step)
+		// The dead letters replayed are superseded: no longer counted as
+		// dead letters, their history kept.
+		err = tx.QueryRow(ctx, `
+			WITH added AS (
+			  INSERT INTO postbox.deliveries (event_pk, endpoint, status, next_attempt_at, replay_of)
+			  SELECT pk, endpoint, 'pending', now() + (ord - 1) * $4 * interval '1 second', nullif(last, 0)
+			  FROM unnest($1::int8[], $2::text[], $3::int8[]) WITH ORDINALITY AS r(pk, endpoint, last, ord)
+			  ON CONFLICT (event_pk) WHERE status IN ('pending', 'in_flight', 'failed') DO NOTHING
+			  RETURNING replay_of
+			), superseded AS (
+			  UPDATE postbox.deliveries d SET status = 'replayed'
+			  FROM added WHERE d.id = added.replay_of AND d.status = 'dead_letter'
+			)
+			SELECT count(*) FROM added`,
+			pks, endpoints, lastIDs, step).Scan(&enqueued)
 		if err != nil {
 			return err
 		}
-		enqueued = int(tag.RowsAffected())
 		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
 		return err
 	})

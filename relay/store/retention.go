@@ -36,8 +36,8 @@ func (s *Store) PurgeSamples(ctx context.Context, window time.Duration) (int64, 
 		  WHERE measured_at < now() - $1 * interval '1 second' LIMIT $2))`, window.Seconds(), purgeBatch)
 }
 
-// PurgeDeliveries deletes delivered and dead-lettered deliveries older
-// than retention.
+// PurgeDeliveries deletes delivered, dead-lettered and replayed
+// deliveries older than retention.
 func (s *Store) PurgeDeliveries(ctx context.Context, retention time.Duration) (int64, error) {
 	n, err := s.purge(ctx, "delivered rows", `
 		DELETE FROM postbox.deliveries WHERE id IN (
@@ -52,7 +52,15 @@ func (s *Store) PurgeDeliveries(ctx context.Context, retention time.Duration) (i
 		  SELECT id FROM postbox.deliveries
 		  WHERE status = 'dead_letter' AND updated_at < now() - $1 * interval '1 second' LIMIT $2)`,
 		retention.Seconds(), purgeBatch)
-	return n + m, err
+	if err != nil {
+		return n + m, err
+	}
+	k, err := s.purge(ctx, "replayed dead letters", `
+		DELETE FROM postbox.deliveries WHERE id IN (
+		  SELECT id FROM postbox.deliveries
+		  WHERE status = 'replayed' AND updated_at < now() - $1 * interval '1 second' LIMIT $2)`,
+		retention.Seconds(), purgeBatch)
+	return n + m + k, err
 }
 
 // PurgeEvents deletes events ingested longer than retention ago that have

@@ -28,6 +28,9 @@ const (
 	StatusDelivered  = "delivered"
 	StatusFailed     = "failed"
 	StatusDeadLetter = "dead_letter"
+	// StatusReplayed is a dead letter a replay has superseded with a new
+	// delivery (whose replay_of points at it).
+	StatusReplayed = "replayed"
 	// StatusReleased is not stored: a result with it returns a claimed
 	// delivery to the queue without counting an attempt.
 	StatusReleased = "released"

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/store"
@@ -91,6 +92,7 @@ func LoadEndpoints(ctx context.Context, q store.Querier, endpoint string) ([]End
 			&e.LastSuccessAt, &e.LastFailureAt, &e.LastError, &e.LastStatusCode, &e.PausedUntil); err != nil {
 			return nil, fmt.Errorf("endpoint stats: %w", err)
 		}
+		roundMS(e.P50MS, e.P95MS, e.P99MS)
 		out = append(out, e)
 	}
 	return out, rows.Err()
@@ -138,7 +140,18 @@ func LoadStoredEndpoints(ctx context.Context, q store.Querier) ([]EndpointStats,
 			&e.LastSuccessAt, &e.LastFailureAt, &e.LastError, &e.LastStatusCode, &e.PausedUntil); err != nil {
 			return nil, fmt.Errorf("endpoint health: %w", err)
 		}
+		roundMS(e.P50MS, e.P95MS, e.P99MS)
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// roundMS rounds durations to the microsecond: stored as real, they come
+// back with digits of float noise that no reader wants.
+func roundMS(vs ...*float64) {
+	for _, v := range vs {
+		if v != nil {
+			*v = math.Round(*v*1000) / 1000
+		}
+	}
 }

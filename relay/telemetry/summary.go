@@ -103,6 +103,7 @@ func LoadSummary(ctx context.Context, q store.Querier, slotName string) (Summary
 		return s, fmt.Errorf("health summary: %w", err)
 	}
 	s.FailedLastHour, s.DeadLettersLastHour = failedRetry+failedDead, failedDead
+	roundMS(s.AvgDeliveryMSLastHour, s.CommitToDeliveryP50MS, s.CommitToDeliveryP99MS)
 	if s.OldestPending != nil {
 		age := s.At.Sub(*s.OldestPending).Seconds()
 		s.OldestPendingAgeSeconds = &age

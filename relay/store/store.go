@@ -62,6 +62,10 @@ func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, err
 	// nested loop) would turn a 1 ms statement into seconds. Plan each
 	// execution for the table as it is.
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	// The same stale statistics can put a claim's estimate past
+	// jit_above_cost, and compiling it then costs 40 ms of a 5 ms query, on
+	// every claim. postbox's statements are short; JIT never pays for them.
+	cfg.ConnConfig.RuntimeParams["jit"] = "off"
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}

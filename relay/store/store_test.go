@@ -179,3 +179,13 @@ func TestReleaseAbandonedReturnsADeadInstancesClaims(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n, "only the dead instance's claims return")
 }
+
+// TestSessionSettings: the pool plans every execution afresh and never
+// JIT-compiles, whatever the server's defaults (see Open).
+func TestSessionSettings(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	var planCache, jit string
+	require.NoError(t, s.Pool.QueryRow(context.Background(), `SELECT current_setting('plan_cache_mode'), current_setting('jit')`).Scan(&planCache, &jit))
+	require.Equal(t, []string{"force_custom_plan", "off"}, []string{planCache, jit})
+}

@@ -92,8 +92,8 @@ picked AS (
 )
 UPDATE postbox.deliveries d
 SET status = 'in_flight', lease_owner = $5, updated_at = now()
-FROM picked, postbox.events e
-WHERE d.id = picked.id AND e.id = d.event_pk
+FROM postbox.events e
+WHERE d.id = ANY(ARRAY(SELECT id FROM picked)) AND e.id = d.event_pk -- by primary key, whatever the statistics say
 RETURNING ` + claimedColumns
 
 // claimOrderedSQL claims, for each ordered endpoint, its oldest live

@@ -289,7 +289,7 @@ type ingester struct {
 
 	conn   *store.IngestConn
 	tx     *dispatch.Ingest // the open transaction's handle
-	ids    []int64          // outbox rows written in the open transaction
+	rows   int              // outbox rows written in the open transaction
 	queued map[string]bool  // endpoints with pending rows in it
 }
 
@@ -369,13 +369,11 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	cfg := r.cfg.Load()
 	var evs []store.NewEvent
 	var reserved []bool
+	var ids []int64
 	for _, c := range chunks {
 		for _, row := range c.Rows {
 			ev, res := r.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true)
 			evs, reserved = append(evs, ev), append(reserved, res)
-			if row.OutboxID != 0 {
-				ing.ids = append(ing.ids, row.OutboxID)
-			}
 		}
 	}
 	for len(evs) > 0 {
@@ -384,7 +382,17 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 			ing.tx = dispatch.NewIngest()
 			ing.queued = map[string]bool{}
 		}
-		got, err := ing.conn.Insert(ctx, evs[:n])
+		// Ingested outbox rows go in the same transaction, chunk by chunk,
+		// so nothing about a transaction grows with its size.
+		ids = ids[:0]
+		if cfg.OutboxRetention.D() == 0 {
+			for _, ev := range evs[:n] {
+				if ev.OutboxID != 0 {
+					ids = append(ids, ev.OutboxID)
+				}
+			}
+		}
+		got, err := ing.conn.Insert(ctx, evs[:n], ids)
 		if err != nil {
 			for i, ok := range reserved {
 				if ok {
@@ -394,6 +402,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 			return fmt.Errorf("ingest: %w", err)
 		}
 		r.afterInsert(evs[:n], reserved[:n], got, ing.tx, ing.queued)
+		ing.rows += n
 		evs, reserved = evs[n:], reserved[n:]
 	}
 	if !commit {
@@ -404,20 +413,16 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		r.advanceDurable(end) // empty transactions: nothing to write
 		return nil
 	}
-	var del []int64
-	if cfg.OutboxRetention.D() == 0 {
-		del = ing.ids
-	}
 	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
-	err := ing.conn.Commit(ctx, end, del, len(ing.queued) > 0)
+	err := ing.conn.Commit(ctx, end, len(ing.queued) > 0)
 	if store.IsFenced(err) {
 		return err
 	}
-	if len(ing.ids) >= 1000 {
-		r.log.Debug().Int("rows", len(ing.ids)).Stringer("lsn", end).Msg("ingested a large transaction")
+	if ing.rows >= 1000 {
+		r.log.Debug().Int("rows", ing.rows).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
 	tx, queued := ing.tx, ing.queued
-	ing.tx, ing.ids, ing.queued = nil, nil, nil
+	ing.tx, ing.rows, ing.queued = nil, 0, nil
 	tx.Finish(err)
 	if err != nil {
 		return fmt.Errorf("ingest: %w", err)
@@ -539,12 +544,12 @@ func (r *Relay) reconcile(ctx context.Context, snapshot string) error {
 				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt}, 0, time.Time{}, false)
 			ids[i] = o.ID
 		}
-		got, err := conn.Insert(ctx, evs)
+		if cfg.OutboxRetention.D() > 0 {
+			ids = nil
+		}
+		got, err := conn.Insert(ctx, evs, ids)
 		if err == nil {
-			if cfg.OutboxRetention.D() > 0 {
-				ids = nil
-			}
-			err = conn.Commit(ctx, 0, ids, len(got) > 0)
+			err = conn.Commit(ctx, 0, len(got) > 0)
 		}
 		if err != nil {
 			conn.Rollback(ctx)

@@ -148,15 +148,19 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 func (ic *IngestConn) InTx() bool { return ic.inTx }
 
 // Insert writes events (deduplicated by event id and endpoint) in the open
-// transaction, opening one if needed. The returned deliveries exist once
-// Commit succeeds.
-func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent) ([]Ingested, error) {
+// transaction, opening one if needed, and deletes the outbox rows
+// outboxIDs in it, so a transaction of any size needs no list of its rows
+// until the commit. The returned deliveries exist once Commit succeeds.
+func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, outboxIDs []int64) ([]Ingested, error) {
 	evs, orig := dedupe(evs)
 	b := &pgx.Batch{}
 	if !ic.inTx {
 		b.Queue("BEGIN")
 	}
 	b.Queue(insertEventsSQL, insertEventsArgs(ic.owner, evs)...)
+	if len(outboxIDs) > 0 {
+		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
+	}
 	br := ic.conn.SendBatch(ctx, b)
 	if !ic.inTx {
 		if _, err := br.Exec(); err != nil {
@@ -189,6 +193,12 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent) ([]Ingested, e
 	if err := rows.Err(); err != nil {
 		_ = br.Close()
 		return nil, fmt.Errorf("insert events: %w", err)
+	}
+	if len(outboxIDs) > 0 {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("delete ingested outbox rows: %w", err)
+		}
 	}
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("insert events: %w", err)
@@ -226,11 +236,10 @@ func dedupe(evs []NewEvent) (kept []NewEvent, orig []int) {
 	return kept, orig
 }
 
-// Commit stores the checkpoint (when lsn is not zero), deletes the given
-// outbox rows, and commits; with notify, it wakes every instance's
+// Commit stores the checkpoint (when lsn is not zero) and commits; with notify, it wakes every instance's
 // claimer as it commits (rows were queued). Without an open transaction it
 // stores only the checkpoint.
-func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, outboxIDs []int64, notify bool) error {
+func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, notify bool) error {
 	b := &pgx.Batch{}
 	if !ic.inTx && lsn == 0 {
 		return nil
@@ -240,9 +249,6 @@ func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, outboxIDs [
 	}
 	if lsn != 0 {
 		b.Queue(`SELECT postbox.save_checkpoint($1, $2::pg_lsn, $3, $4, $5)`, ic.s.Slot, lsn.String(), ic.lead.Token, ic.systemID, ic.timeline)
-	}
-	if len(outboxIDs) > 0 {
-		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
 	}
 	if ic.inTx {
 		b.Queue("COMMIT")

@@ -41,9 +41,9 @@ func queue(t *testing.T, s *store.Store, endpoint string, n int) {
 		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
 			CreatedAt: "2026-01-01 00:00:00+00", Status: store.StatusPending}
 	}
-	_, err = ic.Insert(ctx, evs)
+	_, err = ic.Insert(ctx, evs, nil)
 	require.NoError(t, err)
-	require.NoError(t, ic.Commit(ctx, 0, nil, false))
+	require.NoError(t, ic.Commit(ctx, 0, false))
 }
 
 func count(claimed []store.Claimed) map[string]int {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -209,7 +210,9 @@ func runBench(ctx context.Context, o benchOptions, log io.Writer) (*benchResult,
 	}
 	defer os.RemoveAll(dir)
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: warn\nendpoints:\n", dbURL)
+	// Deliveries are signed, as in production: the cost is part of the figures.
+	fmt.Fprintf(&b, "database_url: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: warn\n", dbURL)
+	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\nendpoints:\n", outbox.NewSecret())
 	for i := range o.endpoints {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, env.recv.URL, i)
 	}

@@ -45,7 +45,7 @@ func (r *Relay) streamLoop(ctx context.Context) {
 			standby = true
 			continue
 		case errors.Is(err, wal.ErrSlotMissing):
-			r.log.Error().Err(err).Msg("REPLICATION SLOT LOST: it was dropped; recreating it and reconciling the outbox table")
+			r.log.Error().Err(err).Msg("REPLICATION SLOT LOST: dropped, or this server is a promoted standby without it; recreating it and reconciling the outbox table")
 			continue
 		case errors.Is(err, wal.ErrSlotInvalidated):
 			r.log.Error().Err(err).Msg("REPLICATION SLOT INVALIDATED (max_slot_wal_keep_size exceeded?): recreating it and reconciling the outbox table")
@@ -157,9 +157,11 @@ func (r *Relay) streamOnce(ctx context.Context) error {
 		}
 		if created {
 			if cp.LSN != 0 {
-				// postbox streamed from this slot before: it was dropped.
+				// postbox streamed from this slot before: it was dropped,
+				// or this is a promoted standby, which (before PostgreSQL
+				// 17's failover slots) has none.
 				r.log.Error().Str("slot", cfg.Slot).Stringer("last_checkpoint", cp.LSN).
-					Msg("REPLICATION SLOT LOST: it was dropped; recreated it, and reconciling the outbox table for what was written meanwhile")
+					Msg("REPLICATION SLOT LOST: dropped, or this server is a promoted standby without it; recreated it, and reconciling the outbox table for what was written meanwhile")
 			} else {
 				r.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
 			}

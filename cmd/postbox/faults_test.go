@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -283,8 +284,8 @@ func TestSlotInvalidated(t *testing.T) {
 // or NAT box that lost its state.
 type freezer struct {
 	ln      net.Listener
-	target  string
 	mu      sync.Mutex
+	target  string
 	repl    []chan struct{} // closed to freeze a replication connection
 	handled atomic.Int64
 }
@@ -310,7 +311,10 @@ func (f *freezer) serve() {
 
 func (f *freezer) handle(client net.Conn) {
 	defer client.Close()
-	server, err := net.Dial("tcp", f.target)
+	f.mu.Lock()
+	target := f.target
+	f.mu.Unlock()
+	server, err := net.Dial("tcp", target)
 	if err != nil {
 		return
 	}
@@ -365,8 +369,22 @@ func (f *freezer) handle(client net.Conn) {
 			}
 		}
 	}
-	go pipe(server, client)
+	// Either side closing closes both, as a proxy does: a server whose
+	// client went away must see its connection end.
+	go func() {
+		pipe(server, client)
+		server.Close()
+		client.Close()
+	}()
 	pipe(client, server)
+}
+
+// retarget sends new connections to addr, as a virtual IP or DNS name
+// moves to a new primary in a failover.
+func (f *freezer) retarget(addr string) {
+	f.mu.Lock()
+	f.target = addr
+	f.mu.Unlock()
 }
 
 // freezeReplication freezes every replication connection open now.
@@ -525,6 +543,84 @@ func TestServerChangeIsNotTrusted(t *testing.T) {
 	require.NoError(t, err)
 	waitForT(t, 30*time.Second, "the second delivery", func() bool { d, _, _ := rc.snapshot(); return d == 2 })
 	second.waitLog(t, 10*time.Second, "the database server changed")
+}
+
+// TestFailoverToAPromotedStandby runs the relays and the application
+// against a primary with a synchronous physical standby, through an address
+// that moves (a proxy standing in for a virtual IP). Under load the
+// primary crashes, the standby is promoted (a new timeline, and no
+// replication slot: slots are not replicated before PostgreSQL 17) and the
+// address moves to it. The relays reconnect, recreate the slot, distrust
+// the old checkpoint, reconcile from the outbox table, and deliver every
+// event whose commit the application saw.
+func TestFailoverToAPromotedStandby(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary, err := pgtest.Start(ctx, pgtest.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = primary.Stop() })
+	standby, err := primary.StartStandby(ctx, "standby1")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = standby.Stop() })
+	// Synchronous replication: a commit the application saw is on the
+	// standby, so the failover loses no committed row.
+	admin, err := pgx.Connect(ctx, primary.URL("postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'standby1'`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "the standby to be synchronous", func() bool {
+		var n int
+		_ = admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = 'standby1' AND sync_state = 'sync'`).Scan(&n)
+		return n == 1
+	})
+	admin.Close(ctx)
+
+	dbURL, err := primary.CreateDatabase(ctx, "failover")
+	require.NoError(t, err)
+	address := func(u string) string { return strings.Split(strings.SplitN(u, "@", 2)[1], "/")[0] }
+	vip := newFreezer(t, address(dbURL))
+	proxied := strings.Replace(dbURL, address(dbURL), vip.ln.Addr().String(), 1)
+	pool := newPool(t, proxied)
+	rc := newCounter(t)
+	cfg := writeConfig(t, proxied, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	a := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	b := startPostbox(t, nil, "run", "--config", cfg)
+	prod := produce(t, pool, "p", 10*time.Millisecond)
+	time.Sleep(2 * time.Second)
+
+	require.NoError(t, primary.Kill(pgtest.Immediate))
+	crashed := time.Now()
+	require.NoError(t, standby.Promote(ctx))
+	vip.retarget(address(standby.URL("postgres")))
+	waitStreaming(t, pool)
+	recovered := time.Since(crashed)
+	time.Sleep(2 * time.Second)
+	prod.finish()
+	sent := prod.ids()
+	res := waitAllReceived(t, sent, rc, 120*time.Second)
+	// Inserts whose commit the application never saw acknowledged may
+	// have committed too: every event in postbox.events is delivered.
+	var inEvents []string
+	rows, err := pool.Query(ctx, `SELECT event_id::text FROM postbox.events`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		inEvents = append(inEvents, id)
+	}
+	require.NoError(t, rows.Err())
+	waitAllReceived(t, inEvents, rc, 60*time.Second)
+	waitForT(t, 60*time.Second, "nothing left un-ingested", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.outbox`) == 0
+	})
+	logs := a.out.String() + b.out.String()
+	require.Contains(t, logs, "REPLICATION SLOT LOST")
+	require.Contains(t, logs, "timeline changed")
+	t.Logf("failover to a promoted standby: streaming again %s after the crash; sent %d (%d inserts failed meanwhile), received %d distinct, %d duplicated",
+		recovered.Round(time.Millisecond), res.sent, prod.failed.Load(), res.received, res.duplicated)
 }
 
 // TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP):

@@ -59,11 +59,11 @@ type Cluster struct {
 	external bool
 
 	// started clusters only
-	bindir string
-	dir    string
-	port   int
-	args   []string
-	cred   *syscall.Credential
+	bindir   string
+	dir      string
+	port     int
+	settings map[string]string // postgresql.conf settings, passed as -c
+	cred     *syscall.Credential
 
 	mu      sync.Mutex
 	proc    *os.Process
@@ -77,6 +77,43 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	c, err := newCluster(bindir)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.initdb(ctx); err != nil {
+		_ = os.RemoveAll(c.dir)
+		return nil, err
+	}
+	c.settings = map[string]string{
+		"wal_level":             "logical",
+		"max_wal_senders":       "64",
+		"max_replication_slots": "64",
+		"max_connections":       "400",
+		"shared_buffers":        "128MB",
+		"fsync":                 "off",
+		"synchronous_commit":    "on",
+		"full_page_writes":      "off",
+		"log_min_messages":      "warning",
+		"max_wal_size":          "2GB",
+	}
+	if opts.Fsync {
+		c.settings["fsync"] = "on"
+		c.settings["full_page_writes"] = "on"
+	}
+	for k, v := range opts.Settings {
+		c.settings[k] = v
+	}
+	if err := c.startServer(ctx); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// newCluster makes the directory of a cluster to be started and picks its
+// port.
+func newCluster(bindir string) (*Cluster, error) {
 	dir, err := os.MkdirTemp("", "postbox-pg-")
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: create directory: %w", err)
@@ -94,59 +131,94 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("pgtest: chown %s: %w", dir, err)
 		}
 	}
-	if err := c.initdb(ctx); err != nil {
+	if c.port, err = freePort(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	port, err := freePort()
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	c.port = port
 	c.base = &url.URL{
 		Scheme:   "postgres",
 		User:     url.User("postgres"),
-		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
 		Path:     "/postgres",
 		RawQuery: "sslmode=disable",
 	}
-	settings := map[string]string{
-		"listen_addresses":        "127.0.0.1",
-		"port":                    strconv.Itoa(port),
-		"unix_socket_directories": dir,
-		"wal_level":               "logical",
-		"max_wal_senders":         "64",
-		"max_replication_slots":   "64",
-		"max_connections":         "400",
-		"shared_buffers":          "128MB",
-		"fsync":                   "off",
-		"synchronous_commit":      "on",
-		"full_page_writes":        "off",
-		"log_min_messages":        "warning",
-		"max_wal_size":            "2GB",
+	return c, nil
+}
+
+// args are the server's command line: its data directory, and its
+// settings with this cluster's address.
+func (c *Cluster) args() []string {
+	set := map[string]string{}
+	for k, v := range c.settings {
+		set[k] = v
 	}
-	if opts.Fsync {
-		settings["fsync"] = "on"
-		settings["full_page_writes"] = "on"
-	}
-	for k, v := range opts.Settings {
-		settings[k] = v
-	}
-	keys := make([]string, 0, len(settings))
-	for k := range settings {
+	set["listen_addresses"] = "127.0.0.1"
+	set["port"] = strconv.Itoa(c.port)
+	set["unix_socket_directories"] = c.dir
+	keys := make([]string, 0, len(set))
+	for k := range set {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	c.args = []string{"-D", filepath.Join(dir, "data")}
+	args := []string{"-D", filepath.Join(c.dir, "data")}
 	for _, k := range keys {
-		c.args = append(c.args, "-c", k+"="+settings[k])
+		args = append(args, "-c", k+"="+set[k])
 	}
-	if err := c.startServer(ctx); err != nil {
-		_ = c.Stop()
+	return args
+}
+
+// StartStandby takes a base backup of c and starts it as c's streaming
+// standby (a physical replica, as a high-availability setup has), on its
+// own port and directory. Its walreceiver connects with application_name
+// name, so c can make it synchronous. The backup has none of c's
+// replication slots, as on PostgreSQL before 17 a promoted standby has
+// none.
+func (c *Cluster) StartStandby(ctx context.Context, name string) (*Cluster, error) {
+	if c.external {
+		return nil, errors.New("pgtest: cannot make a standby of an external server")
+	}
+	s, err := newCluster(c.bindir)
+	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, "pg_basebackup"),
+		"-D", filepath.Join(s.dir, "data"), "-d", c.base.String(),
+		"--write-recovery-conf", "--wal-method=stream", "--checkpoint=fast", "--no-sync")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	cmd.Dir = s.dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		_ = os.RemoveAll(s.dir)
+		return nil, fmt.Errorf("pgtest: pg_basebackup: %w\n%s", err, out)
+	}
+	s.settings = map[string]string{"cluster_name": name, "hot_standby": "on"}
+	for k, v := range c.settings {
+		if _, ok := s.settings[k]; !ok {
+			s.settings[k] = v
+		}
+	}
+	if err := s.startServer(ctx); err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Promote ends a standby's recovery: it becomes a primary, on a new
+// timeline, as a failover does.
+func (c *Cluster) Promote(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.base.String())
+	if err != nil {
+		return fmt.Errorf("pgtest: connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&ok); err != nil {
+		return fmt.Errorf("pgtest: promote: %w", err)
+	}
+	if !ok {
+		return errors.New("pgtest: promote: not promoted within 60 s")
+	}
+	return nil
 }
 
 // Open returns a Cluster for an existing server at rawURL (a superuser's
@@ -313,7 +385,7 @@ func (c *Cluster) startServer(ctx context.Context) error {
 		defer runtime.UnlockOSThread()
 		defer close(exited)
 		defer logFile.Close()
-		cmd := exec.Command(filepath.Join(c.bindir, "postgres"), c.args...)
+		cmd := exec.Command(filepath.Join(c.bindir, "postgres"), c.args()...)
 		cmd.Stdout, cmd.Stderr = logFile, logFile
 		cmd.Dir = c.dir
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}

@@ -33,6 +33,7 @@ type benchOptions struct {
 	endpoints int
 	duration  time.Duration
 	backlog   int
+	producers int
 	json      bool
 }
 
@@ -40,11 +41,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var o benchOptions
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.scenarios, "scenario", "latency,catchup", "comma-separated: latency, hanging, failing, catchup")
+	fs.StringVar(&o.scenarios, "scenario", "latency,catchup", "comma-separated: latency, hanging, failing, catchup, load")
 	fs.IntVar(&o.rate, "rate", 200, "latency: events per second")
 	fs.IntVar(&o.endpoints, "endpoints", 10, "number of endpoints")
 	fs.DurationVar(&o.duration, "duration", 20*time.Second, "latency: how long to produce")
 	fs.IntVar(&o.backlog, "backlog", 100000, "catchup: events queued while the relay is down")
+	fs.IntVar(&o.producers, "producers", 8, "load: concurrent producers inserting as fast as they can")
 	fs.BoolVar(&o.json, "json", false, "print one JSON document")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -71,6 +73,25 @@ type benchResult struct {
 	Hanging *latencyResult `json:"latency_with_hanging_endpoint,omitempty"`
 	Failing *failingResult `json:"failing_endpoint,omitempty"`
 	Catchup *catchupResult `json:"catchup,omitempty"`
+	Load    *loadResult    `json:"load,omitempty"`
+}
+
+type loadResult struct {
+	Producers      int     `json:"producers"`
+	Endpoints      int     `json:"endpoints"`
+	Seconds        float64 `json:"seconds"`
+	BaselinePerS   float64 `json:"inserts_per_s_without_relay"`
+	InsertsPerS    float64 `json:"inserts_per_s"`
+	DeliveriesPerS float64 `json:"deliveries_per_s"`
+	MaxLag         int     `json:"max_lag_events"`
+	LagAtEnd       int     `json:"lag_at_end_events"`
+	DrainSeconds   float64 `json:"drain_seconds_after_load"`
+	P50ms          float64 `json:"p50_ms"`
+	P99ms          float64 `json:"p99_ms"`
+	Sent           int     `json:"sent"`
+	Lost           int     `json:"lost"`
+	Dups           int     `json:"duplicates"`
+	RSSMB          float64 `json:"relay_peak_rss_mb"`
 }
 
 type failingResult struct {
@@ -241,6 +262,10 @@ func runBench(ctx context.Context, o benchOptions, log io.Writer) (*benchResult,
 			if res.Catchup, err = env.catchup(ctx, o); err != nil {
 				return nil, err
 			}
+		case "load":
+			if res.Load, err = env.load(ctx, o); err != nil {
+				return nil, err
+			}
 		default:
 			return nil, fmt.Errorf("unknown scenario %q", s)
 		}
@@ -364,6 +389,34 @@ func (e *benchEnv) latency(ctx context.Context, o benchOptions, hanging bool) (*
 	}
 	rss := e.stopRelay()
 	first, dups := e.recv.snapshot()
+	lat, err := e.latencies(ctx, first)
+	if err != nil {
+		return nil, err
+	}
+	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples`)
+	return &latencyResult{
+		Rate: o.rate, Endpoints: o.endpoints, Hanging: hanging, Sent: int(sent.Load()), Received: len(first),
+		Lost: int(sent.Load()) - len(first), Dups: dups,
+		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
+		RSSMB: rss,
+	}, nil
+}
+
+// ensureSchema has the relay create its schema and slot, once.
+func (e *benchEnv) ensureSchema(ctx context.Context) error {
+	if e.relay != nil {
+		return nil
+	}
+	if err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	e.stopRelay()
+	return nil
+}
+
+// latencies are the commit → first arrival times, in milliseconds and
+// sorted, of the events the receiver got.
+func (e *benchEnv) latencies(ctx context.Context, first map[string]time.Time) ([]float64, error) {
 	rows, err := e.pool.Query(ctx, `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL`)
 	if err != nil {
 		return nil, err
@@ -382,14 +435,92 @@ func (e *benchEnv) latency(ctx context.Context, o benchOptions, hanging bool) (*
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples`)
 	sort.Float64s(lat)
-	return &latencyResult{
-		Rate: o.rate, Endpoints: o.endpoints, Hanging: hanging, Sent: int(sent.Load()), Received: len(first),
-		Lost: int(sent.Load()) - len(first), Dups: dups,
-		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		RSSMB: rss,
-	}, nil
+	return lat, nil
+}
+
+// insertFlat inserts single-row transactions into table from o.producers
+// connections as fast as they commit, for d; it returns how many
+// committed, and calls each (if not nil) after every commit.
+func (e *benchEnv) insertFlat(ctx context.Context, o benchOptions, table string, d time.Duration, each func()) int {
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for w := range o.producers {
+		wg.Go(func() {
+			for i := w; time.Now().Before(stop); i += o.producers {
+				_, err := e.pool.Exec(ctx, `INSERT INTO `+table+` (endpoint, payload) VALUES ($1, $2)`,
+					fmt.Sprintf("ep-%d", i%o.endpoints), fmt.Sprintf(`{"i":%d,"click_id":"clk_%d","payout":"1.00"}`, i, i))
+				if err != nil {
+					continue
+				}
+				sent.Add(1)
+				if each != nil {
+					each()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return int(sent.Load())
+}
+
+// load inserts as fast as o.producers producers can while the relay runs,
+// and samples the lag (committed but not yet received) every second: it
+// must stay bounded. A run into an unpublished copy of the outbox first
+// gives the machine's insert rate without the relay.
+func (e *benchEnv) load(ctx context.Context, o benchOptions) (*loadResult, error) {
+	e.recv.reset()
+	res := &loadResult{Producers: o.producers, Endpoints: o.endpoints, Seconds: o.duration.Seconds()}
+	if err := e.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(e.log, "bench: load, %d producers inserting for %s without the relay, then with it\n", o.producers, o.duration)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.bench_baseline (LIKE postbox.outbox INCLUDING ALL)`); err != nil {
+		return nil, err
+	}
+	res.BaselinePerS = float64(e.insertFlat(ctx, o, "public.bench_baseline", o.duration, nil)) / o.duration.Seconds()
+	_, _ = e.pool.Exec(ctx, `DROP TABLE public.bench_baseline`)
+	if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.waitCaughtUp(ctx); err != nil {
+		return nil, err
+	}
+	var committed atomic.Int64
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for range int(o.duration / time.Second) {
+			<-tick.C
+			res.MaxLag = max(res.MaxLag, int(committed.Load())-e.recv.distinct())
+		}
+	}()
+	start := time.Now()
+	sent := e.insertFlat(ctx, o, "postbox.outbox", o.duration, func() { committed.Add(1) })
+	loadEnd := time.Now()
+	<-sampled
+	res.Sent = sent
+	res.LagAtEnd = sent - e.recv.distinct()
+	res.InsertsPerS = float64(sent) / loadEnd.Sub(start).Seconds()
+	res.DeliveriesPerS = float64(e.recv.distinct()) / loadEnd.Sub(start).Seconds()
+	deadline := time.Now().Add(5 * time.Minute)
+	for e.recv.distinct() < sent && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	res.DrainSeconds = time.Since(loadEnd).Seconds()
+	res.RSSMB = e.stopRelay()
+	first, dups := e.recv.snapshot()
+	lat, err := e.latencies(ctx, first)
+	if err != nil {
+		return nil, err
+	}
+	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
+	res.Lost, res.Dups = sent-len(first), dups
+	_, _ = e.pool.Exec(ctx, `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples`)
+	return res, nil
 }
 
 // failing queues 200 events for an endpoint that answers only 500 and
@@ -414,12 +545,8 @@ func (e *benchEnv) failing(ctx context.Context) (*failingResult, error) {
 
 func (e *benchEnv) catchup(ctx context.Context, o benchOptions) (*catchupResult, error) {
 	e.recv.reset()
-	// The relay must have created its schema and slot once.
-	if e.relay == nil {
-		if err := e.startRelay(ctx); err != nil {
-			return nil, err
-		}
-		e.stopRelay()
+	if err := e.ensureSchema(ctx); err != nil {
+		return nil, err
 	}
 	fmt.Fprintf(e.log, "bench: catch-up, queueing %d events while the relay is down\n", o.backlog)
 	for done := 0; done < o.backlog; done += 1000 {
@@ -509,6 +636,12 @@ func printBench(w io.Writer, r *benchResult) {
 	if f := r.Failing; f != nil {
 		fmt.Fprintf(w, "\nan endpoint answering only 500, %d events queued for it:\n", f.Queued)
 		fmt.Fprintf(w, "  %d requests in %.0f s (breaker %s after %d consecutive failures)\n", f.Requests, f.Seconds, f.State, f.Threshold)
+	}
+	if l := r.Load; l != nil {
+		fmt.Fprintf(w, "\n%d producers inserting single-row transactions as fast as they commit, for %.0f s, over %d endpoints:\n", l.Producers, l.Seconds, l.Endpoints)
+		fmt.Fprintf(w, "  inserts %.0f/s with the relay running (%.0f/s without it); deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.BaselinePerS, l.DeliveriesPerS)
+		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
+		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms; sent %d, lost %d, duplicates %d; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, l.Sent, l.Lost, l.Dups, l.RSSMB)
 	}
 	if c := r.Catchup; c != nil {
 		fmt.Fprintf(w, "\ncatch-up of a %d-event backlog over %d endpoints:\n", c.Backlog, c.Endpoints)

@@ -16,7 +16,7 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-func setup(t *testing.T) *store.Store {
+func setup(t testing.TB) *store.Store {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 4)
@@ -30,7 +30,7 @@ func setup(t *testing.T) *store.Store {
 }
 
 // queue ingests n pending deliveries for endpoint.
-func queue(t *testing.T, s *store.Store, endpoint string, n int) {
+func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 	t.Helper()
 	ctx := context.Background()
 	ic, err := s.AcquireIngest(ctx, "me")

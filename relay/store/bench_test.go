@@ -1,0 +1,74 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/store"
+)
+
+// BenchmarkIngest writes batches of events and their checkpoint in one
+// transaction each, as the ingester does for each group of commits.
+func BenchmarkIngest(b *testing.B) {
+	for _, n := range []int{1, 100, 2000} {
+		b.Run(fmt.Sprintf("rows=%d", n), func(b *testing.B) {
+			s := setup(b)
+			ctx := context.Background()
+			ic, err := s.AcquireIngest(ctx, "me")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ic.Release()
+			payload := []byte(`{"click_id":"clk_7Hq2","payout":"12.50","currency":"EUR"}`)
+			evs := make([]store.NewEvent, n)
+			b.ResetTimer()
+			for b.Loop() {
+				for i := range evs {
+					evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
+						CreatedAt: "2026-01-01 00:00:00+00", Status: store.StatusPending}
+				}
+				if _, err := ic.Insert(ctx, evs, nil); err != nil {
+					b.Fatal(err)
+				}
+				if err := ic.Commit(ctx, 0, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// BenchmarkClaimAndRecord claims a batch of 100 queued deliveries across
+// ten endpoints and records them delivered: the queue's round trip per
+// batch when the relay catches up.
+func BenchmarkClaimAndRecord(b *testing.B) {
+	s := setup(b)
+	ctx := context.Background()
+	apply := func(cur store.Health, _ []store.Result) store.Health { return cur }
+	b.ResetTimer()
+	for b.Loop() {
+		b.StopTimer()
+		for i := range 10 {
+			queue(b, s, fmt.Sprintf("ep-%d", i), 10)
+		}
+		b.StartTimer()
+		claimed, err := s.Claim(ctx, "me", 10, nil, 100, nil)
+		if err != nil || len(claimed) != 100 {
+			b.Fatalf("claimed %d: %v", len(claimed), err)
+		}
+		rs := make([]store.Result, len(claimed))
+		for i, c := range claimed {
+			rs[i] = store.Result{DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Status: store.StatusDelivered,
+				Attempted: true, Sampled: true, Signal: store.SignalSuccess, StatusCode: 204, ResponseMS: 1.2,
+				At: time.Now(), CommitToDeliveryMS: -1}
+		}
+		if _, err := s.RecordResults(ctx, "me", rs, apply); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(100*b.N)/b.Elapsed().Seconds(), "deliveries/s")
+}

@@ -102,6 +102,11 @@ func (r *Relay) upkeep(ctx context.Context) error {
 	} else if n > 0 {
 		r.log.Debug().Int64("rows", n).Msg("purged latency samples")
 	}
+	if n, err := r.store.PurgeHistograms(ctx, telemetry.Window); err != nil {
+		errs = append(errs, err)
+	} else if n > 0 {
+		r.log.Debug().Int64("rows", n).Msg("purged latency histograms")
+	}
 	if n, err := r.store.PurgeDeliveries(ctx, cfg.DeliveryRetention.D()); err != nil {
 		errs = append(errs, err)
 	} else if n > 0 {

@@ -36,6 +36,15 @@ func (s *Store) PurgeSamples(ctx context.Context, window time.Duration) (int64, 
 		  WHERE measured_at < now() - $1 * interval '1 second' LIMIT $2))`, window.Seconds(), purgeBatch)
 }
 
+// PurgeHistograms deletes the latency histograms' bins that end before
+// the window.
+func (s *Store) PurgeHistograms(ctx context.Context, window time.Duration) (int64, error) {
+	return s.purge(ctx, "latency histograms", `
+		DELETE FROM postbox.latency_histogram WHERE ctid = ANY (ARRAY(
+		  SELECT ctid FROM postbox.latency_histogram
+		  WHERE bin < postbox.latency_bin(now() - $1 * interval '1 second') LIMIT $2))`, window.Seconds(), purgeBatch)
+}
+
 // PurgeDeliveries deletes delivered, dead-lettered and replayed
 // deliveries older than retention.
 func (s *Store) PurgeDeliveries(ctx context.Context, retention time.Duration) (int64, error) {

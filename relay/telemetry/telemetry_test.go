@@ -96,6 +96,53 @@ func TestPercentilesOverTheWindow(t *testing.T) {
 	require.EqualValues(t, 10, purged, "samples older than 24 h are purged")
 }
 
+// TestBusyEndpointsUseTheHistograms: an endpoint with more samples in the
+// window than ExactSamples gets its percentiles from the five-minute
+// histograms, within 2 % of the exact ones, and its exact count; old bins
+// are purged like the samples.
+func TestBusyEndpointsUseTheHistograms(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	n := telemetry.ExactSamples + 20000
+	// A long-tailed spread over the last 23 hours, 0.2 ms to about 2 s.
+	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
+		SELECT 'busy', 0.2 * exp(9.2 * (i % 9973) / 9973.0), 200, 'delivered', now() - (i % 1380) * interval '1 minute'
+		FROM generate_series(1, $1) i`, n)
+	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
+		SELECT 'busy', 99999, 200, 'delivered', now() - interval '25 hours' FROM generate_series(1, 10)`)
+	var exact [3]float64
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT percentile_disc(0.50) WITHIN GROUP (ORDER BY response_ms)::float8,
+		       percentile_disc(0.95) WITHIN GROUP (ORDER BY response_ms)::float8,
+		       percentile_disc(0.99) WITHIN GROUP (ORDER BY response_ms)::float8
+		FROM postbox.latency_samples WHERE endpoint = 'busy' AND measured_at > now() - interval '24 hours'`).
+		Scan(&exact[0], &exact[1], &exact[2]))
+	// The answer must come from the histograms alone.
+	exec(t, pool, `DELETE FROM postbox.latency_samples WHERE endpoint = 'busy'`)
+
+	eps, err := telemetry.LoadEndpoints(ctx, pool, "busy")
+	require.NoError(t, err)
+	require.Len(t, eps, 1)
+	e := eps[0]
+	require.EqualValues(t, n, e.SampleCount, "the window excludes older samples")
+	for i, got := range []*float64{e.P50MS, e.P95MS, e.P99MS} {
+		require.NotNil(t, got)
+		require.InEpsilon(t, exact[i], *got, 0.02, "percentile %d: exact %.3f ms, from histograms %.3f ms", i, exact[i], *got)
+	}
+	require.NoError(t, telemetry.RefreshPercentiles(ctx, pool))
+	var p95 float64
+	var count int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p95_ms, sample_count FROM postbox.endpoint_health WHERE endpoint = 'busy'`).Scan(&p95, &count))
+	require.InEpsilon(t, exact[1], p95, 0.02)
+	require.Equal(t, n, count)
+
+	s := &store.Store{Pool: pool}
+	purged, err := s.PurgeHistograms(ctx, telemetry.Window)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, purged, "the one histogram row of 25 hours ago")
+}
+
 func TestAlertsFireAndClear(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)

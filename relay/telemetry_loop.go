@@ -66,7 +66,7 @@ func (r *Relay) telemetryLoop(ctx context.Context) {
 
 // observe sets the gauges and returns the alerts' states.
 func (r *Relay) observe(ctx context.Context) ([]telemetry.Alert, error) {
-	s, eps, alerts, err := r.loadState(ctx)
+	s, eps, alerts, err := r.loadState(ctx, false)
 	if err != nil {
 		return nil, err
 	}
@@ -75,11 +75,16 @@ func (r *Relay) observe(ctx context.Context) ([]telemetry.Alert, error) {
 	return alerts, nil
 }
 
-// loadState reads the health summary and the endpoints' stored figures,
-// and evaluates the alerts on them.
-func (r *Relay) loadState(ctx context.Context) (telemetry.Summary, []telemetry.EndpointStats, []telemetry.Alert, error) {
+// loadState reads the health summary (with the last hour's delivery
+// statistics when full) and the endpoints' stored figures, and evaluates
+// the alerts on them.
+func (r *Relay) loadState(ctx context.Context, full bool) (telemetry.Summary, []telemetry.EndpointStats, []telemetry.Alert, error) {
 	cfg := r.cfg.Load()
-	s, err := telemetry.LoadSummary(ctx, r.pool, cfg.Slot)
+	load := telemetry.LoadQueueSummary
+	if full {
+		load = telemetry.LoadSummary
+	}
+	s, err := load(ctx, r.pool, cfg.Slot)
 	if err != nil {
 		return s, nil, nil, err
 	}
@@ -167,7 +172,7 @@ func (r *Relay) status(ctx context.Context) (any, error) {
 	if r.pool == nil {
 		return nil, errors.New("database not connected yet")
 	}
-	s, _, alerts, err := r.loadState(ctx)
+	s, _, alerts, err := r.loadState(ctx, true)
 	if err != nil {
 		return nil, err
 	}

@@ -110,6 +110,29 @@ func waitAllReceived(t *testing.T, sent []string, rc *counter, within time.Durat
 	return last
 }
 
+// waitAllDelivered waits until every sent id arrived, then every event in
+// postbox.events (an insert whose commit the producer never saw
+// acknowledged, the server going down meanwhile, may have committed too),
+// and until the outbox is empty: nothing left un-ingested.
+func waitAllDelivered(t *testing.T, pool *pgxpool.Pool, sent []string, rc *counter) tally {
+	t.Helper()
+	res := waitAllReceived(t, sent, rc, 120*time.Second)
+	var inEvents []string
+	rows, err := pool.Query(context.Background(), `SELECT event_id::text FROM postbox.events`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		inEvents = append(inEvents, id)
+	}
+	require.NoError(t, rows.Err())
+	waitAllReceived(t, inEvents, rc, 60*time.Second)
+	waitForT(t, 60*time.Second, "nothing left un-ingested", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.outbox`) == 0
+	})
+	return res
+}
+
 // slotPID is the pid of the walsender streaming the test database's slot
 // (0 when none).
 func slotPID(t *testing.T, pool *pgxpool.Pool) int {
@@ -180,23 +203,7 @@ func TestPostgresRestart(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	prod.finish()
-	sent := prod.ids()
-	res := waitAllReceived(t, sent, rc, 120*time.Second)
-	// Every event that reached postbox.events (some inserts whose commit
-	// the producer never saw acknowledged may have committed) is delivered.
-	var inEvents []string
-	rows, err := pool.Query(ctx, `SELECT event_id::text FROM postbox.events`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		inEvents = append(inEvents, id)
-	}
-	require.NoError(t, rows.Err())
-	waitAllReceived(t, inEvents, rc, 60*time.Second)
-	waitForT(t, 60*time.Second, "nothing left un-ingested", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM postbox.outbox`) == 0
-	})
+	res := waitAllDelivered(t, pool, prod.ids(), rc)
 	t.Logf("PostgreSQL restarted fast and immediate: sent %d (%d inserts failed while it was down), received %d distinct, %d duplicated",
 		res.sent, prod.failed.Load(), res.received, res.duplicated)
 	for _, p := range []*proc{a, b} {
@@ -599,23 +606,7 @@ func TestFailoverToAPromotedStandby(t *testing.T) {
 	recovered := time.Since(crashed)
 	time.Sleep(2 * time.Second)
 	prod.finish()
-	sent := prod.ids()
-	res := waitAllReceived(t, sent, rc, 120*time.Second)
-	// Inserts whose commit the application never saw acknowledged may
-	// have committed too: every event in postbox.events is delivered.
-	var inEvents []string
-	rows, err := pool.Query(ctx, `SELECT event_id::text FROM postbox.events`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		inEvents = append(inEvents, id)
-	}
-	require.NoError(t, rows.Err())
-	waitAllReceived(t, inEvents, rc, 60*time.Second)
-	waitForT(t, 60*time.Second, "nothing left un-ingested", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM postbox.outbox`) == 0
-	})
+	res := waitAllDelivered(t, pool, prod.ids(), rc)
 	logs := a.out.String() + b.out.String()
 	require.Contains(t, logs, "REPLICATION SLOT LOST")
 	require.Contains(t, logs, "timeline changed")

@@ -366,7 +366,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		_ = tw.Flush()
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "enqueued %s for delivery with their original event ids (%d selected, %d already queued)\n", plural(int64(enqueued), "event"), len(items), queued)
+	fmt.Fprintf(stdout, "enqueued %s for delivery keeping each event id (%d selected, %d already queued)\n", plural(int64(enqueued), "event"), len(items), queued)
 	if *rate > 0 && enqueued > 0 {
 		fmt.Fprintf(stdout, "spread out at %g a second: the last falls due in %s\n", *rate, (time.Duration(float64(enqueued-1) / *rate * float64(time.Second))).Round(time.Second))
 	}

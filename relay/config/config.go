@@ -59,6 +59,7 @@ const (
 	EnvConfig              = "POSTBOX_CONFIG"
 	EnvDatabaseURL         = "POSTBOX_DATABASE_URL"
 	EnvAdminListen         = "POSTBOX_ADMIN_LISTEN"
+	EnvAdminToken          = "POSTBOX_ADMIN_TOKEN"
 	EnvAllowPrivateTargets = "POSTBOX_ALLOW_PRIVATE_TARGETS"
 	EnvLogLevel            = "POSTBOX_LOG_LEVEL"
 	EnvSigningSecrets      = "POSTBOX_SIGNING_SECRETS"
@@ -299,6 +300,9 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 	}
 	if v := getenv(EnvAdminListen); v != "" {
 		c.AdminListen = v
+	}
+	if v := getenv(EnvAdminToken); v != "" {
+		c.AdminToken = v // from a secret store, rather than the file
 	}
 	if v := getenv(EnvLogLevel); v != "" {
 		c.LogLevel = v

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/config"
@@ -151,7 +153,8 @@ func TestEnvironmentOverridesTheFile(t *testing.T) {
 		config.EnvDatabaseURL:         "postgres://env@db/app",
 		config.EnvLogLevel:            "debug",
 		config.EnvAllowPrivateTargets: "true",
-		config.EnvAdminListen:         "127.0.0.1:9999",
+		config.EnvAdminListen:         "0.0.0.0:9999",
+		config.EnvAdminToken:          "t0ken",
 		config.EnvSigningSecrets:      s1 + "," + s2,
 	}
 	cfg, err := config.Load(path, func(k string) string { return env[k] })
@@ -159,7 +162,8 @@ func TestEnvironmentOverridesTheFile(t *testing.T) {
 	require.Equal(t, "postgres://env@db/app", cfg.DatabaseURL)
 	require.Equal(t, "debug", cfg.LogLevel)
 	require.True(t, cfg.AllowPrivateTargets)
-	require.Equal(t, "127.0.0.1:9999", cfg.AdminListen)
+	require.Equal(t, "0.0.0.0:9999", cfg.AdminListen)
+	require.Equal(t, "t0ken", cfg.AdminToken, "off loopback with the token from the environment")
 	require.Len(t, cfg.Secrets(), 2)
 
 	env[config.EnvAllowPrivateTargets] = "perhaps"
@@ -239,4 +243,47 @@ func TestAffiliateExampleConfig(t *testing.T) {
 	require.NotNil(t, ep.URLTemplate)
 	require.Len(t, cfg.Secrets(), 1)
 	require.Equal(t, []string{secrets}, cfg.SecretFiles())
+}
+
+// TestSidecarExampleConfig loads the configuration in the Kubernetes
+// example's ConfigMap as its pod would: the database URL and the admin
+// token from the environment, the signing secrets from the mounted file.
+func TestSidecarExampleConfig(t *testing.T) {
+	t.Parallel()
+	f, err := os.Open("../../examples/sidecar/kubernetes.yaml")
+	require.NoError(t, err)
+	defer f.Close()
+	var body string
+	dec := yaml.NewDecoder(f)
+	for {
+		var doc struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+		}
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		if doc.Kind == "ConfigMap" {
+			body = doc.Data["postbox.yaml"]
+		}
+	}
+	require.NotEmpty(t, body, "the ConfigMap carries postbox.yaml")
+	dir := t.TempDir()
+	secrets := filepath.Join(dir, "signing")
+	require.NoError(t, os.WriteFile(secrets, []byte(outbox.NewSecret()+"\n"+outbox.NewSecret()+"\n"), 0o600))
+	path := filepath.Join(dir, "postbox.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(strings.ReplaceAll(body, "/var/run/secrets/postbox/signing", secrets)), 0o600))
+	env := map[string]string{config.EnvDatabaseURL: "postgres://postbox_relay@db/app"}
+	_, err = config.Load(path, func(k string) string { return env[k] })
+	var ce *config.Error
+	require.ErrorAs(t, err, &ce, "off loopback without a token is refused")
+	require.Equal(t, "admin_token", ce.Key)
+	env[config.EnvAdminToken] = "from-the-secret"
+	cfg, err := config.Load(path, func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Len(t, cfg.Secrets(), 2, "both keys of a rotation sign")
+	require.Equal(t, "GET", cfg.Endpoint("acme-network").Method)
+	require.True(t, cfg.Endpoint("billing").Ordered)
 }

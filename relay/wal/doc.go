@@ -19,6 +19,22 @@
 // connection that silently stopped carrying data is noticed after
 // StallTimeout.
 //
+// The LSN checkpoint, one row per slot in postbox.checkpoints, moves like
+// this (the relay's ingester is the Acker):
+//
+//	  WAL ──stream──▶ received ──ingest commits──▶ durable ──status──▶ confirmed_flush_lsn
+//	                     │        events + checkpoint             the server may now
+//	                     │        in one transaction              recycle WAL below it
+//	                     │
+//	crash before durable: nothing was confirmed; the next session starts from
+//	the checkpoint and the server sends the transaction again; (event_id,
+//	endpoint) is unique, so what was ingested is not ingested twice
+//
+//	nothing in progress: confirmed follows the server's WAL end
+//	new session: START_REPLICATION at the checkpoint, unless the slot was
+//	recreated or the server's system identifier or timeline changed; then
+//	at the slot's own position, and the outbox table is reconciled
+//
 // Slot and publication names are validated by the caller (lower-case
 // identifiers): the replication protocol does not quote them.
 package wal

@@ -84,8 +84,12 @@ type Relay struct {
 	err       error
 }
 
-// New returns a Relay for cfg (validated by config.Load or Validate).
+// New returns a Relay for cfg (validated by config.Load or Validate). The
+// relay keeps its own copy: validating resolves fields in place, and the
+// caller may hand the same configuration to another relay, running.
 func New(cfg *config.Config, opts Options) (*Relay, error) {
+	own := *cfg
+	cfg = &own
 	if cfg.DatabaseURL == "" {
 		return nil, &config.Error{Key: "database_url", Msg: "not set (set it in the file or POSTBOX_DATABASE_URL)"}
 	}
@@ -207,6 +211,8 @@ func (r *Relay) Err() error {
 // Reload swaps in a new configuration: endpoints, secrets and policies
 // apply to the next attempt. Database, slot and table cannot change.
 func (r *Relay) Reload(cfg *config.Config) error {
+	own := *cfg // as in New: the relay's own copy
+	cfg = &own
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

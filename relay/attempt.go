@@ -73,10 +73,10 @@ func resolve(cfg *config.Config, ev event) target {
 		}
 		t.url = u
 	}
-	if err := config.ValidateURL(t.url); err != nil {
+	u, err := config.ParseTargetURL(t.url)
+	if err != nil {
 		return fail(policy.ReasonInvalidURL, "%v", err)
 	}
-	u, _ := url.Parse(t.url)
 	if ip, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
 		if err := cfg.Guard().Check(ip); err != nil {
 			return fail(policy.ReasonBlockedTarget, "%v", err)

@@ -630,17 +630,24 @@ func (c *Config) SecretFiles() []string {
 // ValidateURL checks an endpoint URL (macros such as {payload.click_id}
 // allowed): absolute, http or https, with a host.
 func ValidateURL(raw string) error {
-	u, err := url.Parse(macroRe.ReplaceAllString(raw, "x"))
+	_, err := ParseTargetURL(macroRe.ReplaceAllString(raw, "x"))
+	return err
+}
+
+// ParseTargetURL parses a URL to deliver to (macros already expanded) and
+// checks it as ValidateURL does.
+func ParseTargetURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
 	if err != nil {
-		return errors.New("not a valid URL")
+		return nil, errors.New("not a valid URL")
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("scheme %q is not http or https", u.Scheme)
+		return nil, fmt.Errorf("scheme %q is not http or https", u.Scheme)
 	}
 	if u.Host == "" {
-		return errors.New("the URL has no host")
+		return nil, errors.New("the URL has no host")
 	}
-	return nil
+	return u, nil
 }
 
 func isLoopback(host string) bool {

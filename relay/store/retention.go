@@ -46,30 +46,27 @@ func (s *Store) PurgeHistograms(ctx context.Context, window time.Duration) (int6
 }
 
 // PurgeDeliveries deletes delivered, dead-lettered and replayed
-// deliveries older than retention.
+// deliveries older than retention, each status by its own partial index.
 func (s *Store) PurgeDeliveries(ctx context.Context, retention time.Duration) (int64, error) {
-	n, err := s.purge(ctx, "delivered rows", `
-		DELETE FROM postbox.deliveries WHERE id IN (
-		  SELECT id FROM postbox.deliveries
-		  WHERE status = 'delivered' AND delivered_at < now() - $1 * interval '1 second' LIMIT $2)`,
-		retention.Seconds(), purgeBatch)
-	if err != nil {
-		return n, err
+	var total int64
+	for _, p := range []struct{ what, status, at string }{
+		{"delivered rows", "delivered", "delivered_at"},
+		{"dead letters", "dead_letter", "updated_at"},
+		{"replayed dead letters", "replayed", "updated_at"},
+	} {
+		// The status is written into the statement, not bound, so the
+		// planner can match it to the partial index.
+		n, err := s.purge(ctx, p.what, `
+			DELETE FROM postbox.deliveries WHERE id IN (
+			  SELECT id FROM postbox.deliveries
+			  WHERE status = '`+p.status+`' AND `+p.at+` < now() - $1 * interval '1 second' LIMIT $2)`,
+			retention.Seconds(), purgeBatch)
+		total += n
+		if err != nil {
+			return total, err
+		}
 	}
-	m, err := s.purge(ctx, "dead letters", `
-		DELETE FROM postbox.deliveries WHERE id IN (
-		  SELECT id FROM postbox.deliveries
-		  WHERE status = 'dead_letter' AND updated_at < now() - $1 * interval '1 second' LIMIT $2)`,
-		retention.Seconds(), purgeBatch)
-	if err != nil {
-		return n + m, err
-	}
-	k, err := s.purge(ctx, "replayed dead letters", `
-		DELETE FROM postbox.deliveries WHERE id IN (
-		  SELECT id FROM postbox.deliveries
-		  WHERE status = 'replayed' AND updated_at < now() - $1 * interval '1 second' LIMIT $2)`,
-		retention.Seconds(), purgeBatch)
-	return n + m + k, err
+	return total, nil
 }
 
 // PurgeEvents deletes events ingested longer than retention ago that have

@@ -10,7 +10,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -84,27 +83,6 @@ func SessionParams(p map[string]string) {
 	p["TimeZone"] = "UTC"
 	p["DateStyle"] = "ISO, MDY"
 	p["IntervalStyle"] = "postgres"
-}
-
-// IsRetryable reports whether err is a passing condition (connection lost,
-// server shutting down, serialization failure, deadlock) after which the
-// same work can simply be tried again.
-func IsRetryable(err error) bool {
-	if err == nil {
-		return false
-	}
-	if errors.Is(err, context.Canceled) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "57", "53", "40": // connection, operator intervention, resources, rollback
-			return true
-		}
-		return false
-	}
-	return true // network errors and the like
 }
 
 // Querier is a pool, a connection or a transaction.

@@ -292,7 +292,7 @@ type ingester struct {
 	conn   *store.IngestConn
 	tx     *dispatch.Ingest // the open transaction's handle
 	rows   int              // outbox rows written in the open transaction
-	queued map[string]bool  // endpoints with pending rows in it
+	queued bool             // it wrote deliveries for the queue (not the fast path)
 }
 
 func (ing *ingester) Durable() pglogrepl.LSN   { return ing.r.Durable() }
@@ -371,7 +371,6 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	cfg := r.cfg.Load()
 	var evs []store.NewEvent
 	var reserved []bool
-	var ids []int64
 	for _, c := range chunks {
 		for _, row := range c.Rows {
 			ev, res := r.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true)
@@ -382,19 +381,8 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		n := min(len(evs), maxInsertRows)
 		if ing.tx == nil {
 			ing.tx = dispatch.NewIngest()
-			ing.queued = map[string]bool{}
 		}
-		// Ingested outbox rows go in the same transaction, chunk by chunk,
-		// so nothing about a transaction grows with its size.
-		ids = ids[:0]
-		if cfg.OutboxRetention.D() == 0 {
-			for _, ev := range evs[:n] {
-				if ev.OutboxID != 0 {
-					ids = append(ids, ev.OutboxID)
-				}
-			}
-		}
-		got, err := ing.conn.Insert(ctx, evs[:n], ids)
+		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention.D() == 0)
 		if err != nil {
 			for i, ok := range reserved {
 				if ok {
@@ -403,7 +391,9 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 			}
 			return fmt.Errorf("ingest: %w", err)
 		}
-		r.afterInsert(evs[:n], reserved[:n], got, ing.tx, ing.queued)
+		if r.afterInsert(evs[:n], reserved[:n], got, ing.tx) {
+			ing.queued = true
+		}
 		ing.rows += n
 		evs, reserved = evs[n:], reserved[n:]
 	}
@@ -416,7 +406,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		return nil
 	}
 	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
-	err := ing.conn.Commit(ctx, end, len(ing.queued) > 0)
+	err := ing.conn.Commit(ctx, end, ing.queued)
 	if store.IsFenced(err) {
 		return err
 	}
@@ -424,13 +414,13 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		r.log.Debug().Int("rows", ing.rows).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
 	tx, queued := ing.tx, ing.queued
-	ing.tx, ing.rows, ing.queued = nil, 0, nil
+	ing.tx, ing.rows, ing.queued = nil, 0, false
 	tx.Finish(err)
 	if err != nil {
 		return fmt.Errorf("ingest: %w", err)
 	}
 	r.advanceDurable(end)
-	if len(queued) > 0 {
+	if queued {
 		r.backlog.Store(true)
 		r.wakeClaimer()
 	}
@@ -462,8 +452,8 @@ func (r *Relay) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LS
 // afterInsert hands the fast-path deliveries to the dispatcher (their
 // attempts may start before the transaction commits; their results wait
 // for it) and gives back reservations for events that were already
-// ingested.
-func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.Ingested, tx *dispatch.Ingest, queued map[string]bool) {
+// ingested. It reports whether any delivery went to the queue instead.
+func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.Ingested, tx *dispatch.Ingest) (queued bool) {
 	inserted := make([]int64, len(evs))
 	for _, g := range got {
 		inserted[g.Index] = g.DeliveryID
@@ -482,11 +472,12 @@ func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.I
 				CreatedAt: parsePGTime(ev.CreatedAt), CommittedAt: ev.CommittedAt, Ingest: tx,
 			}, true)
 		case id != 0 && ev.Status == store.StatusPending:
-			queued[ev.Endpoint] = true
+			queued = true
 		case id != 0 && ev.Status == store.StatusDeadLetter:
 			r.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
 		}
 	}
+	return queued
 }
 
 // reconcileAfter runs reconcile for the rows committed as of snapshot once
@@ -540,16 +531,11 @@ func (r *Relay) reconcile(ctx context.Context, snapshot string) error {
 			break
 		}
 		evs := make([]store.NewEvent, len(rows))
-		ids := make([]int64, len(rows))
 		for i, o := range rows {
 			evs[i], _ = r.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
 				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt}, 0, time.Time{}, false)
-			ids[i] = o.ID
 		}
-		if cfg.OutboxRetention.D() > 0 {
-			ids = nil
-		}
-		got, err := conn.Insert(ctx, evs, ids)
+		got, err := conn.Insert(ctx, evs, cfg.OutboxRetention.D() == 0)
 		if err == nil {
 			err = conn.Commit(ctx, 0, len(got) > 0)
 		}
@@ -558,12 +544,7 @@ func (r *Relay) reconcile(ctx context.Context, snapshot string) error {
 			return err
 		}
 		total += int64(len(got))
-		r.metrics.Ingested(len(got))
-		for _, g := range got {
-			if ev := evs[g.Index]; ev.Status == store.StatusDeadLetter {
-				r.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
-			}
-		}
+		r.afterInsert(evs, make([]bool, len(evs)), got, nil) // no fast path: nothing reserved
 		after = rows[len(rows)-1].ID
 		r.backlog.Store(true)
 		r.wakeClaimer()

@@ -30,7 +30,7 @@ func BenchmarkIngest(b *testing.B) {
 					evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
 						CreatedAt: "2026-01-01 00:00:00+00", Status: store.StatusPending}
 				}
-				if _, err := ic.Insert(ctx, evs, nil); err != nil {
+				if _, err := ic.Insert(ctx, evs, false); err != nil {
 					b.Fatal(err)
 				}
 				if err := ic.Commit(ctx, 0, true); err != nil {

@@ -148,10 +148,19 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 func (ic *IngestConn) InTx() bool { return ic.inTx }
 
 // Insert writes events (deduplicated by event id and endpoint) in the open
-// transaction, opening one if needed, and deletes the outbox rows
-// outboxIDs in it, so a transaction of any size needs no list of its rows
-// until the commit. The returned deliveries exist once Commit succeeds.
-func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, outboxIDs []int64) ([]Ingested, error) {
+// transaction, opening one if needed. With deleteOutbox (outbox_retention
+// 0) it deletes their outbox rows in the same transaction, so a
+// transaction of any size needs no list of its rows until the commit. The
+// returned deliveries exist once Commit succeeds.
+func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox bool) ([]Ingested, error) {
+	var outboxIDs []int64
+	if deleteOutbox {
+		for _, ev := range evs {
+			if ev.OutboxID != 0 {
+				outboxIDs = append(outboxIDs, ev.OutboxID)
+			}
+		}
+	}
 	evs, orig := dedupe(evs)
 	b := &pgx.Batch{}
 	if !ic.inTx {

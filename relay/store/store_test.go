@@ -41,7 +41,7 @@ func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
 			CreatedAt: "2026-01-01 00:00:00+00", Status: store.StatusPending}
 	}
-	_, err = ic.Insert(ctx, evs, nil)
+	_, err = ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
 	require.NoError(t, ic.Commit(ctx, 0, false))
 }

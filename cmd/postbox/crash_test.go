@@ -125,9 +125,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	rc := newCounter(t)
 	rc.onRecv = func(int) { <-hang }
 	t.Cleanup(func() { close(hang) })
-	cfg := writeConfig(t, dbURL, "endpoints:\n  h:\n    url: "+rc.URL+"\n    timeout: 60s\n")
-	p := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	p, _ := streamingRelay(t, dbURL, pool, "endpoints:\n  h:\n    url: "+rc.URL+"\n    timeout: 60s\n")
 	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint) VALUES ('h')`)
 	require.NoError(t, err)
 	waitForT(t, 30*time.Second, "attempt in flight", func() bool { _, n, _ := rc.snapshot(); return n == 1 })

@@ -148,9 +148,7 @@ func TestStreamerKilledStandbyTakesOver(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "leader_lease: 3s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
-	leader := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: 3s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
 	standby := startPostbox(t, nil, "run", "--config", cfg)
 	waitForT(t, 30*time.Second, "the standby to register", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE expires_at > now()`) == 2
@@ -189,9 +187,7 @@ func TestPostgresRestart(t *testing.T) {
 	require.NoError(t, err)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
-	a := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	a, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	b := startPostbox(t, nil, "run", "--config", cfg)
 	prod := produce(t, pool, "p", 10*time.Millisecond)
 	for _, mode := range []pgtest.RestartMode{pgtest.Fast, pgtest.Immediate} {
@@ -224,9 +220,7 @@ func TestSlotDroppedByAnOperator(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
-	p := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	p, _ := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	prod := produce(t, pool, "p", 10*time.Millisecond)
 	time.Sleep(time.Second)
 	ctx := context.Background()
@@ -255,9 +249,7 @@ func TestSlotInvalidated(t *testing.T) {
 	require.NoError(t, err)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
-	first := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	first, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	var sent []string
 	insert := func(n int) {
 		for range n {
@@ -297,13 +289,18 @@ type freezer struct {
 	handled atomic.Int64
 }
 
-func newFreezer(t *testing.T, target string) *freezer {
+// newFreezer proxies the server of dbURL; it returns the proxy and the URL
+// that connects through it.
+func newFreezer(t *testing.T, dbURL string) (*freezer, string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	f := &freezer{ln: ln, target: target}
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	f := &freezer{ln: ln, target: u.Host}
 	go f.serve()
 	t.Cleanup(func() { ln.Close() })
-	return f
+	u.Host = ln.Addr().String()
+	return f, u.String()
 }
 
 func (f *freezer) serve() {
@@ -415,12 +412,8 @@ func TestStalledReplicationConnection(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	target := strings.Split(strings.SplitN(dbURL, "@", 2)[1], "/")[0]
-	fz := newFreezer(t, target)
-	proxied := strings.Replace(dbURL, target, fz.ln.Addr().String(), 1)
-	cfg := writeConfig(t, proxied, "status_interval: 500ms\nstall_timeout: 2s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
-	p := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	fz, proxied := newFreezer(t, dbURL)
+	p, _ := streamingRelay(t, proxied, pool, "status_interval: 500ms\nstall_timeout: 2s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
 	prod := produce(t, pool, "p", 20*time.Millisecond)
 	time.Sleep(time.Second)
 	require.Equal(t, 1, fz.freezeReplication(), "the one replication connection open")
@@ -470,9 +463,7 @@ func TestOutboxAlteredWhileStreaming(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
-	startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	prod := produce(t, pool, "p", 10*time.Millisecond)
 	time.Sleep(time.Second)
 	ctx := context.Background()
@@ -499,9 +490,7 @@ func TestSIGTERMDuringABurst(t *testing.T) {
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
 	rc.delay = 20 * time.Millisecond
-	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 4\n")
-	first := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	first, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 4\n")
 	ctx := context.Background()
 	var sent []string
 	rows, err := pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint) SELECT 'p' FROM generate_series(1, 300) RETURNING event_id::text`)
@@ -533,9 +522,7 @@ func TestServerChangeIsNotTrusted(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
-	first := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	first, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint) VALUES ('p')`)
 	require.NoError(t, err)
@@ -586,14 +573,10 @@ func TestFailoverToAPromotedStandby(t *testing.T) {
 
 	dbURL, err := primary.CreateDatabase(ctx, "failover")
 	require.NoError(t, err)
-	address := func(u string) string { return strings.Split(strings.SplitN(u, "@", 2)[1], "/")[0] }
-	vip := newFreezer(t, address(dbURL))
-	proxied := strings.Replace(dbURL, address(dbURL), vip.ln.Addr().String(), 1)
+	vip, proxied := newFreezer(t, dbURL)
 	pool := newPool(t, proxied)
 	rc := newCounter(t)
-	cfg := writeConfig(t, proxied, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
-	a := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	a, cfg := streamingRelay(t, proxied, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	b := startPostbox(t, nil, "run", "--config", cfg)
 	prod := produce(t, pool, "p", 10*time.Millisecond)
 	time.Sleep(2 * time.Second)
@@ -601,7 +584,9 @@ func TestFailoverToAPromotedStandby(t *testing.T) {
 	require.NoError(t, primary.Kill(pgtest.Immediate))
 	crashed := time.Now()
 	require.NoError(t, standby.Promote(ctx))
-	vip.retarget(address(standby.URL("postgres")))
+	sb, err := url.Parse(standby.URL("postgres"))
+	require.NoError(t, err)
+	vip.retarget(sb.Host)
 	waitStreaming(t, pool)
 	recovered := time.Since(crashed)
 	time.Sleep(2 * time.Second)
@@ -622,9 +607,7 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "leader_lease: 2s\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
-	leader := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: 2s\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
 	startPostbox(t, nil, "run", "--config", cfg)
 	oldPID := slotPID(t, pool)
 	prod := produce(t, pool, "p", 10*time.Millisecond)

@@ -229,6 +229,17 @@ func newPool(t *testing.T, dbURL string) *pgxpool.Pool {
 
 // waitStreaming waits until a walsender streams the test database's slot
 // (a slot being created shows as active too, so that is not enough).
+// streamingRelay writes a configuration of body for dbURL, starts
+// `postbox run` with it and waits until it streams; it returns the process
+// and the configuration's path, for further instances.
+func streamingRelay(t *testing.T, dbURL string, pool *pgxpool.Pool, body string) (*proc, string) {
+	t.Helper()
+	cfg := writeConfig(t, dbURL, body)
+	p := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	return p, cfg
+}
+
 func waitStreaming(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	waitForT(t, 60*time.Second, "postbox to stream", func() bool {

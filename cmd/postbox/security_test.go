@@ -66,9 +66,7 @@ func TestRotationWithoutRestart(t *testing.T) {
 	rc := newSignedReceiver(t)
 	old, cur := outbox.NewSecret(), outbox.NewSecret()
 	endpoints := "endpoints:\n  p:\n    url: " + rc.URL + "\n"
-	cfg := writeConfig(t, dbURL, "signing:\n  secrets: ["+old+"]\n"+endpoints)
-	p := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
+	p, cfg := streamingRelay(t, dbURL, pool, "signing:\n  secrets: ["+old+"]\n"+endpoints)
 	send := func(n int) signedRequest {
 		_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint) VALUES ('p')`)
 		require.NoError(t, err)

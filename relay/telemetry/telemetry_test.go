@@ -20,7 +20,7 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-func setup(t *testing.T) *pgxpool.Pool {
+func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 4)
@@ -31,7 +31,7 @@ func setup(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+func exec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), sql, args...)
 	require.NoError(t, err)

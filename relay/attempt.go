@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/deliver"
-	"github.com/postbox-relay/postbox/relay/dispatch"
-	"github.com/postbox-relay/postbox/relay/policy"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/policy"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // event is what resolve needs to know of an event.

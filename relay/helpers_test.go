@@ -19,7 +19,7 @@ import (
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/pgtest"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

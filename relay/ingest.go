@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/dispatch"
-	"github.com/postbox-relay/postbox/relay/store"
-	"github.com/postbox-relay/postbox/relay/wal"
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
 
 // errStandby: another instance holds the leadership.

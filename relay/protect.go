@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/dispatch"
-	"github.com/postbox-relay/postbox/relay/policy"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/policy"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // guard is this instance's view of which endpoints are held back: breakers

@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/dispatch"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // claimLoop claims due deliveries from the queue table when woken: by the

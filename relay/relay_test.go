@@ -15,7 +15,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 func TestDeliversOnceSignedWithExactBody(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // idCounter is a lean receiver for large tests: it keeps only counts.

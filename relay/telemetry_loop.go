@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/telemetry"
-	"github.com/postbox-relay/postbox/relay/wal"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
 
 // Telemetry cadences.

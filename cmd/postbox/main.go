@@ -19,8 +19,6 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/logsafe"
-	"github.com/postbox-relay/postbox/relay/store"
 )
 
 // Exit codes.
@@ -128,7 +126,7 @@ func newLogger(cfg *config.Config, w io.Writer) zerolog.Logger {
 		lvl = zerolog.InfoLevel
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
-	return zerolog.New(logsafe.NewWriter(w, cfg.LogPayloads)).Level(lvl).With().Timestamp().Logger()
+	return zerolog.New(relay.LogWriter(w, cfg.LogPayloads)).Level(lvl).With().Timestamp().Logger()
 }
 
 func cmdSecret(_ context.Context, args []string, stdout, stderr io.Writer) int {
@@ -161,17 +159,17 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	pool, err := store.Open(ctx, cfg.DatabaseURL, 2)
+	pool, err := relay.Connect(ctx, cfg.DatabaseURL, 2)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
 	defer pool.Close()
-	if err := store.Migrate(ctx, pool, cfg.Table()); err != nil {
-		fmt.Fprintln(stderr, "postbox: migrate:", err)
+	v, err := relay.Migrate(ctx, pool, cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
-	v, _ := store.SchemaVersion(ctx, pool)
 	fmt.Fprintf(stdout, "schema postbox at version %d; outbox table %s ready\n", v, cfg.Table())
 	return exitOK
 }

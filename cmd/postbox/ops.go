@@ -17,7 +17,8 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/doctor"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -53,7 +54,7 @@ func openOps(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stder
 		fmt.Fprintln(stderr, "postbox: config: database_url: not set (set it in the file or "+config.EnvDatabaseURL+")")
 		return nil, nil, exitUsage
 	}
-	pool, err := store.Open(ctx, cfg.DatabaseURL, 4)
+	pool, err := relay.Connect(ctx, cfg.DatabaseURL, 4)
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err = pool.Ping(pctx)
@@ -144,7 +145,7 @@ func printStatus(w io.Writer, s telemetry.Summary) {
 			switch {
 			case b.PausedUntil != nil:
 				fmt.Fprintf(w, "  %s  paused by the receiver until %s\n", b.Endpoint, b.PausedUntil.UTC().Format(time.RFC3339))
-			case b.State == store.BreakerOpen:
+			case b.State == telemetry.BreakerOpen:
 				fmt.Fprintf(w, "  %s  breaker open since %s, probes at %s; %d consecutive failures, last: %s\n", b.Endpoint,
 					b.OpenedAt.UTC().Format(time.RFC3339), b.ReopensAt.UTC().Format(time.RFC3339), b.ConsecutiveFailures, b.LastError)
 			default:
@@ -288,7 +289,7 @@ func (e *eventIDs) Set(v string) error {
 
 func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("postbox replay", flag.ContinueOnError)
-	var f store.ReplayFilter
+	var f ops.ReplayFilter
 	var ids eventIDs
 	fs.BoolVar(&f.DeadLetters, "dead-letters", false, "only events whose latest delivery is a dead letter")
 	fs.StringVar(&f.Endpoint, "endpoint", "", "only this endpoint's events")
@@ -333,7 +334,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "postbox: --rate must not be negative")
 		return exitUsage
 	}
-	items, enqueued, err := (&store.Store{Pool: env.pool, Table: env.cfg.Table(), Slot: env.cfg.Slot}).Replay(ctx, f, *dryRun, *rate)
+	items, enqueued, err := ops.Replay(ctx, env.pool, env.cfg, f, *dryRun, *rate)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
@@ -346,7 +347,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if env.json {
 		if items == nil {
-			items = []store.ReplayItem{}
+			items = []ops.ReplayItem{}
 		}
 		env.printJSON(map[string]any{"dry_run": *dryRun, "selected": len(items), "already_queued": queued,
 			"enqueued": enqueued, "events": items})

@@ -19,7 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/deliver"
 )
 
 // Defaults of the global and per-endpoint settings.

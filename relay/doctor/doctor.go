@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/telemetry"
-	"github.com/postbox-relay/postbox/relay/wal"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
 
 // Severity of a finding.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // DeadLetter is one dead-lettered delivery.

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // Window is the rolling window of the latency percentiles.
@@ -271,3 +271,10 @@ func roundMS(vs ...*float64) {
 		}
 	}
 }
+
+// Circuit breaker states, as the State fields report them.
+const (
+	BreakerClosed   = store.BreakerClosed
+	BreakerOpen     = store.BreakerOpen
+	BreakerHalfOpen = store.BreakerHalfOpen
+)

@@ -13,8 +13,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/store"
-	"github.com/postbox-relay/postbox/relay/wal"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
 
 // Slot is the replication slot as the summary reports it.

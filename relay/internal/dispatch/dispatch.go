@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // Job is one delivery attempt to make.

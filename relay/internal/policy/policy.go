@@ -17,7 +17,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/deliver"
 )
 
 // Backoff returns the wait before retry n (n ≥ 1 is the number of attempts

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/policy"
+	"github.com/postbox-relay/postbox/relay/internal/policy"
 )
 
 func TestBreakerStateMachine(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/deliver"
 )
 
 func TestGuardRefusesEveryPrivateClass(t *testing.T) {

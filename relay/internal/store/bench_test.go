@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/store"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // BenchmarkIngest writes batches of events and their checkpoint in one

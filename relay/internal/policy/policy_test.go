@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/policy"
+	"github.com/postbox-relay/postbox/relay/internal/policy"
 )
 
 func TestBackoffIsFullJitterBoundedByCap(t *testing.T) {

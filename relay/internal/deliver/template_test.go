@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/deliver"
 )
 
 var values = deliver.Values{

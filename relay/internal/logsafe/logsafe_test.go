@@ -9,7 +9,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/logsafe"
+	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 )
 
 func TestPolicyRedactsWhateverWroteIt(t *testing.T) {

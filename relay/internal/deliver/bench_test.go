@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/deliver"
 )
 
 // BenchmarkExpandURL expands an affiliate tracker's postback template.

@@ -16,13 +16,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/postbox-relay/postbox/relay/internal/admin"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/admin"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/store"
-	"github.com/postbox-relay/postbox/relay/telemetry"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // Version is postbox's version, set at build time with

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/telemetry"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // Telemetry cadences.

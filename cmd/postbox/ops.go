@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/doctor"
-	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )

@@ -15,8 +15,8 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
-	"github.com/postbox-relay/postbox/relay/telemetry"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // Severity of a finding.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/pgtest"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/pgtest"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 

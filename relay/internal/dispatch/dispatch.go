@@ -40,26 +40,58 @@ type Job struct {
 // Ingest tracks an ingest transaction that jobs depend on.
 type Ingest struct {
 	done chan struct{}
-	err  error
+
+	mu       sync.Mutex
+	err      error
+	finished bool
+	after    []func()
 }
 
 // NewIngest returns an unfinished Ingest.
 func NewIngest() *Ingest { return &Ingest{done: make(chan struct{})} }
 
-// Finish marks the transaction committed (nil) or failed.
+// Finish marks the transaction committed (nil) or failed, and runs what
+// AfterFinish registered.
 func (i *Ingest) Finish(err error) {
-	i.err = err
+	i.mu.Lock()
+	i.err, i.finished = err, true
+	after := i.after
+	i.after = nil
 	close(i.done)
+	i.mu.Unlock()
+	for _, f := range after {
+		f()
+	}
+}
+
+// AfterFinish runs f once the transaction has finished: at once when it
+// has, else from Finish, in the finishing goroutine (so f must not block).
+func (i *Ingest) AfterFinish(f func()) {
+	i.mu.Lock()
+	if !i.finished {
+		i.after = append(i.after, f)
+		i.mu.Unlock()
+		return
+	}
+	i.mu.Unlock()
+	f()
 }
 
 // Done is closed when the transaction has finished.
 func (i *Ingest) Done() <-chan struct{} { return i.done }
 
+// Err is the transaction's outcome once Done is closed.
+func (i *Ingest) Err() error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.err
+}
+
 // Wait blocks until the transaction finished and returns its error.
 func (i *Ingest) Wait(ctx context.Context) error {
 	select {
 	case <-i.done:
-		return i.err
+		return i.Err()
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -47,12 +47,29 @@ type Store struct {
 }
 
 // Open connects a pool for dbURL with the session settings postbox relies
-// on (UTC, ISO dates), so timestamps read as text are unambiguous.
+// on (see Configure).
 func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
+	Configure(cfg)
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	cfg.MaxConnIdleTime = 5 * time.Minute
+	cfg.HealthCheckPeriod = 15 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, nil
+}
+
+// Configure sets the session settings postbox relies on (UTC, ISO dates,
+// so timestamps read as text are unambiguous; custom plans; no JIT) on a
+// pool's configuration.
+func Configure(cfg *pgxpool.Config) {
 	SessionParams(cfg.ConnConfig.RuntimeParams)
 	cfg.ConnConfig.RuntimeParams["application_name"] = "postbox"
 	// postbox's tables grow from empty to millions of rows within minutes
@@ -65,16 +82,6 @@ func Open(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, err
 	// jit_above_cost, and compiling it then costs 40 ms of a 5 ms query, on
 	// every claim. postbox's statements are short; JIT never pays for them.
 	cfg.ConnConfig.RuntimeParams["jit"] = "off"
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	cfg.MaxConnIdleTime = 5 * time.Minute
-	cfg.HealthCheckPeriod = 15 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	return pool, nil
 }
 
 // SessionParams sets the run-time parameters postbox needs on every

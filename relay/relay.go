@@ -18,10 +18,16 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/admin"
+	"github.com/postbox-relay/postbox/relay/internal/claim"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/execute"
+	"github.com/postbox-relay/postbox/relay/internal/ingest"
+	"github.com/postbox-relay/postbox/relay/internal/maintain"
+	"github.com/postbox-relay/postbox/relay/internal/protect"
+	"github.com/postbox-relay/postbox/relay/internal/record"
+	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/store"
-	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -43,45 +49,50 @@ type Options struct {
 	Rand func() float64
 	// HTTP configures the delivery client (its dialer, clock).
 	HTTP deliver.Options
+	// Pool, when set, is the application's own pool for postbox's queries
+	// (configure it with ConfigurePool, and give it PoolSize connections
+	// to spare). The relay never closes it. The replication connection
+	// still comes from the configuration's database_url.
+	Pool *pgxpool.Pool
 }
 
 // Relay streams the outbox and delivers its events. Start it, Stop it.
 type Relay struct {
-	cfg   atomic.Pointer[config.Config]
-	log   zerolog.Logger
-	owner string
-	now   func() time.Time
-	rand  func() float64
+	cfg     atomic.Pointer[config.Config]
+	opts    Options
+	log     zerolog.Logger
+	owner   string
+	metrics *telemetry.Metrics
+	client  *deliver.Client
 
-	client   *deliver.Client
-	disp     *dispatch.Dispatcher
-	guard    *guard
-	limit    *limiter
-	metrics  *telemetry.Metrics
-	adminSrv atomic.Pointer[admin.Server]
+	// svc is set once Start has connected and built the services; the
+	// admin listener's checks read it from their own goroutines.
+	svc   atomic.Pointer[services]
+	admin atomic.Pointer[admin.Server]
+	serve sync.WaitGroup // the admin listener's Serve
+
+	life     sync.Mutex // Start and the first Stop, one at a time
+	started  bool
+	stopOnce sync.Once
+	hardCtx  context.Context // ends when a Stop runs out of time
+	hardStop context.CancelFunc
+	stopped  chan struct{}
+	err      error
+}
+
+// services are the relay's parts, each owning its goroutines. They start in
+// the order of the fields and stop in reverse (see shutdown).
+type services struct {
+	env      *service.Env
 	pool     *pgxpool.Pool
-	store    *store.Store
-	dbName   string
-
-	durable   atomic.Uint64 // pglogrepl.LSN ingested so far
-	streaming atomic.Bool
-	backlog   atomic.Bool // the queue table may hold due deliveries
-	claimWake chan struct{}
-	due       dueTimes
-
-	outMu      sync.Mutex
-	outcomes   []dispatch.Outcome
-	outWake    chan struct{}
-	reconciled atomic.Bool
-	reconMu    sync.Mutex
-
-	startOnce sync.Once
-	stopOnce  sync.Once
-	stopCh    chan struct{}
-	hardCtx   context.Context
-	hardStop  context.CancelFunc
-	stopped   chan struct{}
-	err       error
+	ownPool  bool
+	prot     *protect.Protection  // no goroutines: a view of held-back endpoints
+	exec     *execute.Executor    // no goroutines: the dispatcher's run it
+	disp     *dispatch.Dispatcher // one goroutine per attempt in flight
+	recorder *record.Recorder     // the recording loop
+	claimer  *claim.Claimer       // the claim loop and the LISTEN loop
+	ingest   *ingest.Supervisor   // the stream loop and each session's lease keeper, ingester and reconciler
+	maint    *maintain.Maintainer // heartbeat, telemetry and secrets loops
 }
 
 // New returns a Relay for cfg (validated by config.Load or Validate). The
@@ -97,25 +108,20 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{
-		log:       opts.Logger.With().Str("component", "relay").Logger(),
-		owner:     opts.InstanceID,
-		now:       opts.Now,
-		rand:      opts.Rand,
-		claimWake: make(chan struct{}, 1),
-		guard:     newGuard(),
-		metrics:   telemetry.NewMetrics(),
-		outWake:   make(chan struct{}, 1),
-		stopCh:    make(chan struct{}),
-		stopped:   make(chan struct{}),
+		opts:    opts,
+		log:     opts.Logger.With().Str("component", "relay").Logger(),
+		owner:   opts.InstanceID,
+		metrics: telemetry.NewMetrics(),
+		stopped: make(chan struct{}),
 	}
 	if r.owner == "" {
 		r.owner = newInstanceID()
 	}
-	if r.now == nil {
-		r.now = time.Now
+	if r.opts.Now == nil {
+		r.opts.Now = time.Now
 	}
-	if r.rand == nil {
-		r.rand = rand.Float64
+	if r.opts.Rand == nil {
+		r.opts.Rand = rand.Float64
 	}
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
@@ -125,17 +131,6 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 		copts.DialContext = deliver.GuardedDialer(func() deliver.Guard { return r.cfg.Load().Guard() })
 	}
 	r.client = deliver.NewClient(copts)
-	r.disp = dispatch.New(dispatch.Options{
-		Capacity:       func(ep string) int { return r.cfg.Load().Endpoint(ep).MaxInFlight },
-		Execute:        r.execute,
-		OnOutcome:      r.onOutcome,
-		MaxConcurrency: cfg.MaxConcurrency,
-		OnFree: func() {
-			if r.backlog.Load() {
-				r.wakeClaimer()
-			}
-		},
-	})
 	r.hardCtx, r.hardStop = context.WithCancel(context.Background())
 	return r, nil
 }
@@ -147,55 +142,260 @@ func newInstanceID() string {
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-func (r *Relay) instance() store.Instance {
-	host, _ := os.Hostname()
-	return store.Instance{ID: r.owner, Hostname: host, PID: os.Getpid(), Version: Version, Streaming: r.streaming.Load()}
-}
-
-// InstanceID is the name this instance holds leases under.
-func (r *Relay) InstanceID() string { return r.owner }
-
-// Streaming reports whether this instance is streaming the slot now.
-func (r *Relay) Streaming() bool { return r.streaming.Load() }
-
-// Start begins streaming and delivering in the background. It returns at
-// once; a fatal start-up problem (a preflight failure, say) ends the relay,
-// which Stopped and Err report. An unreachable database is retried.
+// Start binds the admin listener, connects (waiting, with backoff, while
+// the database is unreachable, for as long as ctx allows), checks the
+// server, migrates postbox's schema, registers this instance, and starts
+// streaming and delivering in the background. Every start-up problem comes
+// back from Start: a taken admin address, a server without
+// wal_level=logical, a failed migration, or ctx ending before the database
+// answered. Once Start has returned nil, only Stop ends the relay.
 func (r *Relay) Start(ctx context.Context) error {
-	started := false
-	r.startOnce.Do(func() {
-		started = true
-		go func() {
-			defer close(r.stopped)
-			r.err = r.run()
-			if r.err != nil {
-				r.log.Error().Err(r.err).Msg("relay stopped")
-			}
-		}()
-	})
-	if !started {
+	r.life.Lock()
+	defer r.life.Unlock()
+	if r.started {
 		return errors.New("relay: already started")
+	}
+	r.started = true
+	if err := r.start(ctx); err != nil {
+		r.err = err
+		r.stopOnce.Do(func() {})
+		r.closeAdmin()
+		r.hardStop()
+		close(r.stopped)
+		return err
 	}
 	return nil
 }
 
-// Stop shuts down gracefully: it stops reading WAL, lets in-flight
-// attempts finish until ctx ends (then cancels them, returning their
-// deliveries to the queue), records every result, confirms the LSN and
-// closes its connections.
-func (r *Relay) Stop(ctx context.Context) error {
-	r.stopOnce.Do(func() { close(r.stopCh) })
-	select {
-	case <-r.stopped:
-		return r.err
-	case <-ctx.Done():
-		r.hardStop()
-		<-r.stopped
-		return r.err
+func (r *Relay) start(ctx context.Context) error {
+	cfg := r.cfg.Load()
+	if cfg.AdminListen != "" {
+		srv, err := admin.Listen(cfg.AdminListen, cfg.AdminToken, r.metrics.Registry,
+			admin.Checks{Ready: r.ready, Status: r.status}, r.log)
+		if err != nil {
+			return fmt.Errorf("admin listener on %s: %w", cfg.AdminListen, err)
+		}
+		r.admin.Store(srv)
+		r.serve.Go(srv.Serve)
+		r.log.Info().Str("addr", srv.Addr()).Msg("admin listener (metrics, healthz, readyz, status)")
+	}
+	pool, own := r.opts.Pool, false
+	if pool == nil {
+		var err error
+		if pool, err = r.connect(ctx, cfg); err != nil {
+			return err
+		}
+		own = true
+	}
+	env, err := r.boot(ctx, pool, cfg)
+	if err != nil {
+		if own {
+			pool.Close()
+		}
+		return err
+	}
+	s := &services{env: env, pool: pool, ownPool: own}
+	s.prot = protect.New(env)
+	s.exec = execute.New(env, r.client, s.prot)
+	// The dispatcher, the recorder and the claimer call one another; the
+	// closures resolve once all three exist, before anything runs.
+	s.disp = dispatch.New(dispatch.Options{
+		Capacity:       func(ep string) int { return r.cfg.Load().Endpoint(ep).MaxInFlight },
+		Execute:        s.exec.Execute,
+		OnOutcome:      func(o dispatch.Outcome) { s.recorder.Add(o) },
+		OnFree:         func() { s.claimer.LaneFreed() },
+		MaxConcurrency: cfg.MaxConcurrency,
+	})
+	s.claimer = claim.New(env, s.disp, s.prot)
+	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
+	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued})
+	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload})
+
+	// Each service's context is the relay's hard one: Stop ends them
+	// gracefully, a Stop that runs out of time cancels what is left.
+	type starter struct {
+		name  string
+		start func(context.Context) error
+		stop  func()
+	}
+	order := []starter{
+		{"recorder", s.recorder.Start, s.recorder.Stop},
+		{"claimer", s.claimer.Start, s.claimer.Stop},
+		{"ingest", s.ingest.Start, s.ingest.Stop},
+		{"maintenance", s.maint.Start, s.maint.Stop},
+	}
+	for i, st := range order {
+		if err := st.start(r.hardCtx); err != nil {
+			for j := i - 1; j >= 0; j-- {
+				order[j].stop()
+			}
+			if own {
+				pool.Close()
+			}
+			return fmt.Errorf("start %s: %w", st.name, err)
+		}
+	}
+	r.svc.Store(s)
+	if len(cfg.Secrets()) == 0 {
+		r.log.Warn().Msg("no signing secrets configured: deliveries are not signed (set signing.secrets or POSTBOX_SIGNING_SECRETS)")
+	}
+	r.log.Info().Str("instance", r.owner).Str("slot", cfg.Slot).Str("table", cfg.Table().String()).
+		Str("version", Version).Int32("pool", pool.Config().MaxConns).Msg("postbox started")
+	return nil
+}
+
+// boot checks the server, migrates, and registers this instance: claims
+// belong to registered instances, and another instance releases those of
+// unknown owners.
+func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (*service.Env, error) {
+	env := service.NewEnv(&r.cfg)
+	env.Store = &store.Store{Pool: pool, Table: cfg.Table(), Slot: cfg.Slot}
+	env.Log, env.Metrics, env.Owner, env.Version = r.opts.Logger, r.metrics, r.owner, Version
+	env.Now, env.Rand = r.opts.Now, r.opts.Rand
+	if err := store.Preflight(ctx, pool); err != nil {
+		return nil, err
+	}
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&env.DBName); err != nil {
+		return nil, fmt.Errorf("read database name: %w", err)
+	}
+	if err := store.Migrate(ctx, pool, cfg.Table()); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if err := env.Store.Heartbeat(ctx, env.Instance(false), cfg.Lease.D()); err != nil {
+		return nil, fmt.Errorf("register this instance: %w", err)
+	}
+	return env, nil
+}
+
+// connect opens the pool, retrying with backoff while the database is
+// unreachable, until ctx ends.
+func (r *Relay) connect(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
+	pool, err := store.Open(ctx, cfg.DatabaseURL, PoolSize(cfg))
+	if err != nil {
+		return nil, err // a malformed URL: retrying cannot help
+	}
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, PingTimeoutDefault)
+		err := pool.Ping(pctx)
+		cancel()
+		if err == nil {
+			return pool, nil
+		}
+		wait := service.RetryWait(attempt)
+		r.log.Warn().Err(err).Dur("retry_in", wait).Msg("database unreachable")
+		if !service.Sleep(ctx, wait) {
+			pool.Close()
+			return nil, fmt.Errorf("database unreachable: %w", err)
+		}
 	}
 }
 
-// Stopped is closed when the relay has stopped.
+// PingTimeoutDefault bounds one connection attempt at start.
+const PingTimeoutDefault = 10 * time.Second
+
+// PoolSize is how many connections the relay's services hold at most at
+// once under cfg: the ingester and reconciliation (one each), the LISTEN,
+// the claimer, the recorder, maintenance (two), the admin checks (two),
+// and a share of max_concurrency for the token buckets that rate-limited
+// attempts take from.
+func PoolSize(cfg *config.Config) int32 {
+	const fixed = 9
+	return fixed + int32(min(max(cfg.MaxConcurrency/32, 2), 8))
+}
+
+// ConfigurePool sets the session settings postbox's queries rely on (UTC,
+// ISO dates, custom plans, no JIT) on an application's pool configuration,
+// for Options.Pool.
+func ConfigurePool(pc *pgxpool.Config) { store.Configure(pc) }
+
+// Stop shuts down gracefully, in this order: it stops reading WAL (the
+// ingester commits what it was sent and the position is confirmed), stops
+// claiming, lets in-flight attempts finish within shutdown_grace (then
+// cancels them, returning their deliveries to the queue), records every
+// result, stops maintenance, releases its claims and closes its
+// connections. When ctx ends first, what remains is cut short. Stop
+// returns when every goroutine the relay started has returned.
+func (r *Relay) Stop(ctx context.Context) error {
+	first := false
+	r.stopOnce.Do(func() { first = true })
+	if !first {
+		select {
+		case <-r.stopped:
+		case <-ctx.Done():
+			r.hardStop()
+			<-r.stopped
+		}
+		return r.err
+	}
+	r.life.Lock()
+	defer r.life.Unlock()
+	done := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case <-ctx.Done():
+			r.hardStop()
+		case <-done:
+		}
+	})
+	if s := r.svc.Load(); s != nil {
+		r.shutdown(s)
+	}
+	r.closeAdmin()
+	r.client.CloseIdle()
+	close(done)
+	watch.Wait()
+	r.hardStop()
+	close(r.stopped)
+	return r.err
+}
+
+// shutdown stops the services in reverse order of their start.
+func (r *Relay) shutdown(s *services) {
+	r.log.Info().Msg("shutting down: stopping the stream")
+	s.ingest.Stop()
+	s.claimer.Stop()
+	grace := r.cfg.Load().ShutdownGrace.D()
+	r.log.Info().Int("in_flight", s.disp.InFlight()).Dur("grace", grace).Msg("waiting for in-flight attempts")
+	graceCtx, cancelGrace := context.WithTimeout(r.hardCtx, grace)
+	s.disp.Stop(graceCtx)
+	cancelGrace()
+	s.recorder.Stop()
+	s.maint.Stop()
+	relCtx, cancelRel := context.WithTimeout(context.Background(), ReleaseTimeoutDefault)
+	if n, err := s.env.Store.ReleaseOwned(relCtx, r.owner); err != nil {
+		r.log.Warn().Err(err).Msg("could not release claimed deliveries; they return to the queue when this instance's lease expires")
+	} else {
+		if n > 0 {
+			r.log.Info().Int64("deliveries", n).Msg("released claimed deliveries to the queue")
+		}
+		if err := s.env.Store.Deregister(relCtx, r.owner); err != nil {
+			r.log.Warn().Err(err).Msg("could not deregister this instance")
+		}
+	}
+	cancelRel()
+	if s.ownPool {
+		s.pool.Close()
+	}
+	r.log.Info().Stringer("confirmed_lsn", s.ingest.Durable().Get()).Msg("postbox stopped")
+}
+
+// ReleaseTimeoutDefault bounds handing this instance's claims back at stop.
+const ReleaseTimeoutDefault = 5 * time.Second
+
+// AdminShutdownDefault bounds the admin listener's shutdown.
+const AdminShutdownDefault = 2 * time.Second
+
+func (r *Relay) closeAdmin() {
+	if srv := r.admin.Load(); srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), AdminShutdownDefault)
+		_ = srv.Shutdown(ctx)
+		cancel()
+	}
+	r.serve.Wait()
+}
+
+// Stopped is closed when the relay has stopped (or failed to start).
 func (r *Relay) Stopped() <-chan struct{} { return r.stopped }
 
 // Err is why the relay stopped (nil after a clean Stop).
@@ -233,231 +433,35 @@ func (r *Relay) labelEndpoints(cfg *config.Config) {
 	r.metrics.SetLabeled(names, cfg.MetricsEndpointLabels)
 }
 
+// InstanceID is the name this instance holds leases under.
+func (r *Relay) InstanceID() string { return r.owner }
+
+// Streaming reports whether this instance is streaming the slot now.
+func (r *Relay) Streaming() bool {
+	s := r.svc.Load()
+	return s != nil && s.ingest.Streaming()
+}
+
+// Durable is the LSN up to which outbox transactions are ingested.
+func (r *Relay) Durable() pglogrepl.LSN {
+	if s := r.svc.Load(); s != nil {
+		return s.ingest.Durable().Get()
+	}
+	return 0
+}
+
 // Metrics are the relay's Prometheus metrics.
 func (r *Relay) Metrics() *telemetry.Metrics { return r.metrics }
 
 // AdminAddr is the address the admin listener is bound to ("" when none,
 // or before Start has bound it).
 func (r *Relay) AdminAddr() string {
-	if a := r.adminSrv.Load(); a != nil {
+	if a := r.admin.Load(); a != nil {
 		return a.Addr()
 	}
 	return ""
 }
 
-// run is the relay's life: connect, check, migrate, then stream, claim,
-// deliver and record until Stop, then shut down in order.
-func (r *Relay) run() error {
-	cfg := r.cfg.Load()
-	lifeCtx, cancelLife := context.WithCancel(r.hardCtx)
-	defer cancelLife()
-	go func() {
-		select {
-		case <-r.stopCh:
-		case <-lifeCtx.Done():
-		}
-		cancelLife()
-	}()
-	if cfg.AdminListen != "" {
-		srv, err := admin.Listen(cfg.AdminListen, cfg.AdminToken, r.metrics.Registry,
-			admin.Checks{Ready: r.ready, Status: r.status}, r.log)
-		if err != nil {
-			return fmt.Errorf("admin listener on %s: %w", cfg.AdminListen, err)
-		}
-		r.adminSrv.Store(srv)
-		go srv.Serve()
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = srv.Shutdown(ctx)
-			cancel()
-		}()
-		r.log.Info().Str("addr", srv.Addr()).Msg("admin listener (metrics, healthz, readyz, status)")
-	}
-	pool, err := r.connect(lifeCtx, cfg)
-	if err != nil {
-		if lifeCtx.Err() != nil {
-			return nil // stopped before the database came up
-		}
-		return err
-	}
-	defer pool.Close()
-	r.pool = pool
-	r.store = &store.Store{Pool: pool, Table: cfg.Table(), Slot: cfg.Slot}
-	r.limit = newLimiter(r.store)
-	if err := store.Preflight(lifeCtx, pool); err != nil {
-		return err
-	}
-	if err := pool.QueryRow(lifeCtx, `SELECT current_database()`).Scan(&r.dbName); err != nil {
-		return fmt.Errorf("read database name: %w", err)
-	}
-	if err := store.Migrate(lifeCtx, pool, cfg.Table()); err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	// Register before claiming anything: claims belong to registered
-	// instances, and another instance releases those of unknown owners.
-	for {
-		err := r.store.Heartbeat(lifeCtx, r.instance(), cfg.Lease.D())
-		if err == nil {
-			break
-		}
-		if lifeCtx.Err() != nil {
-			return nil
-		}
-		r.log.Warn().Err(err).Msg("registering this instance failed; retrying")
-		select {
-		case <-lifeCtx.Done():
-			return nil
-		case <-time.After(time.Second):
-		}
-	}
-	if len(cfg.Secrets()) == 0 {
-		r.log.Warn().Msg("no signing secrets configured: deliveries are not signed (set signing.secrets or POSTBOX_SIGNING_SECRETS)")
-	}
-	r.log.Info().Str("instance", r.owner).Str("slot", cfg.Slot).Str("table", cfg.Table().String()).
-		Str("version", Version).Msg("postbox started")
-
-	// Workers that stop last get contexts that outlive the stream's.
-	streamCtx, stopStream := context.WithCancel(r.hardCtx)
-	claimCtx, stopClaims := context.WithCancel(r.hardCtx)
-	stopRecords := make(chan struct{})
-	maintCtx, stopMaint := context.WithCancel(r.hardCtx)
-	var streamDone, claimDone, recordDone, maintDone sync.WaitGroup
-	maintDone.Go(func() { r.telemetryLoop(maintCtx) })
-	maintDone.Go(func() { r.watchSecrets(maintCtx) })
-	streamDone.Go(func() { r.streamLoop(streamCtx) })
-	claimDone.Go(func() { r.claimLoop(claimCtx) })
-	claimDone.Go(func() { r.listenLoop(claimCtx) })
-	recordDone.Go(func() { r.recordLoop(stopRecords) })
-	maintDone.Go(func() { r.maintainLoop(maintCtx) })
-	r.wakeClaimer() // deliveries left queued by an earlier run
-
-	<-lifeCtx.Done()
-	r.log.Info().Msg("shutting down: stopping the stream")
-	stopStream()
-	streamDone.Wait()
-	stopClaims()
-	claimDone.Wait()
-	grace := cfg.ShutdownGrace.D()
-	r.log.Info().Int("in_flight", r.disp.InFlight()).Dur("grace", grace).Msg("waiting for in-flight attempts")
-	graceCtx, cancelGrace := context.WithTimeout(r.hardCtx, grace)
-	r.disp.Stop(graceCtx)
-	cancelGrace()
-	close(stopRecords)
-	recordDone.Wait()
-	stopMaint()
-	maintDone.Wait()
-	relCtx, cancelRel := context.WithTimeout(context.Background(), 5*time.Second)
-	if n, err := r.store.ReleaseOwned(relCtx, r.owner); err != nil {
-		r.log.Warn().Err(err).Msg("could not release claimed deliveries; they return to the queue when this instance's lease expires")
-	} else {
-		if n > 0 {
-			r.log.Info().Int64("deliveries", n).Msg("released claimed deliveries to the queue")
-		}
-		if err := r.store.Deregister(relCtx, r.owner); err != nil {
-			r.log.Warn().Err(err).Msg("could not deregister this instance")
-		}
-	}
-	cancelRel()
-	r.log.Info().Stringer("confirmed_lsn", pglogrepl.LSN(r.durable.Load())).Msg("postbox stopped")
-	return nil
-}
-
-// connect opens the pool, retrying with backoff while the database is
-// unreachable; it gives up only when ctx ends.
-func (r *Relay) connect(ctx context.Context, cfg *config.Config) (*pgxpool.Pool, error) {
-	pool, err := store.Open(ctx, cfg.DatabaseURL, 16)
-	if err != nil {
-		return nil, err // a malformed URL: retrying cannot help
-	}
-	for attempt := 1; ; attempt++ {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := pool.Ping(pctx)
-		cancel()
-		if err == nil {
-			return pool, nil
-		}
-		wait := retryWait(attempt)
-		r.log.Warn().Err(err).Dur("retry_in", wait).Msg("database unreachable")
-		select {
-		case <-ctx.Done():
-			pool.Close()
-			return nil, ctx.Err()
-		case <-time.After(wait):
-		}
-	}
-}
-
-// retryWait is the wait before reconnect attempt n: 0.5 s doubling to 30 s,
-// with jitter.
-func retryWait(n int) time.Duration {
-	d := 500 * time.Millisecond << min(n-1, 6)
-	d = min(d, 30*time.Second)
-	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
-}
-
-func (r *Relay) wakeClaimer() {
-	select {
-	case r.claimWake <- struct{}{}:
-	default:
-	}
-}
-
-// Durable is the LSN up to which outbox transactions are ingested.
-func (r *Relay) Durable() pglogrepl.LSN { return pglogrepl.LSN(r.durable.Load()) }
-
-func (r *Relay) advanceDurable(lsn pglogrepl.LSN) {
-	for {
-		cur := r.durable.Load()
-		if uint64(lsn) <= cur || r.durable.CompareAndSwap(cur, uint64(lsn)) {
-			return
-		}
-	}
-}
-
-var _ wal.Acker = (*ingester)(nil)
-
-// watchSecrets reloads the configuration when a secrets file changes (a
-// Kubernetes secret rotated in place), so a rotation needs no restart and
-// no signal.
-func (r *Relay) watchSecrets(ctx context.Context) {
-	type stamp struct {
-		mod  time.Time
-		size int64
-	}
-	read := func() map[string]stamp {
-		out := map[string]stamp{}
-		for _, f := range r.cfg.Load().SecretFiles() {
-			if fi, err := os.Stat(f); err == nil {
-				out[f] = stamp{fi.ModTime(), fi.Size()}
-			}
-		}
-		return out
-	}
-	seen := read()
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		now := read()
-		changed := len(now) != len(seen)
-		for f, s := range now {
-			if seen[f] != s {
-				changed = true
-			}
-		}
-		if !changed {
-			continue
-		}
-		seen = now
-		next := *r.cfg.Load()
-		if err := r.Reload(&next); err != nil {
-			r.log.Error().Err(err).Msg("a secrets file changed but does not load; keeping the secrets in use")
-			continue
-		}
-		r.log.Info().Msg("signing secrets reloaded: a secrets file changed")
-	}
-}
+// Burst is how many events a rate may send at once: one second's worth,
+// at least one, at most the rate's own count.
+func Burst(rate config.Rate) float64 { return protect.Burst(rate) }

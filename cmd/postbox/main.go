@@ -211,7 +211,11 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	if err := r.Start(ctx); err != nil {
+	// Start waits for an unreachable database; a signal meanwhile ends it.
+	startCtx, stopStart := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	err = r.Start(startCtx)
+	stopStart()
+	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}

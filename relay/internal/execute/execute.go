@@ -1,4 +1,8 @@
-package relay
+// Package execute makes one delivery attempt: it resolves the request
+// (URL template, body template, or the dead-letter reason for an event
+// that cannot be sent), holds it while its endpoint is protected, sends it
+// signed, and classifies the response into what follows.
+package execute
 
 import (
 	"context"
@@ -10,48 +14,52 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/policy"
+	"github.com/postbox-relay/postbox/relay/internal/protect"
+	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
-// event is what resolve needs to know of an event.
-type event struct {
+// Event is what Resolve needs to know of an event.
+type Event struct {
 	EventID, Endpoint, URL, EventType string
 	Payload                           []byte
 	CreatedAt                         time.Time
 	Invalid                           string // a decoding problem (see wal.Row)
 }
 
-// target is an event's resolved request, or the reason it has none.
-type target struct {
-	ep     config.Endpoint
-	url    string
-	body   []byte // nil for GET
-	reason string // a dead-letter reason, "" when deliverable
+// Target is an event's resolved request, or the reason it has none.
+type Target struct {
+	Endpoint config.Endpoint
+	URL      string
+	Body     []byte // nil for GET
+	Reason   string // a dead-letter reason, "" when deliverable
 }
 
-// resolve decides where and what an event sends under cfg: the URL (a
+// Resolve decides where and what an event sends under cfg: the URL (a
 // template expanded), the body, or a dead-letter reason (SPEC §11), each
 // starting with its code so dead letters group by it. A target whose host
 // is a literal address the guard refuses is refused here, never dialled.
-func resolve(cfg *config.Config, ev event) target {
+func Resolve(cfg *config.Config, ev Event) Target {
 	ep := cfg.Endpoint(ev.Endpoint)
-	t := target{ep: ep}
+	t := Target{Endpoint: ep}
 	raw, tpl := ev.URL, (*deliver.Template)(nil)
 	if raw == "" {
 		raw, tpl = ep.URL, ep.URLTemplate
 	}
 	vals := deliver.Values{EventID: ev.EventID, EventType: ev.EventType, Endpoint: ev.Endpoint, CreatedAt: ev.CreatedAt, Payload: ev.Payload}
-	fail := func(code, format string, args ...any) target {
-		t.reason = code + ": " + fmt.Sprintf(format, args...)
+	fail := func(code, format string, args ...any) Target {
+		t.Reason = code + ": " + fmt.Sprintf(format, args...)
 		return t
 	}
 	switch {
 	case ev.Invalid != "":
-		t.reason = ev.Invalid
+		t.Reason = ev.Invalid
 		return t
 	case raw == "":
 		return fail(policy.ReasonUnknownEndpoint, "no endpoint %q is configured and the row has no url", ev.Endpoint)
@@ -65,15 +73,15 @@ func resolve(cfg *config.Config, ev event) target {
 		}
 		tpl = &parsed
 	}
-	t.url = raw
+	t.URL = raw
 	if tpl != nil {
 		u, err := tpl.ExpandURL(vals)
 		if err != nil {
 			return fail(policy.ReasonTemplateError, "%s", strings.TrimPrefix(err.Error(), deliver.ErrTemplate.Error()+": "))
 		}
-		t.url = u
+		t.URL = u
 	}
-	u, err := config.ParseTargetURL(t.url)
+	u, err := config.ParseTargetURL(t.URL)
 	if err != nil {
 		return fail(policy.ReasonInvalidURL, "%v", err)
 	}
@@ -83,7 +91,7 @@ func resolve(cfg *config.Config, ev event) target {
 		}
 	}
 	if ep.Method != http.MethodGet {
-		t.body = ev.Payload
+		t.Body = ev.Payload
 		if ep.BodyTemplate != nil {
 			escape := deliver.JSONEscape
 			if strings.HasPrefix(strings.ToLower(headerValue(ep.Headers, "Content-Type")), "application/x-www-form-urlencoded") {
@@ -93,7 +101,7 @@ func resolve(cfg *config.Config, ev event) target {
 			if err != nil {
 				return fail(policy.ReasonTemplateError, "body: %s", strings.TrimPrefix(err.Error(), deliver.ErrTemplate.Error()+": "))
 			}
-			t.body = []byte(b)
+			t.Body = []byte(b)
 		}
 	}
 	return t
@@ -140,42 +148,60 @@ func requestHeader(ep config.Endpoint, rowHeaders []byte) http.Header {
 	return h
 }
 
-// execute makes one attempt for a job and decides what follows.
-func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
-	cfg := r.cfg.Load()
+// Executor makes attempts: it resolves a job's request under the
+// configuration in force, waits for its endpoint's protection, sends it,
+// and decides what follows. It owns no goroutines: the dispatcher's run
+// Execute.
+type Executor struct {
+	env    *service.Env
+	log    zerolog.Logger
+	client *deliver.Client
+	prot   *protect.Protection
+}
+
+// New returns an Executor sending with client under prot.
+func New(env *service.Env, client *deliver.Client, prot *protect.Protection) *Executor {
+	return &Executor{env: env, log: env.Logger("deliver"), client: client, prot: prot}
+}
+
+// Execute makes one attempt for a job and decides what follows. Its
+// context ends only when a shutdown runs out of grace; the delivery is
+// then handed back untouched.
+func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) store.Result {
+	cfg := x.env.Config()
 	res := store.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, CommitToDeliveryMS: -1}
-	t := resolve(cfg, event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
+	t := Resolve(cfg, Event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
 		Payload: j.Payload, CreatedAt: j.CreatedAt})
-	if t.reason != "" {
-		res.Status, res.Attempted, res.LastError, res.At = store.StatusDeadLetter, true, t.reason, r.now()
-		r.log.Warn().Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Str("reason", t.reason).Msg("dead letter")
+	if t.Reason != "" {
+		res.Status, res.Attempted, res.LastError, res.At = store.StatusDeadLetter, true, t.Reason, x.env.Now()
+		x.log.Warn().Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Str("reason", t.Reason).Msg("dead letter")
 		return res
 	}
-	ep := t.ep
+	ep := t.Endpoint
 	// Held back (breaker open or half-open, or paused by the receiver):
 	// back to the queue without spending an attempt; claims skip the
 	// endpoint until it may be tried again.
-	if hold, _ := r.guard.holdUntil(j.Endpoint, ep.FailureThreshold, j.Probe, r.owner, r.now()); hold {
+	if hold, _ := x.prot.Hold(j.Endpoint, ep.FailureThreshold, j.Probe, x.env.Now()); hold {
 		return dispatch.Released(j)
 	}
 	if !ep.RateLimit.IsZero() {
 		// Above the rate the event waits, holding only its own endpoint's
 		// slot; it never fails for it.
-		if err := r.limit.wait(ctx, j.Endpoint, ep.RateLimit); err != nil {
+		if err := x.prot.Wait(ctx, j.Endpoint, ep.RateLimit); err != nil {
 			return dispatch.Released(j)
 		}
 	}
 	req := deliver.Request{
 		EventID: j.EventID,
 		Method:  ep.Method,
-		URL:     t.url,
-		Body:    t.body,
+		URL:     t.URL,
+		Body:    t.Body,
 		Header:  requestHeader(ep, j.Headers),
 		Secrets: ep.Secrets,
 		Timeout: ep.Timeout,
 	}
-	resp := r.client.Do(ctx, req)
-	res.At = r.now()
+	resp := x.client.Do(ctx, req)
+	res.At = x.env.Now()
 	if ctx.Err() != nil && resp.Err != nil {
 		// Shutdown ran out of grace: hand the delivery back untouched.
 		return dispatch.Released(j)
@@ -188,17 +214,17 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 		Err: resp.Err, Timeout: ep.Timeout}, ep)
 	res.LastError = v.Reason
 	res.Signal = signal(v, resp.StatusCode)
-	r.guard.observe(j.Endpoint, res.Signal, res.At)
+	x.prot.Observe(j.Endpoint, res.Signal, res.At)
 	if resp.StatusCode == http.StatusTooManyRequests || v.RetryAfter > 0 {
 		// The receiver asks for less: the whole endpoint waits, so the
 		// other queued events do not burn their attempts meanwhile.
 		res.Pause = v.RetryAfter
 		if res.Pause == 0 {
-			res.Pause = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, r.rand)
+			res.Pause = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, x.env.Rand)
 		}
 		res.Pause = min(res.Pause, ep.BackoffCap)
 	}
-	ev := r.log.Debug()
+	ev := x.log.Debug()
 	switch {
 	case v.Kind == policy.Success:
 		res.Status, res.LastError = store.StatusDelivered, ""
@@ -207,22 +233,22 @@ func (r *Relay) execute(ctx context.Context, j *dispatch.Job) store.Result {
 		}
 	case v.Kind == policy.Retry && j.Attempt < ep.MaxAttempts:
 		res.Status = store.StatusFailed
-		res.Delay = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, r.rand)
+		res.Delay = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, x.env.Rand)
 		if v.RetryAfter > 0 || res.Pause > 0 {
 			res.Delay = max(res.Pause, min(v.RetryAfter, ep.BackoffCap))
 		}
-		ev = r.log.Info()
+		ev = x.log.Info()
 	case v.Kind == policy.Retry:
 		res.Status = store.StatusDeadLetter
 		res.LastError = fmt.Sprintf("max_attempts (%d) exhausted: %s", ep.MaxAttempts, v.Reason)
-		ev = r.log.Warn()
+		ev = x.log.Warn()
 	default:
 		res.Status = store.StatusDeadLetter
-		ev = r.log.Warn()
+		ev = x.log.Warn()
 	}
 	if cfg.LogPayloads {
 		// Only with log_payloads: the full URL and the body sent.
-		ev = ev.Str("url", t.url).Bytes("body", t.body)
+		ev = ev.Str("url", t.URL).Bytes("body", t.Body)
 	}
 	ev.Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Int("attempt", j.Attempt).
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Str("outcome", res.Status).

@@ -1,0 +1,53 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/postbox-relay/postbox/relay/internal/maintain"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/telemetry"
+)
+
+var errNotConnected = errors.New("database not connected yet")
+
+// ready is the admin listener's readiness check: the database answers, and
+// some instance streams the slot without lagging past the alert threshold.
+func (r *Relay) ready(ctx context.Context) error {
+	s := r.svc.Load()
+	if s == nil {
+		return errNotConnected
+	}
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database unreachable: %w", err)
+	}
+	cfg := r.cfg.Load()
+	st, err := wal.Slot(ctx, s.pool, cfg.Slot)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !st.Exists:
+		return fmt.Errorf("replication slot %s does not exist yet", cfg.Slot)
+	case !st.Active:
+		return fmt.Errorf("no instance streams replication slot %s", cfg.Slot)
+	case st.RetainedBytes > int64(cfg.Alerts.SlotLag):
+		return fmt.Errorf("replication slot %s lags %d bytes (threshold %d)", cfg.Slot, st.RetainedBytes, int64(cfg.Alerts.SlotLag))
+	}
+	return nil
+}
+
+// status is the admin listener's /status: the summary with its alerts.
+func (r *Relay) status(ctx context.Context) (any, error) {
+	s := r.svc.Load()
+	if s == nil {
+		return nil, errNotConnected
+	}
+	sum, _, alerts, err := maintain.LoadState(ctx, s.env, true)
+	if err != nil {
+		return nil, err
+	}
+	sum.Alerts = telemetry.Firing(alerts)
+	return sum, nil
+}

@@ -1,0 +1,255 @@
+// Package claim is the claimer: it claims due deliveries from the queue
+// table (FOR UPDATE SKIP LOCKED, under this instance's lease) as far as
+// the dispatcher has room, and hands them over. It wakes when the ingester
+// queued rows it could not hand over in memory, when a lane frees while a
+// backlog exists, when a retry this instance scheduled falls due, when any
+// instance NOTIFYs (a replay, another instance's queued rows), and on the
+// slow sweep that catches the rest (expired leases, other instances'
+// retries).
+package claim
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+)
+
+// Claim bounds.
+const (
+	// MaxClaimDefault bounds one claim statement.
+	MaxClaimDefault = 1000
+	// MaxDueDefault bounds the heap of retry times; beyond it, the sweep
+	// finds the retries.
+	MaxDueDefault = 100000
+)
+
+// Dispatcher is what the claimer needs of the dispatcher.
+type Dispatcher interface {
+	Stopping() bool
+	Free() (map[string]int, int)
+	Submit(j *dispatch.Job, reserved bool)
+}
+
+// Protection is what the claimer needs of endpoint protection: a fresh
+// view of held-back endpoints before each claim, and the probes due.
+type Protection interface {
+	Refresh(ctx context.Context) error
+	ClaimProbes(ctx context.Context) []store.Claimed
+}
+
+// Claimer claims from the queue table. Start it, Stop it.
+type Claimer struct {
+	env   *service.Env
+	log   zerolog.Logger
+	disp  Dispatcher
+	prot  Protection
+	loops service.Loops
+
+	wake    service.Signal
+	backlog atomic.Bool // the queue table may hold due deliveries
+	due     dueTimes
+}
+
+// New returns a Claimer feeding disp.
+func New(env *service.Env, disp Dispatcher, prot Protection) *Claimer {
+	return &Claimer{env: env, log: env.Logger("claim"), disp: disp, prot: prot, wake: service.NewSignal()}
+}
+
+// Start runs the claim loop and the LISTEN loop. It claims once at once,
+// for deliveries an earlier run left queued.
+func (c *Claimer) Start(ctx context.Context) error {
+	c.backlog.Store(true)
+	c.wake.Notify()
+	return c.loops.Start(ctx, c.claimLoop, c.listenLoop)
+}
+
+// Stop ends both loops and waits for them.
+func (c *Claimer) Stop() { c.loops.Stop() }
+
+// Queued says the queue table has new due work: claim now.
+func (c *Claimer) Queued() {
+	c.backlog.Store(true)
+	c.wake.Notify()
+}
+
+// Wake asks for a claim cycle (a slot freed, results were recorded).
+func (c *Claimer) Wake() { c.wake.Notify() }
+
+// LaneFreed is the dispatcher's OnFree: a lane drained to half, so claim
+// if the queue may hold more.
+func (c *Claimer) LaneFreed() {
+	if c.backlog.Load() {
+		c.wake.Notify()
+	}
+}
+
+// RetryAt remembers when a retry this instance scheduled falls due.
+func (c *Claimer) RetryAt(t time.Time) { c.due.add(t) }
+
+func (c *Claimer) claimLoop(ctx context.Context) {
+	sweep := time.NewTicker(c.env.Config().SweepInterval.D())
+	defer sweep.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	failures := 0
+	for {
+		if next, ok := c.due.next(); ok {
+			timer.Reset(max(time.Until(next), time.Millisecond))
+		} else {
+			timer.Reset(time.Hour)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-timer.C:
+			c.due.popDue(time.Now())
+		case <-sweep.C:
+		}
+		more, err := c.claimOnce(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			wait := service.RetryWait(failures)
+			c.log.Warn().Err(err).Dur("retry_in", wait).Msg("claim failed")
+			if !service.Sleep(ctx, wait) {
+				return
+			}
+			c.wake.Notify()
+			continue
+		}
+		failures = 0
+		c.backlog.Store(more)
+	}
+}
+
+// claimOnce claims what the dispatcher has room for and submits it. It
+// reports whether the queue may hold more: it claimed something, or the
+// dispatcher had no room to claim at all.
+func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
+	if c.disp.Stopping() {
+		return false, nil
+	}
+	cfg := c.env.Config()
+	if err := c.prot.Refresh(ctx); err != nil {
+		return false, err
+	}
+	for _, p := range c.prot.ClaimProbes(ctx) {
+		j := jobFromClaim(p)
+		j.Probe = true
+		c.disp.Submit(j, false)
+	}
+	free, total := c.disp.Free()
+	if total == 0 {
+		return true, nil
+	}
+	var ordered []string
+	for name, ep := range cfg.ConfiguredEndpoints() {
+		if ep.Ordered {
+			ordered = append(ordered, name)
+		}
+		if _, ok := free[name]; !ok {
+			free[name] = dispatch.LaneLimit(ep.MaxInFlight)
+		}
+	}
+	defaultFree := dispatch.LaneLimit(cfg.Endpoint("").MaxInFlight)
+	claimed, err := c.env.Store.Claim(ctx, c.env.Owner, defaultFree, free, min(total, MaxClaimDefault), ordered)
+	if err != nil {
+		return false, err
+	}
+	heads, err := c.env.Store.ClaimOrdered(ctx, c.env.Owner, ordered)
+	if err != nil {
+		return false, err
+	}
+	for _, cl := range append(claimed, heads...) {
+		c.disp.Submit(jobFromClaim(cl), false)
+	}
+	return len(claimed)+len(heads) > 0, nil
+}
+
+func jobFromClaim(c store.Claimed) *dispatch.Job {
+	return &dispatch.Job{
+		DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Attempt: c.AttemptCount + 1,
+		EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
+		CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt,
+	}
+}
+
+// listenLoop wakes the claimer when any instance (or a replay) queues
+// work: a LISTEN on its own connection, reconnecting with backoff. The
+// sweep remains the safety net if notifications are lost.
+func (c *Claimer) listenLoop(ctx context.Context) {
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		conn, err := c.env.Pool().Acquire(ctx)
+		if err == nil {
+			_, err = conn.Exec(ctx, "LISTEN "+store.WakeChannel)
+			for err == nil {
+				attempt = 1
+				_, err = conn.Conn().WaitForNotification(ctx)
+				if err == nil {
+					c.Queued()
+				}
+			}
+			// The connection had a LISTEN: do not give it back to the pool.
+			_ = conn.Conn().Close(context.Background())
+			conn.Release()
+		}
+		if ctx.Err() != nil || !service.Sleep(ctx, service.RetryWait(attempt)) {
+			return
+		}
+	}
+}
+
+// dueTimes is a min-heap of the times this instance's retries fall due.
+type dueTimes struct {
+	mu sync.Mutex
+	h  timeHeap
+}
+
+func (d *dueTimes) add(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.h) < MaxDueDefault {
+		heap.Push(&d.h, t)
+	}
+}
+
+func (d *dueTimes) next() (time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.h) == 0 {
+		return time.Time{}, false
+	}
+	return d.h[0], true
+}
+
+func (d *dueTimes) popDue(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for len(d.h) > 0 && !d.h[0].After(now) {
+		heap.Pop(&d.h)
+	}
+}
+
+type timeHeap []time.Time
+
+func (h timeHeap) Len() int           { return len(h) }
+func (h timeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h timeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timeHeap) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *timeHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}

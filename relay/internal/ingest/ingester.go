@@ -1,0 +1,246 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/execute"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
+)
+
+// Ingester bounds.
+const (
+	// MaxInsertRowsDefault bounds one insert statement.
+	MaxInsertRowsDefault = 2000
+	// LargeTransactionRows is the size above which an ingested transaction
+	// is logged (at debug).
+	LargeTransactionRows = 1000
+)
+
+// ingester writes what one session's stream sends into postbox.events and
+// postbox.deliveries, with the checkpoint, and hands deliveries it could
+// reserve room for straight to the dispatcher. It is the stream's Acker.
+type ingester struct {
+	s       *Supervisor
+	in      *wal.Queue
+	drained chan struct{}
+	fail    context.CancelFunc // ends the session after an error
+	err     error
+
+	// The session's leadership and server, for checkpoint writes; the
+	// stream's plan sets the server before it queues anything, and the
+	// queue orders that before the ingester reads it.
+	lead     store.Leadership
+	systemID string
+	timeline int32
+
+	conn   *store.IngestConn
+	tx     *dispatch.Ingest // the open transaction's handle
+	rows   int              // outbox rows written in the open transaction
+	queued bool             // it wrote deliveries for the queue (not the fast path)
+}
+
+var _ wal.Acker = (*ingester)(nil)
+
+func newIngester(s *Supervisor, in *wal.Queue, lead store.Leadership, fail context.CancelFunc) *ingester {
+	return &ingester{s: s, in: in, drained: make(chan struct{}), fail: fail, lead: lead}
+}
+
+func (ing *ingester) Durable() pglogrepl.LSN   { return ing.s.durable.Get() }
+func (ing *ingester) Drained() <-chan struct{} { return ing.drained }
+
+// run ingests until the stream closes the queue. After a failure it keeps
+// taking (and dropping) what arrives, so the stream is never blocked on a
+// dead consumer; it returns once the queue is closed.
+func (ing *ingester) run(ctx context.Context) {
+	defer close(ing.drained)
+	conn, err := ing.s.env.Store.AcquireIngest(ctx, ing.s.env.Owner)
+	if err != nil {
+		ing.abort(fmt.Errorf("ingest connection: %w", err))
+	} else {
+		ing.conn = conn
+		defer conn.Release()
+	}
+	for {
+		batch, ok := ing.in.Take(context.WithoutCancel(ctx))
+		if !ok {
+			break
+		}
+		if ing.err != nil {
+			continue
+		}
+		if err := ing.ingest(ctx, batch); err != nil {
+			ing.abort(err)
+		}
+	}
+	// The stream stopped. A transaction cut off mid-way is abandoned; the
+	// server sends it again next session, since it was never confirmed.
+	if ing.tx != nil {
+		conn.Rollback(ctx)
+		ing.tx.Finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
+		ing.tx = nil
+	}
+}
+
+// ingest commits up to the last finished transaction of a batch; a
+// transaction still arriving stays open in its own database transaction.
+func (ing *ingester) ingest(ctx context.Context, batch []wal.Chunk) error {
+	split := 0
+	for i, ch := range batch {
+		if ch.Final {
+			split = i + 1
+		}
+	}
+	if split > 0 {
+		if err := ing.write(ctx, batch[:split], true); err != nil {
+			return err
+		}
+	}
+	if split < len(batch) {
+		return ing.write(ctx, batch[split:], false)
+	}
+	return nil
+}
+
+func (ing *ingester) abort(err error) {
+	ing.err = err
+	if ing.tx != nil {
+		ing.tx.Finish(err) // Release closes the connection of a transaction left open
+		ing.tx = nil
+	}
+	ing.fail()
+}
+
+// write inserts the chunks' rows into the open transaction (opening one)
+// and, when commit is set, commits it with the checkpoint of the last
+// chunk, which then is a transaction's end.
+func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool) error {
+	s := ing.s
+	cfg := s.env.Config()
+	var evs []store.NewEvent
+	var reserved []bool
+	for _, c := range chunks {
+		for _, row := range c.Rows {
+			ev, res := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true)
+			evs, reserved = append(evs, ev), append(reserved, res)
+		}
+	}
+	for len(evs) > 0 {
+		n := min(len(evs), MaxInsertRowsDefault)
+		if ing.tx == nil {
+			ing.tx = dispatch.NewIngest()
+		}
+		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention.D() == 0)
+		if err != nil {
+			for i, ok := range reserved {
+				if ok {
+					s.deps.Fast.Unreserve(evs[i].Endpoint)
+				}
+			}
+			return fmt.Errorf("ingest: %w", err)
+		}
+		if s.afterInsert(evs[:n], reserved[:n], got, ing.tx) {
+			ing.queued = true
+		}
+		ing.rows += n
+		evs, reserved = evs[n:], reserved[n:]
+	}
+	if !commit {
+		return nil
+	}
+	end := chunks[len(chunks)-1].EndLSN
+	if ing.tx == nil {
+		s.durable.Advance(end) // empty transactions: nothing to write
+		return nil
+	}
+	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
+	err := ing.conn.Commit(ctx, end, ing.queued)
+	tx, queued, rows := ing.tx, ing.queued, ing.rows
+	ing.tx, ing.rows, ing.queued = nil, 0, false
+	tx.Finish(err)
+	if err != nil {
+		if store.IsFenced(err) {
+			return err
+		}
+		return fmt.Errorf("ingest: %w", err)
+	}
+	if rows >= LargeTransactionRows {
+		s.log.Debug().Int("rows", rows).Stringer("lsn", end).Msg("ingested a large transaction")
+	}
+	s.durable.Advance(end)
+	if queued {
+		s.deps.Queued()
+	}
+	return nil
+}
+
+// newEvent turns an outbox row into the event to ingest and decides its
+// delivery's first state. With fast set, a deliverable event whose endpoint
+// has room is reserved a slot and written in_flight, owned by this
+// instance.
+func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LSN, commitTime time.Time, fast bool) (store.NewEvent, bool) {
+	ev := store.NewEvent{
+		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
+		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
+		CommitLSN: commitLSN, CommittedAt: commitTime, Status: store.StatusPending,
+	}
+	t := execute.Resolve(cfg, execute.Event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
+		Payload: row.Payload, CreatedAt: parsePGTime(row.CreatedAt), Invalid: row.Invalid})
+	switch {
+	case t.Reason != "":
+		ev.Status, ev.LastError = store.StatusDeadLetter, t.Reason
+	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(row.Endpoint, s.env.Now()) && s.deps.Fast.Reserve(row.Endpoint):
+		ev.Status = store.StatusInFlight
+		return ev, true
+	}
+	return ev, false
+}
+
+// afterInsert hands the fast-path deliveries to the dispatcher (their
+// attempts may start before the transaction commits; their results wait
+// for it) and gives back reservations for events that were already
+// ingested. It reports whether any delivery went to the queue instead.
+func (s *Supervisor) afterInsert(evs []store.NewEvent, reserved []bool, got []store.Ingested, tx *dispatch.Ingest) (queued bool) {
+	inserted := make([]int64, len(evs))
+	for _, g := range got {
+		inserted[g.Index] = g.DeliveryID
+	}
+	s.env.Metrics.Ingested(len(got))
+	for i := range evs {
+		ev := &evs[i]
+		id := inserted[i]
+		switch {
+		case reserved[i] && id == 0:
+			s.deps.Fast.Unreserve(ev.Endpoint)
+		case reserved[i]:
+			s.deps.Fast.Submit(&dispatch.Job{
+				DeliveryID: id, Endpoint: ev.Endpoint, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
+				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
+				CreatedAt: parsePGTime(ev.CreatedAt), CommittedAt: ev.CommittedAt, Ingest: tx,
+			}, true)
+		case id != 0 && ev.Status == store.StatusPending:
+			queued = true
+		case id != 0 && ev.Status == store.StatusDeadLetter:
+			s.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
+		}
+	}
+	return queued
+}
+
+// parsePGTime parses a timestamptz as PostgreSQL prints it with DateStyle
+// ISO; the zero time when it cannot.
+func parsePGTime(s string) time.Time {
+	for _, layout := range []string{"2006-01-02 15:04:05.999999-07", "2006-01-02 15:04:05.999999-07:00", "2006-01-02 15:04:05.999999-07:00:00"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t
+		}
+	}
+	return time.Time{}
+}

@@ -1,0 +1,350 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/internal/watermark"
+)
+
+// Supervisor timing and bounds.
+const (
+	// DetachTriesDefault and DetachWaitDefault bound the wait for a
+	// walsender being ended to let go of the slot.
+	DetachTriesDefault = 50
+	DetachWaitDefault  = 100 * time.Millisecond
+	// ReleaseTimeoutDefault bounds handing the leadership over on a clean
+	// stop.
+	ReleaseTimeoutDefault = 2 * time.Second
+	// QueueRowsDefault and QueueBytesDefault bound the queue between the
+	// stream and the ingester.
+	QueueRowsDefault  = 5000
+	QueueBytesDefault = 8 << 20
+)
+
+// errStandby: another instance holds the leadership.
+var errStandby = errors.New("another instance streams the slot")
+
+// FastPath is the dispatcher as the ingester uses it: reserve a slot
+// before writing a delivery in_flight, then submit it (or give the slot
+// back).
+type FastPath interface {
+	Reserve(endpoint string) bool
+	Unreserve(endpoint string)
+	Submit(j *dispatch.Job, reserved bool)
+}
+
+// Deps are what the supervisor needs of the other services.
+type Deps struct {
+	Fast FastPath
+	// Blocked reports whether an endpoint takes no new work now (breaker
+	// not closed, paused): its events go to the queue, not the fast path.
+	Blocked func(endpoint string, now time.Time) bool
+	// Queued says deliveries were written to the queue table.
+	Queued func()
+}
+
+// Supervisor streams and ingests. Start it, Stop it.
+type Supervisor struct {
+	env   *service.Env
+	log   zerolog.Logger
+	deps  Deps
+	loops service.Loops
+	hard  context.Context // Start's: ingest writes finish under it after Stop
+
+	durable    *watermark.Watermark[pglogrepl.LSN]
+	streaming  atomic.Bool
+	reconciled atomic.Bool
+	reconMu    sync.Mutex
+}
+
+// New returns a Supervisor.
+func New(env *service.Env, deps Deps) *Supervisor {
+	return &Supervisor{env: env, log: env.Logger("ingest"), deps: deps, durable: watermark.New[pglogrepl.LSN](0)}
+}
+
+// Start runs the streaming loop. ctx bounds the ingest's writes, which
+// finish what the stream delivered also after Stop.
+func (s *Supervisor) Start(ctx context.Context) error {
+	s.hard = ctx
+	return s.loops.Start(ctx, s.loop)
+}
+
+// Stop ends the replication session (the ingester commits what it was
+// sent, the stream confirms it) and waits for every goroutine.
+func (s *Supervisor) Stop() { s.loops.Stop() }
+
+// Streaming reports whether this instance streams the slot now.
+func (s *Supervisor) Streaming() bool { return s.streaming.Load() }
+
+// Durable is the LSN up to which outbox transactions are ingested.
+func (s *Supervisor) Durable() *watermark.Watermark[pglogrepl.LSN] { return s.durable }
+
+func (s *Supervisor) setStreaming(on bool) {
+	s.streaming.Store(on)
+	s.env.Metrics.Streaming(on)
+}
+
+// loop keeps this instance streaming when it leads, and standing by when
+// another does; after a failure it starts again with backoff.
+func (s *Supervisor) loop(ctx context.Context) {
+	failures := 0
+	standby := false
+	for ctx.Err() == nil {
+		err := s.session(ctx)
+		s.setStreaming(false)
+		if ctx.Err() != nil {
+			return
+		}
+		var wait time.Duration
+		switch {
+		case errors.Is(err, errStandby), errors.Is(err, wal.ErrSlotBusy):
+			if !standby {
+				s.log.Info().Err(err).Msg("standing by: delivering from the queue while another instance streams")
+				standby = true
+			}
+			wait = s.env.Config().LeaderLease.D() / 6
+		case store.IsFenced(err):
+			s.log.Warn().Err(err).Msg("another instance took over streaming (this one was paused or cut off); standing by")
+			standby = true
+			continue
+		case errors.Is(err, wal.ErrSlotMissing):
+			s.log.Error().Err(err).Msg("REPLICATION SLOT LOST: dropped, or this server is a promoted standby without it; recreating it and reconciling the outbox table")
+			continue
+		case errors.Is(err, wal.ErrSlotInvalidated):
+			s.log.Error().Err(err).Msg("REPLICATION SLOT INVALIDATED (max_slot_wal_keep_size exceeded?): recreating it and reconciling the outbox table")
+			if derr := s.dropSlot(ctx); derr != nil {
+				s.log.Error().Err(derr).Msg("could not drop the invalidated slot")
+			}
+			continue
+		default:
+			standby = false
+			failures++
+			wait = service.RetryWait(failures)
+			s.log.Warn().Err(err).Dur("retry_in", wait).Msg("replication session ended")
+		}
+		if !service.Sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// dropSlot drops the slot, first ending the walsender attached to it.
+func (s *Supervisor) dropSlot(ctx context.Context) error {
+	if err := s.detachSlot(ctx); err != nil {
+		return err
+	}
+	return wal.DropSlot(ctx, s.env.Pool(), s.env.Config().Slot)
+}
+
+// detachSlot ends the walsender still attached to the slot (a leader that
+// died, froze or lost its network) and waits until the slot is free.
+func (s *Supervisor) detachSlot(ctx context.Context) error {
+	slot := s.env.Config().Slot
+	for range DetachTriesDefault {
+		st, err := wal.Slot(ctx, s.env.Pool(), slot)
+		if err != nil {
+			return err
+		}
+		if !st.Exists || !st.Active {
+			return nil
+		}
+		if _, err := s.env.Pool().Exec(ctx, `SELECT pg_terminate_backend($1)`, st.ActivePID); err != nil {
+			return fmt.Errorf("end the walsender (pid %d) of slot %s: %w", st.ActivePID, slot, err)
+		}
+		if !service.Sleep(ctx, DetachWaitDefault) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("%w: its walsender would not end", wal.ErrSlotBusy)
+}
+
+// session runs one replication session, if this instance can lead. Its
+// goroutines are joined before it returns.
+func (s *Supervisor) session(ctx context.Context) error {
+	cfg := s.env.Config()
+	lead, ok, leader, err := s.env.Store.AcquireLeadership(ctx, s.env.Owner, cfg.LeaderLease.D())
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w (%s)", errStandby, leader)
+	}
+	sessCtx, cancel := context.WithCancel(ctx)
+	var helpers sync.WaitGroup
+	defer helpers.Wait()
+	defer cancel()
+	var lost atomic.Bool
+	helpers.Go(func() { s.keepLeadership(sessCtx, lead, cancel, &lost) })
+	defer func() {
+		if ctx.Err() != nil && !lost.Load() {
+			// A clean stop: hand over at once rather than after the lease.
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeoutDefault)
+			_ = s.env.Store.ReleaseLeadership(rctx, s.env.Owner, lead)
+			rcancel()
+		}
+	}()
+
+	cp, err := s.prepareSlot(ctx)
+	if err != nil {
+		return err
+	}
+	queue := wal.NewQueue(QueueRowsDefault, QueueBytesDefault)
+	ing := newIngester(s, queue, lead, cancel)
+	flushed := watermark.New[pglogrepl.LSN](0)
+	var reconcileSnap string
+	var reconcilePos pglogrepl.LSN
+	stream := wal.NewStream(wal.Options{
+		ConnString:     cfg.DatabaseURL,
+		Slot:           cfg.Slot,
+		Publication:    cfg.Publication,
+		Table:          cfg.Table(),
+		StatusInterval: cfg.StatusInterval.D(),
+		StallTimeout:   cfg.StallTimeout.D(),
+		Logger:         s.env.Logger("wal"),
+		Flushed:        func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },
+	})
+	plan := func(ss wal.Session) (pglogrepl.LSN, pglogrepl.LSN, error) {
+		ing.systemID, ing.timeline = ss.SystemID, ss.Timeline
+		start := cp.LSN
+		switch {
+		case cp.SystemID != "" && cp.SystemID != ss.SystemID:
+			// A different server (restored, rebuilt): its LSNs say
+			// nothing about the old checkpoint.
+			s.log.Error().Str("was", cp.SystemID).Str("now", ss.SystemID).
+				Msg("the database server changed (system identifier): not trusting the checkpoint; reconciling the outbox table")
+			start = 0
+			s.reconciled.Store(false)
+		case cp.Timeline != 0 && cp.Timeline != ss.Timeline:
+			// A failover or promotion: the slot is the new primary's.
+			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
+				Msg("the database server's timeline changed (failover): not trusting the checkpoint; reconciling the outbox table")
+			start = 0
+			s.reconciled.Store(false)
+		}
+		s.durable.Reset(start)
+		if !s.reconciled.Load() {
+			// Rows committed as of this snapshot either come through the
+			// stream before it passes pos, or never will: those are the
+			// ones reconciliation takes, once the stream is past pos.
+			snap, pos, err := s.env.Store.Snapshot(ctx)
+			if err != nil {
+				return 0, 0, err
+			}
+			reconcileSnap, reconcilePos = snap, pos
+		}
+		return start, start, nil
+	}
+	helpers.Go(func() { ing.run(s.hard) })
+	err = stream.Run(sessCtx, plan, queue, ing, func(ss wal.Session) {
+		s.setStreaming(true)
+		s.log.Info().Str("slot", cfg.Slot).Stringer("from", s.durable.Get()).Str("system_id", ss.SystemID).
+			Int32("timeline", ss.Timeline).Int64("fencing_token", lead.Token).Msg("streaming")
+		if reconcileSnap != "" {
+			helpers.Go(func() { s.reconcileAfter(sessCtx, reconcilePos, reconcileSnap, flushed) })
+		}
+	})
+	<-ing.drained
+	if ing.err != nil {
+		return ing.err
+	}
+	if lost.Load() {
+		return fmt.Errorf("%w: the leadership lease was lost", store.ErrFenced)
+	}
+	return err
+}
+
+// prepareSlot makes sure the publication and a usable slot exist (taking
+// the slot over from a walsender whose leader lost the lease) and returns
+// the checkpoint to stream from.
+func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) {
+	cfg := s.env.Config()
+	if err := wal.EnsurePublication(ctx, s.env.Pool(), cfg.Publication, cfg.Table()); err != nil {
+		return store.Checkpoint{}, err
+	}
+	slot, err := wal.Slot(ctx, s.env.Pool(), cfg.Slot)
+	if err != nil {
+		return store.Checkpoint{}, err
+	}
+	switch {
+	case slot.Exists && slot.Database != s.env.DBName:
+		return store.Checkpoint{}, fmt.Errorf("replication slot %s belongs to database %s, not %s: give this relay a slot name of its own (slot:)", cfg.Slot, slot.Database, s.env.DBName)
+	case slot.Exists && slot.Plugin != "pgoutput":
+		return store.Checkpoint{}, fmt.Errorf("replication slot %s uses plugin %s, not pgoutput: drop it or choose another slot name", cfg.Slot, slot.Plugin)
+	case slot.Exists && slot.WALStatus == "lost":
+		return store.Checkpoint{}, fmt.Errorf("%w: wal_status is lost", wal.ErrSlotInvalidated)
+	case slot.Exists && slot.Active:
+		// We hold the lease, so whoever is attached lost it: a leader that
+		// died without closing its connection, or froze.
+		s.log.Warn().Int("pid", slot.ActivePID).Msg("taking the slot over from a walsender whose leader's lease expired")
+		if err := s.detachSlot(ctx); err != nil {
+			return store.Checkpoint{}, err
+		}
+	}
+	cp, err := s.env.Store.Checkpoint(ctx)
+	if err != nil {
+		return cp, err
+	}
+	if slot.Exists {
+		return cp, nil
+	}
+	created, err := wal.CreateSlot(ctx, cfg.DatabaseURL, cfg.Slot)
+	if err != nil {
+		return cp, err
+	}
+	if created {
+		if cp.LSN != 0 {
+			// postbox streamed from this slot before: it was dropped, or
+			// this is a promoted standby, which (before PostgreSQL 17's
+			// failover slots) has none.
+			s.log.Error().Str("slot", cfg.Slot).Stringer("last_checkpoint", cp.LSN).
+				Msg("REPLICATION SLOT LOST: dropped, or this server is a promoted standby without it; recreated it, and reconciling the outbox table for what was written meanwhile")
+		} else {
+			s.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
+		}
+		s.reconciled.Store(false) // rows written while there was no slot
+	}
+	return cp, nil
+}
+
+// keepLeadership renews the lease every third of it; when another
+// instance has taken over, or renewals fail for a whole lease, it ends the
+// session.
+func (s *Supervisor) keepLeadership(ctx context.Context, lead store.Leadership, cancel context.CancelFunc, lost *atomic.Bool) {
+	lease := s.env.Config().LeaderLease.D()
+	tick := time.NewTicker(lease / 3)
+	defer tick.Stop()
+	lastOK := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		ok, err := s.env.Store.RenewLeadership(ctx, s.env.Owner, lead, lease)
+		switch {
+		case err == nil && ok:
+			lastOK = time.Now()
+		case err == nil:
+			lost.Store(true)
+			cancel()
+			return
+		case time.Since(lastOK) > lease:
+			s.log.Warn().Err(err).Msg("cannot renew the streaming lease; stepping down")
+			lost.Store(true)
+			cancel()
+			return
+		}
+	}
+}

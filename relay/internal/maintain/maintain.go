@@ -1,0 +1,269 @@
+// Package maintain is the relay's housekeeping, one service with three
+// loops:
+//
+//   - the heartbeat keeps this instance registered (which keeps its claims
+//     its own), returns the deliveries of instances that died to the queue,
+//     and purges ingested outbox rows past their retention;
+//   - telemetry keeps the metrics' gauges current and, on whichever
+//     instance holds the upkeep lock, refreshes the endpoints'
+//     percentiles, purges what is past its retention and logs alert
+//     changes once for all instances;
+//   - the secrets watcher reloads the configuration when a secrets file
+//     changes (a Kubernetes secret rotated in place).
+package maintain
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/telemetry"
+)
+
+// Cadences and bounds.
+const (
+	// HeartbeatMin is the shortest heartbeat interval (a third of lease).
+	HeartbeatMin = 100 * time.Millisecond
+	// ReleaseBatchDefault and PurgeBatchDefault bound one statement.
+	ReleaseBatchDefault = 5000
+	PurgeBatchDefault   = 5000
+	// TelemetryFirstDefault is when the gauges are first set after start.
+	TelemetryFirstDefault = time.Second
+	// TelemetryIntervalDefault is the cadence of gauges and alerts.
+	TelemetryIntervalDefault = 15 * time.Second
+	// UpkeepIntervalDefault is the cadence of percentiles and purges.
+	UpkeepIntervalDefault = time.Minute
+	// SecretsPollDefault is how often secrets files are checked.
+	SecretsPollDefault = 2 * time.Second
+)
+
+// upkeepLock is the advisory lock whose holder refreshes percentiles,
+// purges, and logs alert changes for all instances.
+const upkeepLock = 0x706f7374626f79 // "postboy"
+
+// Deps are what maintenance needs of the rest of the relay.
+type Deps struct {
+	// Streaming reports whether this instance streams (for its
+	// registration and the gauge).
+	Streaming func() bool
+	// Queued says deliveries went back to the queue.
+	Queued func()
+	// Reload swaps in a configuration (the secrets watcher's).
+	Reload func(*config.Config) error
+}
+
+// Maintainer runs the housekeeping loops. Start it, Stop it.
+type Maintainer struct {
+	env   *service.Env
+	log   zerolog.Logger
+	deps  Deps
+	loops service.Loops
+}
+
+// New returns a Maintainer.
+func New(env *service.Env, deps Deps) *Maintainer {
+	return &Maintainer{env: env, log: env.Logger("maintain"), deps: deps}
+}
+
+// Start runs the heartbeat, telemetry and secrets loops.
+func (m *Maintainer) Start(ctx context.Context) error {
+	return m.loops.Start(ctx, m.heartbeatLoop, m.telemetryLoop, m.watchSecrets)
+}
+
+// Stop ends the loops and waits for them.
+func (m *Maintainer) Stop() { m.loops.Stop() }
+
+// heartbeatLoop keeps this instance registered, returns deliveries of
+// instances that died to the queue, and purges ingested outbox rows.
+func (m *Maintainer) heartbeatLoop(ctx context.Context) {
+	cfg := m.env.Config()
+	tick := time.NewTicker(max(cfg.Lease.D()/3, HeartbeatMin))
+	defer tick.Stop()
+	for {
+		cfg = m.env.Config()
+		st := m.env.Store
+		if err := st.Heartbeat(ctx, m.env.Instance(m.deps.Streaming()), cfg.Lease.D()); err != nil && ctx.Err() == nil {
+			m.log.Warn().Err(err).Msg("heartbeat failed")
+		}
+		if n, err := st.ReleaseAbandoned(ctx, ReleaseBatchDefault); err != nil && ctx.Err() == nil {
+			m.log.Warn().Err(err).Msg("releasing abandoned deliveries failed")
+		} else if n > 0 {
+			m.log.Info().Int64("deliveries", n).Msg("returned deliveries of a stopped instance to the queue")
+			m.deps.Queued()
+		}
+		// With outbox_retention 0 the ingest deletes the rows it ingests,
+		// but an application's commit can be streamed a moment before it
+		// becomes visible to other sessions, and the delete then misses
+		// its row: the purge picks such rows up.
+		if _, err := st.PurgeIngestedOutbox(ctx, cfg.OutboxRetention.D(), PurgeBatchDefault); err != nil && ctx.Err() == nil {
+			m.log.Warn().Err(err).Msg("purging the outbox failed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// telemetryLoop keeps the gauges current and runs the upkeep where this
+// instance holds the lock.
+func (m *Maintainer) telemetryLoop(ctx context.Context) {
+	var lastUpkeep time.Time
+	t := time.NewTimer(TelemetryFirstDefault)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t.Reset(TelemetryIntervalDefault)
+		s, eps, alerts, err := LoadState(ctx, m.env, false)
+		if err != nil {
+			if ctx.Err() == nil {
+				m.log.Warn().Err(err).Msg("telemetry failed")
+			}
+			continue
+		}
+		m.env.Metrics.Observe(s, eps, alerts)
+		m.env.Metrics.Streaming(m.deps.Streaming())
+		upkeep := time.Since(lastUpkeep) >= UpkeepIntervalDefault
+		if err := m.asLeader(ctx, func(ctx context.Context) error {
+			if upkeep {
+				lastUpkeep = time.Now()
+				if err := m.upkeep(ctx); err != nil {
+					return err
+				}
+			}
+			changes, err := telemetry.RecordAlerts(ctx, m.env.Pool(), alerts)
+			for _, c := range changes {
+				if c.Alert.Firing {
+					m.log.Warn().Str("alert", c.Alert.Name).Str("subject", c.Alert.Subject).Msg("ALERT: " + c.Alert.Detail)
+				} else {
+					m.log.Info().Str("alert", c.Alert.Name).Str("subject", c.Alert.Subject).Msg("alert cleared: " + c.Alert.Detail)
+				}
+			}
+			return err
+		}); err != nil && ctx.Err() == nil {
+			m.log.Warn().Err(err).Msg("telemetry upkeep failed")
+		}
+	}
+}
+
+// LoadState reads the health summary (with the last hour's delivery
+// statistics when full) and the endpoints' stored figures, and evaluates
+// the alerts on them.
+func LoadState(ctx context.Context, env *service.Env, full bool) (telemetry.Summary, []telemetry.EndpointStats, []telemetry.Alert, error) {
+	cfg := env.Config()
+	load := telemetry.LoadQueueSummary
+	if full {
+		load = telemetry.LoadSummary
+	}
+	s, err := load(ctx, env.Pool(), cfg.Slot)
+	if err != nil {
+		return s, nil, nil, err
+	}
+	eps, err := telemetry.LoadStoredEndpoints(ctx, env.Pool())
+	if err != nil {
+		return s, nil, nil, err
+	}
+	return s, eps, telemetry.Evaluate(s, eps, cfg.Alerts), nil
+}
+
+// upkeep refreshes percentiles and purges what is past its retention.
+func (m *Maintainer) upkeep(ctx context.Context) error {
+	cfg := m.env.Config()
+	st := m.env.Store
+	if err := telemetry.RefreshPercentiles(ctx, m.env.Pool()); err != nil {
+		return err
+	}
+	purges := []struct {
+		what  string
+		purge func() (int64, error)
+	}{
+		{"latency samples", func() (int64, error) { return st.PurgeSamples(ctx, telemetry.Window) }},
+		{"latency histograms", func() (int64, error) { return st.PurgeHistograms(ctx, telemetry.Window) }},
+		{"finished deliveries", func() (int64, error) { return st.PurgeDeliveries(ctx, cfg.DeliveryRetention.D()) }},
+		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention.D()) }},
+	}
+	var errs []error
+	for _, p := range purges {
+		if n, err := p.purge(); err != nil {
+			errs = append(errs, err)
+		} else if n > 0 {
+			m.log.Debug().Int64("rows", n).Msg("purged " + p.what)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// asLeader runs f if this instance gets the upkeep lock now.
+func (m *Maintainer) asLeader(ctx context.Context, f func(context.Context) error) error {
+	conn, err := m.env.Pool().Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(upkeepLock)).Scan(&got); err != nil {
+		return err
+	}
+	if !got {
+		return nil
+	}
+	defer func() {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(upkeepLock))
+	}()
+	return f(ctx)
+}
+
+// watchSecrets reloads the configuration when a secrets file changes, so
+// a rotation needs no restart and no signal.
+func (m *Maintainer) watchSecrets(ctx context.Context) {
+	type stamp struct {
+		mod  time.Time
+		size int64
+	}
+	read := func() map[string]stamp {
+		out := map[string]stamp{}
+		for _, f := range m.env.Config().SecretFiles() {
+			if fi, err := os.Stat(f); err == nil {
+				out[f] = stamp{fi.ModTime(), fi.Size()}
+			}
+		}
+		return out
+	}
+	seen := read()
+	tick := time.NewTicker(SecretsPollDefault)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := read()
+		changed := len(now) != len(seen)
+		for f, s := range now {
+			if seen[f] != s {
+				changed = true
+			}
+		}
+		if !changed {
+			continue
+		}
+		seen = now
+		next := *m.env.Config()
+		if err := m.deps.Reload(&next); err != nil {
+			m.log.Error().Err(err).Msg("a secrets file changed but does not load; keeping the secrets in use")
+			continue
+		}
+		m.log.Info().Msg("signing secrets reloaded: a secrets file changed")
+	}
+}

@@ -1,0 +1,255 @@
+package protect
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/relay/internal/policy"
+	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+)
+
+// StreakHoldDefault is how long a local failure streak holds an endpoint
+// without the shared breaker confirming it.
+const StreakHoldDefault = 2 * time.Second
+
+// Protection is this instance's view of which endpoints are held back, and
+// its share of their rate limits.
+type Protection struct {
+	env *service.Env
+	log zerolog.Logger
+
+	mu        sync.RWMutex
+	unhealthy map[string]store.Health
+	probing   map[string]bool // endpoints whose probe this instance has in flight
+	// streaks counts this instance's own consecutive failures per
+	// endpoint. Recording results takes a round trip, and fast failures
+	// would meanwhile empty an endpoint's whole buffer into a receiver
+	// that is down; a local streak at the threshold holds the endpoint
+	// until the shared breaker speaks (or StreakHoldDefault passes).
+	streaks map[string]streak
+
+	limit limiter
+}
+
+type streak struct {
+	n    int
+	last time.Time
+}
+
+// New returns a Protection with nothing held back.
+func New(env *service.Env) *Protection {
+	return &Protection{
+		env:       env,
+		log:       env.Logger("protect"),
+		unhealthy: map[string]store.Health{},
+		probing:   map[string]bool{},
+		streaks:   map[string]streak{},
+		limit:     limiter{s: env.Store, buckets: map[string]*bucket{}},
+	}
+}
+
+// Observe counts an attempt's signal in the endpoint's local streak.
+func (p *Protection) Observe(endpoint string, sig store.Signal, now time.Time) {
+	if sig == store.SignalNone {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if sig == store.SignalSuccess {
+		delete(p.streaks, endpoint)
+		return
+	}
+	s := p.streaks[endpoint]
+	p.streaks[endpoint] = streak{n: s.n + 1, last: now}
+}
+
+// Refresh replaces the view of held-back endpoints with the database's.
+func (p *Protection) Refresh(ctx context.Context) error {
+	m, err := p.env.Store.UnhealthyEndpoints(ctx)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.unhealthy = m
+	p.mu.Unlock()
+	return nil
+}
+
+// Hold reports whether an attempt for endpoint must wait, and until when
+// (zero: until the probe decides). A probe job passes a half-open breaker
+// that this instance probes.
+func (p *Protection) Hold(endpoint string, threshold int, probe bool, now time.Time) (bool, time.Time) {
+	p.mu.RLock()
+	h, ok := p.unhealthy[endpoint]
+	s := p.streaks[endpoint]
+	p.mu.RUnlock()
+	if !probe && s.n >= threshold && now.Sub(s.last) < StreakHoldDefault {
+		return true, time.Time{}
+	}
+	if !ok {
+		return false, time.Time{}
+	}
+	if h.PausedUntil.After(now) {
+		return true, h.PausedUntil
+	}
+	switch h.State {
+	case store.BreakerOpen:
+		return true, h.OpenedAt.Add(h.Cooldown)
+	case store.BreakerHalfOpen:
+		if probe && h.ProbeOwner == p.env.Owner {
+			return false, time.Time{}
+		}
+		return true, time.Time{}
+	}
+	return false, time.Time{}
+}
+
+// Blocked reports whether endpoint takes no new work now (the fast path
+// asks before it reserves a slot).
+func (p *Protection) Blocked(endpoint string, now time.Time) bool {
+	p.mu.RLock()
+	h, ok := p.unhealthy[endpoint]
+	p.mu.RUnlock()
+	return ok && (h.State != store.BreakerClosed || h.PausedUntil.After(now))
+}
+
+// Apply is the store.HealthFunc: it runs the endpoint's breaker over a
+// batch's results and records pauses and the latest failure.
+func (p *Protection) Apply(cur store.Health, rs []store.Result) store.Health {
+	ep := p.env.Config().Endpoint(cur.Endpoint)
+	settings := policy.BreakerSettings{
+		Threshold:   ep.FailureThreshold,
+		Cooldown:    ep.Cooldown,
+		MaxCooldown: ep.MaxCooldown,
+		SlowP95:     time.Duration(cur.P95MS*float64(time.Millisecond)) > policy.SlowP95,
+	}
+	b := policy.Breaker{State: cur.State, Failures: cur.ConsecutiveFailures, OpenedAt: cur.OpenedAt, Cooldown: cur.Cooldown}
+	if b.Cooldown <= 0 {
+		b.Cooldown = ep.Cooldown
+	}
+	next := cur
+	for _, res := range rs {
+		if res.Pause > 0 {
+			if until := res.At.Add(res.Pause); until.After(next.PausedUntil) {
+				next.PausedUntil = until
+			}
+		}
+		switch res.Signal {
+		case store.SignalSuccess:
+			b = b.Record(false, res.At, settings)
+			next.LastSuccessAt = res.At
+		case store.SignalFailure:
+			b = b.Record(true, res.At, settings)
+		}
+		// Every failed attempt is the endpoint's latest failure, also one
+		// (a 401, a template error) that says nothing about its health.
+		if res.Attempted && res.Status != store.StatusDelivered {
+			next.LastFailureAt, next.LastError, next.LastStatusCode = res.At, res.LastError, res.StatusCode
+		}
+	}
+	next.State, next.ConsecutiveFailures, next.OpenedAt, next.Cooldown = b.State, b.Failures, b.OpenedAt, b.Cooldown
+	next.FailureThreshold = settings.EffectiveThreshold()
+	if next.State != store.BreakerHalfOpen {
+		next.ProbeOwner = ""
+	}
+	return next
+}
+
+// Recorded applies a recorded batch's health changes, logs each breaker
+// transition once (only the instance whose batch made it sees it), and
+// ends the probes of the given endpoints.
+func (p *Protection) Recorded(changes []store.HealthChange, probed []string, now time.Time) {
+	p.mu.Lock()
+	for _, c := range changes {
+		if c.New.State != store.BreakerClosed || c.New.PausedUntil.After(now) {
+			p.unhealthy[c.New.Endpoint] = c.New
+		} else {
+			delete(p.unhealthy, c.New.Endpoint)
+		}
+	}
+	for _, ep := range probed {
+		delete(p.probing, ep)
+	}
+	p.mu.Unlock()
+	for _, c := range changes {
+		p.logTransition(c)
+	}
+}
+
+func (p *Protection) logTransition(c store.HealthChange) {
+	if c.Old.State == c.New.State {
+		return
+	}
+	ev := p.log.Info()
+	msg := "circuit breaker closed: the endpoint recovered"
+	switch c.New.State {
+	case store.BreakerOpen:
+		ev = p.log.Warn().Int("consecutive_failures", c.New.ConsecutiveFailures).
+			Int("threshold", c.New.FailureThreshold).Dur("cooldown", c.New.Cooldown).Str("last_error", c.New.LastError)
+		msg = "circuit breaker opened: holding this endpoint's events until a probe succeeds"
+		if c.Old.State == store.BreakerHalfOpen {
+			msg = "circuit breaker re-opened: the probe failed"
+		}
+	case store.BreakerHalfOpen:
+		msg = "circuit breaker half-open: probing"
+	}
+	ev.Str("endpoint", c.New.Endpoint).Str("from", c.Old.State).Str("to", c.New.State).Msg(msg)
+}
+
+// probeCandidate is an endpoint this instance may try to probe.
+type probeCandidate struct {
+	endpoint string
+	retry    bool // half-open with this instance's probe lost
+}
+
+// probeCandidates are the endpoints open with the cooldown passed, or
+// half-open with a prober that is gone or is this instance without a
+// probe in flight.
+func (p *Protection) probeCandidates(now time.Time) []probeCandidate {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	var out []probeCandidate
+	for name, h := range p.unhealthy {
+		if p.probing[name] || h.PausedUntil.After(now) {
+			continue
+		}
+		b := policy.Breaker{State: h.State, OpenedAt: h.OpenedAt, Cooldown: h.Cooldown}
+		switch {
+		case b.ProbeDue(now):
+			out = append(out, probeCandidate{endpoint: name})
+		case h.State == store.BreakerHalfOpen:
+			out = append(out, probeCandidate{endpoint: name, retry: h.ProbeOwner == p.env.Owner})
+		}
+	}
+	return out
+}
+
+// ClaimProbes claims one probe delivery for each endpoint whose breaker is
+// due for one, where this instance wins it, and returns them.
+func (p *Protection) ClaimProbes(ctx context.Context) []store.Claimed {
+	var out []store.Claimed
+	cfg := p.env.Config()
+	for _, pc := range p.probeCandidates(time.Now()) {
+		c, ok, err := p.env.Store.ClaimProbe(ctx, p.env.Owner, pc.endpoint, pc.retry, cfg.Endpoint(pc.endpoint).Ordered)
+		if err != nil {
+			p.log.Warn().Err(err).Str("endpoint", pc.endpoint).Msg("claiming a probe failed")
+			continue
+		}
+		if !ok {
+			continue
+		}
+		p.mu.Lock()
+		h := p.unhealthy[pc.endpoint]
+		h.State, h.ProbeOwner = store.BreakerHalfOpen, p.env.Owner
+		p.unhealthy[pc.endpoint] = h
+		p.probing[pc.endpoint] = true
+		p.mu.Unlock()
+		p.log.Info().Str("endpoint", pc.endpoint).Str("event_id", c.EventID).Msg("circuit breaker half-open: probing with one delivery")
+		out = append(out, c)
+	}
+	return out
+}

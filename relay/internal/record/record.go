@@ -1,0 +1,203 @@
+// Package record is the recorder: it buffers the outcomes of attempts and
+// writes them to the queue table in batches (deliveries, attempts' latency,
+// endpoint health in one transaction), fenced by this instance's claims.
+//
+// An attempt that started on the fast path may finish before the ingest
+// transaction that writes its delivery has committed; its outcome waits
+// for that transaction (registered on it, never on a goroutine of its own)
+// without holding up the others, and is dropped if the ingest failed: the
+// stream then brings the event again.
+package record
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+)
+
+// Recorder bounds.
+const (
+	// MaxBatchDefault bounds the results written in one transaction.
+	MaxBatchDefault = 1000
+	// FinalDrainDefault bounds the last drain after Stop.
+	FinalDrainDefault = 10 * time.Second
+)
+
+// Dispatcher is what the recorder needs of the dispatcher: to release a
+// job's share of the memory budget once its outcome is written or dropped.
+type Dispatcher interface {
+	Recorded(j *dispatch.Job)
+}
+
+// Health is what the recorder needs of endpoint protection: the breaker
+// function applied in the results' transaction, and the changes it made.
+type Health interface {
+	Apply(cur store.Health, rs []store.Result) store.Health
+	Recorded(changes []store.HealthChange, probed []string, now time.Time)
+}
+
+// Claimer is what the recorder tells the claimer: retries scheduled,
+// deliveries released to the queue, and room freed.
+type Claimer interface {
+	Queued()
+	Wake()
+	RetryAt(t time.Time)
+}
+
+// Recorder writes outcomes. Start it, Add to it, Stop it.
+type Recorder struct {
+	env    *service.Env
+	log    zerolog.Logger
+	disp   Dispatcher
+	health Health
+	claim  Claimer
+	loops  service.Loops
+	hard   context.Context // Start's: bounds every write, also the final drain
+
+	mu       sync.Mutex
+	outcomes []dispatch.Outcome
+	wake     service.Signal
+}
+
+// New returns a Recorder.
+func New(env *service.Env, disp Dispatcher, health Health, claim Claimer) *Recorder {
+	return &Recorder{env: env, log: env.Logger("record"), disp: disp, health: health, claim: claim, wake: service.NewSignal()}
+}
+
+// Start runs the recording loop; ctx bounds every write.
+func (r *Recorder) Start(ctx context.Context) error {
+	r.hard = ctx
+	return r.loops.Start(ctx, r.loop)
+}
+
+// Stop records what is buffered (allowing FinalDrainDefault) and returns
+// when the loop has. Stop it after the dispatcher and the ingester: an
+// outcome added after the final drain is not recorded (its delivery
+// returns to the queue with this instance's lease).
+func (r *Recorder) Stop() { r.loops.Stop() }
+
+// Add queues a finished attempt for recording. It never blocks: it is the
+// dispatcher's OnOutcome.
+func (r *Recorder) Add(o dispatch.Outcome) {
+	r.mu.Lock()
+	r.outcomes = append(r.outcomes, o)
+	r.mu.Unlock()
+	r.wake.Notify()
+}
+
+// Pending is the number of outcomes waiting to be written.
+func (r *Recorder) Pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.outcomes)
+}
+
+func (r *Recorder) take(limit int) []dispatch.Outcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := min(limit, len(r.outcomes))
+	batch := make([]dispatch.Outcome, n)
+	copy(batch, r.outcomes[:n])
+	r.outcomes = append(r.outcomes[:0], r.outcomes[n:]...)
+	return batch
+}
+
+func (r *Recorder) loop(stop context.Context) {
+	for {
+		final := false
+		select {
+		case <-r.wake:
+		case <-stop.Done():
+			final = true
+		}
+		ctx, cancel := r.hard, context.CancelFunc(func() {})
+		if final {
+			ctx, cancel = context.WithTimeout(r.hard, FinalDrainDefault)
+		}
+		for {
+			batch := r.take(MaxBatchDefault)
+			if len(batch) == 0 {
+				break
+			}
+			r.record(ctx, batch, final)
+		}
+		cancel()
+		if final {
+			return
+		}
+	}
+}
+
+// record writes a batch, retrying while the database is unreachable.
+func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final bool) {
+	results := make([]store.Result, 0, len(batch))
+	recorded := make([]*dispatch.Job, 0, len(batch))
+	for _, o := range batch {
+		if tx := o.Job.Ingest; tx != nil {
+			select {
+			case <-tx.Done():
+			default:
+				if !final {
+					// Back in the buffer once its ingest has finished.
+					tx.AfterFinish(func() { r.Add(o) })
+					continue
+				}
+			}
+			if err := tx.Wait(ctx); err != nil {
+				r.log.Debug().Str("event_id", o.Job.EventID).Err(err).Msg("result dropped: its ingest did not commit")
+				r.disp.Recorded(o.Job)
+				continue
+			}
+		}
+		results = append(results, o.Result)
+		recorded = append(recorded, o.Job)
+	}
+	defer func() {
+		for _, j := range recorded {
+			r.disp.Recorded(j)
+		}
+	}()
+	if len(results) == 0 {
+		return
+	}
+	var changes []store.HealthChange
+	for attempt := 1; ; attempt++ {
+		var err error
+		changes, err = r.env.Store.RecordResults(ctx, r.env.Owner, results, r.health.Apply)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			r.log.Error().Err(err).Int("results", len(results)).
+				Msg("results not recorded; those deliveries return to the queue when their leases expire")
+			return
+		}
+		wait := service.RetryWait(attempt)
+		r.log.Warn().Err(err).Dur("retry_in", wait).Msg("recording results failed")
+		service.Sleep(ctx, wait)
+	}
+	now := time.Now()
+	var probed []string
+	for _, j := range recorded {
+		if j.Probe {
+			probed = append(probed, j.Endpoint)
+		}
+	}
+	r.health.Recorded(changes, probed, now)
+	for _, res := range results {
+		r.env.Metrics.Recorded(res)
+		switch res.Status {
+		case store.StatusFailed:
+			r.claim.RetryAt(now.Add(res.Delay))
+		case store.StatusReleased:
+			r.claim.Queued()
+		}
+	}
+	r.claim.Wake()
+}

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
@@ -22,7 +24,19 @@ import (
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+// TestMain runs the tests on a shared throwaway cluster and, when they
+// pass, checks that no goroutine outlived them: every relay a test started
+// was stopped at its cleanup, and Stop joins all the relay's goroutines.
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // testBundle is one test's database, configuration and pool.
 type testBundle struct {

@@ -287,6 +287,8 @@ type freezer struct {
 	target  string
 	repl    []chan struct{} // closed to freeze a replication connection
 	handled atomic.Int64
+	done    chan struct{} // closed at the test's end: frozen connections let go
+	conns   sync.WaitGroup
 }
 
 // newFreezer proxies the server of dbURL; it returns the proxy and the URL
@@ -296,9 +298,13 @@ func newFreezer(t *testing.T, dbURL string) (*freezer, string) {
 	require.NoError(t, err)
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
-	f := &freezer{ln: ln, target: u.Host}
-	go f.serve()
-	t.Cleanup(func() { ln.Close() })
+	f := &freezer{ln: ln, target: u.Host, done: make(chan struct{})}
+	f.conns.Go(f.serve)
+	t.Cleanup(func() {
+		ln.Close()
+		close(f.done)
+		f.conns.Wait()
+	})
 	u.Host = ln.Addr().String()
 	return f, u.String()
 }
@@ -309,7 +315,7 @@ func (f *freezer) serve() {
 		if err != nil {
 			return
 		}
-		go f.handle(c)
+		f.conns.Go(func() { f.handle(c) })
 	}
 }
 
@@ -362,7 +368,8 @@ func (f *freezer) handle(client net.Conn) {
 			n, err := src.Read(buf)
 			select {
 			case <-freeze:
-				<-make(chan struct{}) // hold the connection open, forward nothing, forever
+				<-f.done // hold the connection open, forward nothing, until the test ends
+				return
 			default:
 			}
 			if err != nil {
@@ -375,12 +382,16 @@ func (f *freezer) handle(client net.Conn) {
 	}
 	// Either side closing closes both, as a proxy does: a server whose
 	// client went away must see its connection end.
-	go func() {
+	var back sync.WaitGroup
+	back.Go(func() {
 		pipe(server, client)
 		server.Close()
 		client.Close()
-	}()
+	})
 	pipe(client, server)
+	server.Close()
+	client.Close()
+	back.Wait()
 }
 
 // retarget sends new connections to addr, as a virtual IP or DNS name

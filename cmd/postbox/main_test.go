@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
@@ -32,7 +35,16 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envAsMain) == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(pgtest.Main(m))
+	code := pgtest.Main(m)
+	if code == 0 {
+		// Commands that run in this process (demo, the operator commands)
+		// leave nothing running behind them.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // proc is a postbox process started by a test.
@@ -284,4 +296,33 @@ func builtPostbox(t *testing.T) string {
 func startBuilt(t *testing.T, args ...string) *proc {
 	t.Helper()
 	return startCmd(t, exec.Command(builtPostbox(t), args...), args)
+}
+
+// postbox run refuses at once, naming the cause, what cannot work: a taken
+// admin address, a role that may not stream.
+func TestRunExitsAtOnceOnStartUpErrors(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	p := startPostbox(t, []string{"POSTBOX_DATABASE_URL=" + dbURL, "POSTBOX_ADMIN_LISTEN=" + ln.Addr().String(), "POSTBOX_CONFIG="}, "run")
+	require.Equal(t, exitFailure, p.wait(t, 5*time.Second))
+	require.Contains(t, p.out.String(), "admin listener on "+ln.Addr().String())
+	require.Contains(t, p.out.String(), "address already in use")
+
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	role := fmt.Sprintf("norepl_%d", time.Now().UnixNano())
+	_, err = pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP ROLE `+role) })
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	p = startPostbox(t, []string{"POSTBOX_DATABASE_URL=" + u.String(), "POSTBOX_ADMIN_LISTEN=127.0.0.1:0", "POSTBOX_CONFIG="}, "run")
+	require.Equal(t, exitFailure, p.wait(t, 5*time.Second))
+	require.Contains(t, p.out.String(), `ALTER ROLE "`+role+`" WITH REPLICATION`)
 }

@@ -93,7 +93,8 @@ func (e *env) waitCaughtUp(ctx context.Context) error {
 	}
 	var ok bool
 	err := waitFor(ctx, 2*time.Minute, 50*time.Millisecond, func() (bool, error) {
-		err := e.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`, target, e.slot).Scan(&ok)
+		// confirmed_flush_lsn is NULL while the slot is still being created.
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $1::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $2`, target, e.slot).Scan(&ok)
 		return ok, err
 	})
 	if err != nil {

@@ -26,6 +26,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
+	// With a failed signature check Run returns the figures and an error.
 	res, err := bench.Run(ctx, o, stderr)
 	if res != nil && asJSON {
 		enc := json.NewEncoder(stdout)

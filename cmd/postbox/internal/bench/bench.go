@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -29,6 +30,10 @@ const (
 
 // scenarios are the names Options.Scenarios may list.
 var scenarios = []string{"latency", "hanging", "failing", "catchup", "load"}
+
+// ErrBadSignatures is returned by Run, with the figures, when a delivery
+// failed outbox.Verify.
+var ErrBadSignatures = errors.New("deliveries failed signature verification")
 
 // maxRate keeps the latency scenario's pacing interval above zero.
 const maxRate = 100000
@@ -133,49 +138,54 @@ type LoadResult struct {
 	Sent           int     `json:"sent"`
 	Lost           int     `json:"lost"`
 	Dups           int     `json:"duplicates"`
+	BadSignatures  int     `json:"bad_signatures"`
 	RSSMB          float64 `json:"relay_peak_rss_mb"`
 }
 
 // FailingResult is the failing scenario's.
 type FailingResult struct {
-	Queued    int     `json:"queued"`
-	Seconds   float64 `json:"seconds"`
-	Requests  int64   `json:"requests"`
-	Threshold int     `json:"failure_threshold"`
-	State     string  `json:"breaker_state"`
+	Queued        int     `json:"queued"`
+	Seconds       float64 `json:"seconds"`
+	Requests      int64   `json:"requests"`
+	Threshold     int     `json:"failure_threshold"`
+	State         string  `json:"breaker_state"`
+	BadSignatures int     `json:"bad_signatures"`
 }
 
 // LatencyResult is the latency and hanging scenarios'.
 type LatencyResult struct {
-	Rate      int     `json:"rate_per_s"`
-	Endpoints int     `json:"endpoints"`
-	Hanging   bool    `json:"one_endpoint_hanging"`
-	Sent      int     `json:"sent"`
-	Received  int     `json:"received"`
-	Lost      int     `json:"lost"`
-	Dups      int     `json:"duplicates"`
-	P50ms     float64 `json:"p50_ms"`
-	P90ms     float64 `json:"p90_ms"`
-	P99ms     float64 `json:"p99_ms"`
-	Maxms     float64 `json:"max_ms"`
-	RSSMB     float64 `json:"relay_peak_rss_mb"`
+	Rate          int     `json:"rate_per_s"`
+	Endpoints     int     `json:"endpoints"`
+	Hanging       bool    `json:"one_endpoint_hanging"`
+	Sent          int     `json:"sent"`
+	Received      int     `json:"received"`
+	Lost          int     `json:"lost"`
+	Dups          int     `json:"duplicates"`
+	BadSignatures int     `json:"bad_signatures"`
+	P50ms         float64 `json:"p50_ms"`
+	P90ms         float64 `json:"p90_ms"`
+	P99ms         float64 `json:"p99_ms"`
+	Maxms         float64 `json:"max_ms"`
+	RSSMB         float64 `json:"relay_peak_rss_mb"`
 }
 
 // CatchupResult is the catchup scenario's.
 type CatchupResult struct {
-	Backlog      int     `json:"backlog"`
-	Endpoints    int     `json:"endpoints"`
-	Seconds      float64 `json:"seconds_from_start"`
-	DrainSeconds float64 `json:"seconds_first_to_last"`
-	Rate         float64 `json:"deliveries_per_s"`
-	DrainRate    float64 `json:"drain_per_s"`
-	Lost         int     `json:"lost"`
-	Dups         int     `json:"duplicates"`
-	RSSMB        float64 `json:"relay_peak_rss_mb"`
+	Backlog       int     `json:"backlog"`
+	Endpoints     int     `json:"endpoints"`
+	Seconds       float64 `json:"seconds_from_start"`
+	DrainSeconds  float64 `json:"seconds_first_to_last"`
+	Rate          float64 `json:"deliveries_per_s"`
+	DrainRate     float64 `json:"drain_per_s"`
+	Lost          int     `json:"lost"`
+	Dups          int     `json:"duplicates"`
+	BadSignatures int     `json:"bad_signatures"`
+	RSSMB         float64 `json:"relay_peak_rss_mb"`
 }
 
 // Run measures the scenarios of opts, writing progress (and the relay's
-// own output) to progress.
+// own output) to progress. When a delivery failed signature verification
+// it returns the figures together with an error wrapping ErrBadSignatures.
 func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error) {
 	opts = opts.WithDefaults()
 	names, err := opts.validate()
@@ -202,7 +212,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	}
 	defer env.pool.Close()
 	env.secret = outbox.NewSecret()
-	env.recv = newReceiver()
+	env.recv = newReceiver(env.secret)
 	defer env.recv.Close()
 	defer close(env.recv.hang) // before Close, which waits for /hang requests
 	dir, err := os.MkdirTemp("", "postbox-bench-")
@@ -232,6 +242,9 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s, err)
 		}
+	}
+	if n, first := env.recv.badSignatures(); n > 0 {
+		return res, fmt.Errorf("%d %w (the first: %w)", n, ErrBadSignatures, first)
 	}
 	return res, nil
 }

@@ -3,19 +3,66 @@ package bench
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func TestReceiverVerifiesSignatures(t *testing.T) {
+	t.Parallel()
+	secret := outbox.NewSecret()
+	rv := newReceiver(secret)
+	t.Cleanup(rv.Close)
+	t.Cleanup(func() { close(rv.hang) })
+	rv.reset()
+
+	post := func(id, secret string) int {
+		body := []byte(`{"i":1}`)
+		req, err := http.NewRequest(http.MethodPost, rv.URL+"/ep-0", strings.NewReader(string(body)))
+		require.NoError(t, err)
+		if secret != "" {
+			key, err := outbox.ParseSecret(secret)
+			require.NoError(t, err)
+			ts := time.Now().Unix()
+			req.Header.Set(outbox.HeaderID, id)
+			req.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
+			req.Header.Set(outbox.HeaderSignature, key.Sign(id, ts, body))
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusNoContent, post("good", secret))
+	n, err := rv.badSignatures()
+	require.Zero(t, n)
+	require.NoError(t, err)
+
+	post("forged", outbox.NewSecret())
+	post("unsigned", "")
+	require.Equal(t, 2, rv.scenarioBad())
+	n, err = rv.badSignatures()
+	require.Equal(t, 2, n)
+	require.ErrorIs(t, err, outbox.ErrNoMatch)
+	require.Equal(t, 3, rv.distinct(), "failed deliveries still arrive: lost and bad signatures are separate figures")
+
+	rv.reset()
+	require.Zero(t, rv.scenarioBad(), "per scenario")
+	n, _ = rv.badSignatures()
+	require.Equal(t, 2, n, "per run")
+}
 
 func TestOptions(t *testing.T) {
 	t.Parallel()
@@ -32,7 +79,7 @@ func TestOptions(t *testing.T) {
 }
 
 // TestRun runs a small latency scenario and catch-up end to end, with the
-// relay as its own process: nothing lost. (The load
+// relay as its own process: nothing lost, every signature good. (The load
 // scenario adds a baseline run and a drain; it is left to `postbox bench`.)
 func TestRun(t *testing.T) {
 	t.Parallel()
@@ -59,6 +106,7 @@ func TestRun(t *testing.T) {
 	require.Equal(t, l.Sent, l.Received)
 	require.Zero(t, l.Lost)
 	require.Zero(t, l.Dups)
+	require.Zero(t, l.BadSignatures)
 	require.Positive(t, l.P50ms)
 
 	c := res.Catchup
@@ -66,10 +114,11 @@ func TestRun(t *testing.T) {
 	require.Equal(t, 300, c.Backlog)
 	require.Zero(t, c.Lost)
 	require.Zero(t, c.Dups)
+	require.Zero(t, c.BadSignatures)
 
 	var out strings.Builder
 	res.Print(&out)
-	require.Contains(t, out.String(), "lost 0, duplicates 0")
+	require.Contains(t, out.String(), "lost 0, duplicates 0, bad signatures 0")
 }
 
 // buildPostbox builds the postbox binary, which the bench runs as the

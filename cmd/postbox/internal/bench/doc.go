@@ -5,7 +5,8 @@
 // loopback, and the relay as a separate process — the postbox binary itself,
 // `postbox run --config …` — so the relay's RSS and CPU are its own. The
 // relay signs its deliveries as in production (the cost is part of the
-// figures).
+// figures), and the receiver checks every signature with outbox.Verify: one
+// that fails makes Run fail.
 //
 // The scenarios, run one after the other in the order given:
 //

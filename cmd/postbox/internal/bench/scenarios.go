@@ -69,7 +69,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	e.truncate(ctx, false)
 	return &LatencyResult{
 		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: int(sent.Load()), Received: len(first),
-		Lost: int(sent.Load()) - len(first), Dups: dups,
+		Lost: int(sent.Load()) - len(first), Dups: dups, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		RSSMB: rss,
 	}, nil
@@ -155,6 +155,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	}
 	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
 	res.Lost, res.Dups = sent-len(first), dups
+	res.BadSignatures = e.recv.scenarioBad()
 	e.truncate(ctx, false)
 	return res, nil
 }
@@ -181,6 +182,7 @@ func (e *env) failing(ctx context.Context) (*FailingResult, error) {
 	res := &FailingResult{Queued: 200, Seconds: time.Since(start).Seconds(), Requests: e.recv.failed.Load()}
 	_ = e.pool.QueryRow(ctx, `SELECT state, failure_threshold FROM postbox.endpoint_health WHERE endpoint = 'fail'`).Scan(&res.State, &res.Threshold)
 	e.stopRelay()
+	res.BadSignatures = e.recv.scenarioBad()
 	e.truncate(ctx, true)
 	return res, nil
 }
@@ -226,6 +228,6 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 	return &CatchupResult{
 		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,
 		Rate: float64(len(first)) / elapsed.Seconds(), DrainRate: float64(len(first)) / drain,
-		Lost: o.Backlog - len(first), Dups: dups, RSSMB: rss,
+		Lost: o.Backlog - len(first), Dups: dups, BadSignatures: e.recv.scenarioBad(), RSSMB: rss,
 	}, nil
 }

@@ -138,6 +138,7 @@ type LoadResult struct {
 	Sent           int     `json:"sent"`
 	Lost           int     `json:"lost"`
 	Dups           int     `json:"duplicates"`
+	Unacknowledged int     `json:"unacknowledged_delivered"`
 	BadSignatures  int     `json:"bad_signatures"`
 	RSSMB          float64 `json:"relay_peak_rss_mb"`
 }
@@ -154,33 +155,35 @@ type FailingResult struct {
 
 // LatencyResult is the latency and hanging scenarios'.
 type LatencyResult struct {
-	Rate          int     `json:"rate_per_s"`
-	Endpoints     int     `json:"endpoints"`
-	Hanging       bool    `json:"one_endpoint_hanging"`
-	Sent          int     `json:"sent"`
-	Received      int     `json:"received"`
-	Lost          int     `json:"lost"`
-	Dups          int     `json:"duplicates"`
-	BadSignatures int     `json:"bad_signatures"`
-	P50ms         float64 `json:"p50_ms"`
-	P90ms         float64 `json:"p90_ms"`
-	P99ms         float64 `json:"p99_ms"`
-	Maxms         float64 `json:"max_ms"`
-	RSSMB         float64 `json:"relay_peak_rss_mb"`
+	Rate           int     `json:"rate_per_s"`
+	Endpoints      int     `json:"endpoints"`
+	Hanging        bool    `json:"one_endpoint_hanging"`
+	Sent           int     `json:"sent"`
+	Received       int     `json:"received"`
+	Lost           int     `json:"lost"`
+	Dups           int     `json:"duplicates"`
+	Unacknowledged int     `json:"unacknowledged_delivered"`
+	BadSignatures  int     `json:"bad_signatures"`
+	P50ms          float64 `json:"p50_ms"`
+	P90ms          float64 `json:"p90_ms"`
+	P99ms          float64 `json:"p99_ms"`
+	Maxms          float64 `json:"max_ms"`
+	RSSMB          float64 `json:"relay_peak_rss_mb"`
 }
 
 // CatchupResult is the catchup scenario's.
 type CatchupResult struct {
-	Backlog       int     `json:"backlog"`
-	Endpoints     int     `json:"endpoints"`
-	Seconds       float64 `json:"seconds_from_start"`
-	DrainSeconds  float64 `json:"seconds_first_to_last"`
-	Rate          float64 `json:"deliveries_per_s"`
-	DrainRate     float64 `json:"drain_per_s"`
-	Lost          int     `json:"lost"`
-	Dups          int     `json:"duplicates"`
-	BadSignatures int     `json:"bad_signatures"`
-	RSSMB         float64 `json:"relay_peak_rss_mb"`
+	Backlog        int     `json:"backlog"`
+	Endpoints      int     `json:"endpoints"`
+	Seconds        float64 `json:"seconds_from_start"`
+	DrainSeconds   float64 `json:"seconds_first_to_last"`
+	Rate           float64 `json:"deliveries_per_s"`
+	DrainRate      float64 `json:"drain_per_s"`
+	Lost           int     `json:"lost"`
+	Dups           int     `json:"duplicates"`
+	Unacknowledged int     `json:"unacknowledged_delivered"`
+	BadSignatures  int     `json:"bad_signatures"`
+	RSSMB          float64 `json:"relay_peak_rss_mb"`
 }
 
 // Run measures the scenarios of opts, writing progress (and the relay's

@@ -20,13 +20,40 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
+// TestLedgerCountsByID: a committed id that never arrived is lost even when
+// another id (whose commit was never acknowledged) arrived in its place —
+// where inserts minus distinct arrivals would say nothing was lost.
+func TestLedgerCountsByID(t *testing.T) {
+	t.Parallel()
+	l := newLedger()
+	l.commit("a", "b", "c")
+	require.Equal(t, 3, l.pending())
+	now := time.Now()
+	l.arrive("a", now)
+	l.arrive("a", now.Add(time.Millisecond))
+	l.arrive("b", now)
+	l.arrive("x", now) // its producer never saw the commit return
+	require.Equal(t, 1, l.pending())
+
+	got := l.tally()
+	require.Equal(t, 3, got.sent)
+	require.Equal(t, 3, got.received)
+	require.Equal(t, 1, got.lost, "c")
+	require.Equal(t, 1, got.dups, "a twice")
+	require.Equal(t, 1, got.unacknowledged, "x")
+	require.Equal(t, now, got.first["a"], "the first arrival counts")
+
+	l.commit("x") // acknowledged after it arrived: no longer pending
+	require.Equal(t, 1, l.pending())
+}
+
 func TestReceiverVerifiesSignatures(t *testing.T) {
 	t.Parallel()
 	secret := outbox.NewSecret()
 	rv := newReceiver(secret)
 	t.Cleanup(rv.Close)
 	t.Cleanup(func() { close(rv.hang) })
-	rv.reset()
+	led := rv.reset()
 
 	post := func(id, secret string) int {
 		body := []byte(`{"i":1}`)
@@ -56,7 +83,7 @@ func TestReceiverVerifiesSignatures(t *testing.T) {
 	n, err = rv.badSignatures()
 	require.Equal(t, 2, n)
 	require.ErrorIs(t, err, outbox.ErrNoMatch)
-	require.Equal(t, 3, rv.distinct(), "failed deliveries still arrive: lost and bad signatures are separate figures")
+	require.Equal(t, 3, led.received(), "failed deliveries still arrive: lost and bad signatures are separate figures")
 
 	rv.reset()
 	require.Zero(t, rv.scenarioBad(), "per scenario")
@@ -115,6 +142,7 @@ func TestRun(t *testing.T) {
 	require.Zero(t, c.Lost)
 	require.Zero(t, c.Dups)
 	require.Zero(t, c.BadSignatures)
+	require.Zero(t, c.Unacknowledged)
 
 	var out strings.Builder
 	res.Print(&out)

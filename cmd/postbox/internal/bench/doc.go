@@ -28,4 +28,14 @@
 //     unpublished copy of the outbox (the machine's rate without the
 //     relay), then with the relay running; samples the lag (committed, not
 //     yet received) every second and measures how long it takes to drain.
+//
+// Lost and duplicated deliveries are counted by event id. Producers record
+// the id of every event whose INSERT they saw commit (RETURNING event_id,
+// recorded only after the statement's commit returned OK); the receiver
+// records each id it gets (the webhook-id header). An event is lost when
+// its id was committed and never arrived — every committed id is checked —
+// and each delivery of an id after its first is a duplicate. An id that
+// arrives without its commit having been acknowledged to the producer (a
+// commit whose answer was lost) is reported as unacknowledged_delivered,
+// not counted against the relay.
 package bench

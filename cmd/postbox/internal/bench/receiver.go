@@ -15,19 +15,104 @@ import (
 // max_body default).
 const maxBody = 1 << 20
 
-// receiver is the bench's endpoints: /ep-N answer 204 and record when each
-// event first arrived, /hang blocks until hang is closed, /fail answers
-// 500. Every request's signature is checked with outbox.Verify; a delivery
-// that fails is counted and still recorded, so lost and bad signatures stay
-// separate figures.
+// ledger is one scenario's account of event ids: those whose INSERT a
+// producer saw commit, and when each id first reached the receiver.
+type ledger struct {
+	mu        sync.Mutex
+	committed map[string]struct{}
+	first     map[string]time.Time
+	dups      int
+	missing   int // committed and not yet arrived, kept for cheap waiting
+}
+
+func newLedger() *ledger {
+	return &ledger{committed: map[string]struct{}{}, first: map[string]time.Time{}}
+}
+
+// commit records ids whose INSERT committed. Call it only after the commit
+// returned OK.
+func (l *ledger) commit(ids ...string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := l.committed[id]; ok {
+			continue
+		}
+		l.committed[id] = struct{}{}
+		if _, ok := l.first[id]; !ok {
+			l.missing++
+		}
+	}
+}
+
+// arrive records a delivery of id at time at.
+func (l *ledger) arrive(id string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.first[id]; ok {
+		l.dups++
+		return
+	}
+	l.first[id] = at
+	if _, ok := l.committed[id]; ok {
+		l.missing--
+	}
+}
+
+// pending is how many committed ids have not arrived yet.
+func (l *ledger) pending() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.missing
+}
+
+// received is how many distinct ids arrived.
+func (l *ledger) received() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.first)
+}
+
+// tally is a ledger's figures.
+type tally struct {
+	sent           int                  // ids committed
+	received       int                  // distinct ids arrived
+	lost           int                  // committed, never arrived
+	dups           int                  // deliveries of an id after its first
+	unacknowledged int                  // arrived, commit never acknowledged
+	first          map[string]time.Time // first arrival of each id
+}
+
+// tally checks every committed id against the arrivals.
+func (l *ledger) tally() tally {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := tally{sent: len(l.committed), received: len(l.first), dups: l.dups, first: make(map[string]time.Time, len(l.first))}
+	for id := range l.committed {
+		if _, ok := l.first[id]; !ok {
+			t.lost++
+		}
+	}
+	for id, at := range l.first {
+		t.first[id] = at
+		if _, ok := l.committed[id]; !ok {
+			t.unacknowledged++
+		}
+	}
+	return t
+}
+
+// receiver is the bench's endpoints: /ep-N answer 204, /hang blocks until
+// hang is closed, /fail answers 500. Every request's signature is checked
+// with outbox.Verify; a delivery that fails is counted and still recorded,
+// so lost and bad signatures stay separate figures.
 type receiver struct {
 	*httptest.Server
 	secrets []string
 	hang    chan struct{}
 
 	mu     sync.Mutex
-	first  map[string]time.Time
-	dups   int
+	ledger *ledger
 	bad    int   // this scenario's failed verifications
 	badAll int   // the run's
 	badErr error // the first failure's reason
@@ -36,7 +121,7 @@ type receiver struct {
 }
 
 func newReceiver(secret string) *receiver {
-	rv := &receiver{secrets: []string{secret}, first: map[string]time.Time{}, hang: make(chan struct{})}
+	rv := &receiver{secrets: []string{secret}, hang: make(chan struct{}), ledger: newLedger()}
 	rv.Server = httptest.NewServer(http.HandlerFunc(rv.serve))
 	return rv
 }
@@ -47,15 +132,16 @@ func (rv *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = outbox.Verify(rv.secrets, r.Header, body, now)
 	}
+	rv.mu.Lock()
 	if err != nil {
-		rv.mu.Lock()
 		rv.bad++
 		rv.badAll++
 		if rv.badErr == nil {
 			rv.badErr = err
 		}
-		rv.mu.Unlock()
 	}
+	led := rv.ledger
+	rv.mu.Unlock()
 	switch r.URL.Path {
 	case "/hang":
 		select {
@@ -68,40 +154,18 @@ func (rv *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
-	id := r.Header.Get(outbox.HeaderID)
-	rv.mu.Lock()
-	if _, ok := rv.first[id]; ok {
-		rv.dups++
-	} else {
-		rv.first[id] = now
-	}
-	rv.mu.Unlock()
+	led.arrive(r.Header.Get(outbox.HeaderID), now)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (rv *receiver) distinct() int {
+// reset starts a scenario: a new ledger, no failed verifications or
+// requests to /fail. It returns the new ledger.
+func (rv *receiver) reset() *ledger {
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
-	return len(rv.first)
-}
-
-// reset starts a scenario: no arrivals, no failed verifications, no
-// requests to /fail.
-func (rv *receiver) reset() {
-	rv.mu.Lock()
-	rv.first, rv.dups, rv.bad = map[string]time.Time{}, 0, 0
-	rv.mu.Unlock()
+	rv.ledger, rv.bad = newLedger(), 0
 	rv.failed.Store(0)
-}
-
-func (rv *receiver) snapshot() (map[string]time.Time, int) {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
-	m := make(map[string]time.Time, len(rv.first))
-	for k, v := range rv.first {
-		m[k] = v
-	}
-	return m, rv.dups
+	return rv.ledger
 }
 
 // scenarioBad is the number of failed verifications since reset.

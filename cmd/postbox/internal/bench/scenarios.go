@@ -8,6 +8,11 @@ import (
 	"time"
 )
 
+// insertSQL inserts one event into the outbox (or a copy of it) and returns
+// its id; the QueryRow's Scan returns only once the implicit transaction's
+// commit has been acknowledged.
+const insertSQL = ` (endpoint, payload) VALUES ($1, $2) RETURNING event_id::text`
+
 func payload(i int) string {
 	return fmt.Sprintf(`{"i":%d,"click_id":"clk_%d","payout":"1.00"}`, i, i)
 }
@@ -16,7 +21,7 @@ func payload(i int) string {
 // them is the endpoint that never answers (its events are left out of the
 // figures, which are the healthy endpoints').
 func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyResult, error) {
-	e.recv.reset()
+	led := e.recv.reset()
 	if err := e.startRelay(ctx); err != nil {
 		return nil, err
 	}
@@ -29,7 +34,6 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
 	interval := time.Second / time.Duration(o.Rate)
 	total := int(o.Duration / interval)
-	var sent atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
 	// Paced producer: each event its own single-row transaction, issued on
@@ -43,9 +47,10 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 				if hanging && i%o.Endpoints == o.Endpoints-1 {
 					ep = "hang"
 				}
-				_, err := e.pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ($1, $2)`, ep, payload(i))
+				var id string
+				err := e.pool.QueryRow(ctx, `INSERT INTO postbox.outbox`+insertSQL, ep, payload(i)).Scan(&id)
 				if err == nil && ep != "hang" {
-					sent.Add(1)
+					led.commit(id)
 				}
 			}
 		})
@@ -56,20 +61,20 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	}
 	close(jobs)
 	wg.Wait()
-	err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return e.recv.distinct() >= int(sent.Load()), nil })
+	err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	rss := e.stopRelay()
 	if err != nil {
 		return nil, err
 	}
-	first, dups := e.recv.snapshot()
-	lat, err := e.latencies(ctx, first)
+	t := led.tally()
+	lat, err := e.latencies(ctx, t.first)
 	if err != nil {
 		return nil, err
 	}
 	e.truncate(ctx, false)
 	return &LatencyResult{
-		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: int(sent.Load()), Received: len(first),
-		Lost: int(sent.Load()) - len(first), Dups: dups, BadSignatures: e.recv.scenarioBad(),
+		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
+		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		RSSMB: rss,
 	}, nil
@@ -77,21 +82,22 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 
 // insertFlat inserts single-row transactions into table from o.Producers
 // connections as fast as they commit, for d; it returns how many
-// committed, and calls each (if not nil) after every commit.
-func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Duration, each func()) int {
+// committed, and calls each (if not nil) with every committed event's id.
+func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Duration, each func(id string)) int {
 	var sent atomic.Int64
 	var wg sync.WaitGroup
 	stop := time.Now().Add(d)
 	for w := range o.Producers {
 		wg.Go(func() {
 			for i := w; time.Now().Before(stop) && ctx.Err() == nil; i += o.Producers {
-				_, err := e.pool.Exec(ctx, `INSERT INTO `+table+` (endpoint, payload) VALUES ($1, $2)`, fmt.Sprintf("ep-%d", i%o.Endpoints), payload(i))
+				var id string
+				err := e.pool.QueryRow(ctx, `INSERT INTO `+table+insertSQL, fmt.Sprintf("ep-%d", i%o.Endpoints), payload(i)).Scan(&id)
 				if err != nil {
 					continue
 				}
 				sent.Add(1)
 				if each != nil {
-					each()
+					each(id)
 				}
 			}
 		})
@@ -105,7 +111,7 @@ func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Du
 // must stay bounded. A run into an unpublished copy of the outbox first
 // gives the machine's insert rate without the relay.
 func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
-	e.recv.reset()
+	led := e.recv.reset()
 	res := &LoadResult{Producers: o.Producers, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
 	if err := e.ensureSchema(ctx); err != nil {
 		return nil, err
@@ -123,7 +129,6 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 		e.stopRelay()
 		return nil, err
 	}
-	var committed atomic.Int64
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
@@ -131,30 +136,30 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 		defer tick.Stop()
 		for range int(o.Duration / time.Second) {
 			<-tick.C
-			res.MaxLag = max(res.MaxLag, int(committed.Load())-e.recv.distinct())
+			res.MaxLag = max(res.MaxLag, led.pending())
 		}
 	}()
 	start := time.Now()
-	sent := e.insertFlat(ctx, o, "postbox.outbox", o.Duration, func() { committed.Add(1) })
+	sent := e.insertFlat(ctx, o, "postbox.outbox", o.Duration, func(id string) { led.commit(id) })
 	loadEnd := time.Now()
 	<-sampled
 	res.Sent = sent
-	res.LagAtEnd = sent - e.recv.distinct()
+	res.LagAtEnd = led.pending()
 	res.InsertsPerS = float64(sent) / loadEnd.Sub(start).Seconds()
-	res.DeliveriesPerS = float64(e.recv.distinct()) / loadEnd.Sub(start).Seconds()
-	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return e.recv.distinct() >= sent, nil })
+	res.DeliveriesPerS = float64(led.received()) / loadEnd.Sub(start).Seconds()
+	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(loadEnd).Seconds()
 	res.RSSMB = e.stopRelay()
 	if err != nil {
 		return nil, err
 	}
-	first, dups := e.recv.snapshot()
-	lat, err := e.latencies(ctx, first)
+	t := led.tally()
+	lat, err := e.latencies(ctx, t.first)
 	if err != nil {
 		return nil, err
 	}
 	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
-	res.Lost, res.Dups = sent-len(first), dups
+	res.Lost, res.Dups, res.Unacknowledged = t.lost, t.dups, t.unacknowledged
 	res.BadSignatures = e.recv.scenarioBad()
 	e.truncate(ctx, false)
 	return res, nil
@@ -190,32 +195,29 @@ func (e *env) failing(ctx context.Context) (*FailingResult, error) {
 // catchup queues o.Backlog events while the relay is down, then starts it
 // and waits for every one of them.
 func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
-	e.recv.reset()
+	led := e.recv.reset()
 	if err := e.ensureSchema(ctx); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(e.log, "bench: catch-up, queueing %d events while the relay is down\n", o.Backlog)
 	for done := 0; done < o.Backlog; done += 1000 {
-		_, err := e.pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload)
-			SELECT 'ep-' || (i % $2), jsonb_build_object('i', i, 'click_id', 'clk_' || i, 'payout', '1.00')
-			FROM generate_series($1::int, $1::int + $3 - 1) i`, done, o.Endpoints, min(1000, o.Backlog-done))
-		if err != nil {
-			return nil, fmt.Errorf("queue the backlog: %w", err)
+		if err := e.insertBatch(ctx, led, done, min(1000, o.Backlog-done), o.Endpoints); err != nil {
+			return nil, err
 		}
 	}
 	start := time.Now()
 	if err := e.startRelay(ctx); err != nil {
 		return nil, err
 	}
-	err := waitFor(ctx, 10*time.Minute, 20*time.Millisecond, func() (bool, error) { return e.recv.distinct() >= o.Backlog, nil })
+	err := waitFor(ctx, 10*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	elapsed := time.Since(start)
 	rss := e.stopRelay()
 	if err != nil {
 		return nil, err
 	}
-	first, dups := e.recv.snapshot()
+	t := led.tally()
 	var lo, hi time.Time
-	for _, at := range first {
+	for _, at := range t.first {
 		if lo.IsZero() || at.Before(lo) {
 			lo = at
 		}
@@ -227,7 +229,35 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 	e.truncate(ctx, false)
 	return &CatchupResult{
 		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,
-		Rate: float64(len(first)) / elapsed.Seconds(), DrainRate: float64(len(first)) / drain,
-		Lost: o.Backlog - len(first), Dups: dups, BadSignatures: e.recv.scenarioBad(), RSSMB: rss,
+		Rate: float64(t.received) / elapsed.Seconds(), DrainRate: float64(t.received) / drain,
+		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(), RSSMB: rss,
 	}, nil
+}
+
+// insertBatch inserts n events, numbered from first, in one transaction and
+// records their ids once it has committed.
+func (e *env) insertBatch(ctx context.Context, led *ledger, first, n, endpoints int) error {
+	rows, err := e.pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'ep-' || (i % $2), jsonb_build_object('i', i, 'click_id', 'clk_' || i, 'payout', '1.00')
+		FROM generate_series($1::int, $1::int + $3 - 1) i
+		RETURNING event_id::text`, first, endpoints, n)
+	if err != nil {
+		return fmt.Errorf("queue the backlog: %w", err)
+	}
+	ids := make([]string, 0, n)
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return fmt.Errorf("queue the backlog: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	// Err is known only once the rows are closed, which reads up to the
+	// server's ReadyForQuery: after the commit.
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("queue the backlog: %w", err)
+	}
+	led.commit(ids...)
+	return nil
 }

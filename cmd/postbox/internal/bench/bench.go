@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// Defaults of Options, which are also `postbox bench`'s flag defaults.
+const (
+	ScenariosDefault = "latency,catchup"
+	RateDefault      = 200
+	EndpointsDefault = 10
+	DurationDefault  = 20 * time.Second
+	BacklogDefault   = 100000
+	ProducersDefault = 8
+)
+
+// scenarios are the names Options.Scenarios may list.
+var scenarios = []string{"latency", "hanging", "failing", "catchup", "load"}
+
+// ErrBadSignatures is returned by Run, with the figures, when a delivery
+// failed outbox.Verify.
+var ErrBadSignatures = errors.New("deliveries failed signature verification")
+
+// maxRate keeps the latency scenario's pacing interval above zero.
+const maxRate = 100000
+
+// Options say what to measure. Zero values take the …Default constants.
+type Options struct {
+	// Scenarios is a comma-separated list of latency, hanging, failing,
+	// catchup and load, run in that order.
+	Scenarios string
+	// Rate is the latency scenarios' events per second.
+	Rate int
+	// Endpoints is the number of healthy endpoints events are spread over.
+	Endpoints int
+	// Duration is how long the latency and load scenarios produce.
+	Duration time.Duration
+	// Backlog is the number of events the catchup scenario queues while
+	// the relay is down.
+	Backlog int
+	// Producers is the number of concurrent producers of the load scenario.
+	Producers int
+
+	// RelayBinary is the postbox binary run as the relay. Empty means this
+	// executable, which is what `postbox bench` wants; tests build one.
+	RelayBinary string
+	// DatabaseURL, when set, is an empty database (wal_level=logical, a
+	// superuser) used instead of starting PostgreSQL with fsync on; the
+	// slot then gets a unique name, as the server may be shared.
+	DatabaseURL string
+}
+
+// WithDefaults returns o with its zero values replaced by the defaults.
+func (o Options) WithDefaults() Options {
+	if o.Scenarios == "" {
+		o.Scenarios = ScenariosDefault
+	}
+	if o.Rate == 0 {
+		o.Rate = RateDefault
+	}
+	if o.Endpoints == 0 {
+		o.Endpoints = EndpointsDefault
+	}
+	if o.Duration == 0 {
+		o.Duration = DurationDefault
+	}
+	if o.Backlog == 0 {
+		o.Backlog = BacklogDefault
+	}
+	if o.Producers == 0 {
+		o.Producers = ProducersDefault
+	}
+	return o
+}
+
+// validate checks o after WithDefaults and returns its scenarios.
+func (o Options) validate() ([]string, error) {
+	var names []string
+	for _, s := range strings.Split(o.Scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(scenarios, s) {
+			return nil, fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(scenarios, ", "))
+		}
+		names = append(names, s)
+	}
+	switch {
+	case o.Rate < 0 || o.Rate > maxRate:
+		return nil, fmt.Errorf("rate: want 1 to %d events/s, got %d", maxRate, o.Rate)
+	case o.Endpoints < 0:
+		return nil, fmt.Errorf("endpoints: want at least 1, got %d", o.Endpoints)
+	case o.Duration < 0:
+		return nil, fmt.Errorf("duration: want a positive duration, got %s", o.Duration)
+	case o.Backlog < 0:
+		return nil, fmt.Errorf("backlog: want at least 1 event, got %d", o.Backlog)
+	case o.Producers < 0:
+		return nil, fmt.Errorf("producers: want at least 1, got %d", o.Producers)
+	}
+	return names, nil
+}
+
+// Result is what `postbox bench` measured; a scenario not run is nil.
+type Result struct {
+	Machine string         `json:"machine"`
+	Latency *LatencyResult `json:"latency,omitempty"`
+	Hanging *LatencyResult `json:"latency_with_hanging_endpoint,omitempty"`
+	Failing *FailingResult `json:"failing_endpoint,omitempty"`
+	Catchup *CatchupResult `json:"catchup,omitempty"`
+	Load    *LoadResult    `json:"load,omitempty"`
+}
+
+// LoadResult is the load scenario's.
+type LoadResult struct {
+	Producers      int     `json:"producers"`
+	Endpoints      int     `json:"endpoints"`
+	Seconds        float64 `json:"seconds"`
+	BaselinePerS   float64 `json:"inserts_per_s_without_relay"`
+	InsertsPerS    float64 `json:"inserts_per_s"`
+	DeliveriesPerS float64 `json:"deliveries_per_s"`
+	MaxLag         int     `json:"max_lag_events"`
+	LagAtEnd       int     `json:"lag_at_end_events"`
+	DrainSeconds   float64 `json:"drain_seconds_after_load"`
+	P50ms          float64 `json:"p50_ms"`
+	P99ms          float64 `json:"p99_ms"`
+	Sent           int     `json:"sent"`
+	Lost           int     `json:"lost"`
+	Dups           int     `json:"duplicates"`
+	Unacknowledged int     `json:"unacknowledged_delivered"`
+	BadSignatures  int     `json:"bad_signatures"`
+	RSSMB          float64 `json:"relay_peak_rss_mb"`
+}
+
+// FailingResult is the failing scenario's.
+type FailingResult struct {
+	Queued        int     `json:"queued"`
+	Seconds       float64 `json:"seconds"`
+	Requests      int64   `json:"requests"`
+	Threshold     int     `json:"failure_threshold"`
+	State         string  `json:"breaker_state"`
+	BadSignatures int     `json:"bad_signatures"`
+}
+
+// LatencyResult is the latency and hanging scenarios'.
+type LatencyResult struct {
+	Rate           int     `json:"rate_per_s"`
+	Endpoints      int     `json:"endpoints"`
+	Hanging        bool    `json:"one_endpoint_hanging"`
+	Sent           int     `json:"sent"`
+	Received       int     `json:"received"`
+	Lost           int     `json:"lost"`
+	Dups           int     `json:"duplicates"`
+	Unacknowledged int     `json:"unacknowledged_delivered"`
+	BadSignatures  int     `json:"bad_signatures"`
+	P50ms          float64 `json:"p50_ms"`
+	P90ms          float64 `json:"p90_ms"`
+	P99ms          float64 `json:"p99_ms"`
+	Maxms          float64 `json:"max_ms"`
+	RSSMB          float64 `json:"relay_peak_rss_mb"`
+}
+
+// CatchupResult is the catchup scenario's.
+type CatchupResult struct {
+	Backlog        int     `json:"backlog"`
+	Endpoints      int     `json:"endpoints"`
+	Seconds        float64 `json:"seconds_from_start"`
+	DrainSeconds   float64 `json:"seconds_first_to_last"`
+	Rate           float64 `json:"deliveries_per_s"`
+	DrainRate      float64 `json:"drain_per_s"`
+	Lost           int     `json:"lost"`
+	Dups           int     `json:"duplicates"`
+	Unacknowledged int     `json:"unacknowledged_delivered"`
+	BadSignatures  int     `json:"bad_signatures"`
+	RSSMB          float64 `json:"relay_peak_rss_mb"`
+}
+
+// Run measures the scenarios of opts, writing progress (and the relay's
+// own output) to progress. When a delivery failed signature verification
+// it returns the figures together with an error wrapping ErrBadSignatures.
+func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error) {
+	opts = opts.WithDefaults()
+	names, err := opts.validate()
+	if err != nil {
+		return nil, err
+	}
+	log := &syncWriter{w: progress}
+	env := &env{log: log, relayBinary: opts.RelayBinary, slot: "postbox"}
+	if opts.DatabaseURL != "" {
+		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")
+	} else {
+		fmt.Fprintln(log, "bench: starting PostgreSQL (fsync on)")
+		cluster, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
+		if err != nil {
+			return nil, fmt.Errorf("start PostgreSQL: %w", err)
+		}
+		defer cluster.Stop()
+		if env.dbURL, err = cluster.CreateDatabase(ctx, "bench"); err != nil {
+			return nil, err
+		}
+	}
+	if env.pool, err = pgxpool.New(ctx, env.dbURL); err != nil {
+		return nil, fmt.Errorf("connect to the bench database: %w", err)
+	}
+	defer env.pool.Close()
+	env.secret = outbox.NewSecret()
+	env.recv = newReceiver(env.secret)
+	defer env.recv.Close()
+	defer close(env.recv.hang) // before Close, which waits for /hang requests
+	dir, err := os.MkdirTemp("", "postbox-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	env.cfgPath = filepath.Join(dir, "postbox.yaml")
+	if err := os.WriteFile(env.cfgPath, []byte(env.config(opts.Endpoints)), 0o600); err != nil {
+		return nil, fmt.Errorf("write the relay's config: %w", err)
+	}
+
+	res := &Result{Machine: machineDescription(opts.DatabaseURL == "")}
+	for _, s := range names {
+		switch s {
+		case "latency":
+			res.Latency, err = env.latency(ctx, opts, false)
+		case "hanging":
+			res.Hanging, err = env.latency(ctx, opts, true)
+		case "failing":
+			res.Failing, err = env.failing(ctx)
+		case "catchup":
+			res.Catchup, err = env.catchup(ctx, opts)
+		case "load":
+			res.Load, err = env.load(ctx, opts)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	if n, first := env.recv.badSignatures(); n > 0 {
+		return res, fmt.Errorf("%d %w (the first: %w)", n, ErrBadSignatures, first)
+	}
+	return res, nil
+}
+
+// syncWriter serialises the bench's progress lines with the relay's output.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

@@ -1,0 +1,160 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// TestLedgerCountsByID: a committed id that never arrived is lost even when
+// another id (whose commit was never acknowledged) arrived in its place —
+// where inserts minus distinct arrivals would say nothing was lost.
+func TestLedgerCountsByID(t *testing.T) {
+	t.Parallel()
+	l := newLedger()
+	l.commit("a", "b", "c")
+	require.Equal(t, 3, l.pending())
+	now := time.Now()
+	l.arrive("a", now)
+	l.arrive("a", now.Add(time.Millisecond))
+	l.arrive("b", now)
+	l.arrive("x", now) // its producer never saw the commit return
+	require.Equal(t, 1, l.pending())
+
+	got := l.tally()
+	require.Equal(t, 3, got.sent)
+	require.Equal(t, 3, got.received)
+	require.Equal(t, 1, got.lost, "c")
+	require.Equal(t, 1, got.dups, "a twice")
+	require.Equal(t, 1, got.unacknowledged, "x")
+	require.Equal(t, now, got.first["a"], "the first arrival counts")
+
+	l.commit("x") // acknowledged after it arrived: no longer pending
+	require.Equal(t, 1, l.pending())
+}
+
+func TestReceiverVerifiesSignatures(t *testing.T) {
+	t.Parallel()
+	secret := outbox.NewSecret()
+	rv := newReceiver(secret)
+	t.Cleanup(rv.Close)
+	t.Cleanup(func() { close(rv.hang) })
+	led := rv.reset()
+
+	post := func(id, secret string) int {
+		body := []byte(`{"i":1}`)
+		req, err := http.NewRequest(http.MethodPost, rv.URL+"/ep-0", strings.NewReader(string(body)))
+		require.NoError(t, err)
+		if secret != "" {
+			key, err := outbox.ParseSecret(secret)
+			require.NoError(t, err)
+			ts := time.Now().Unix()
+			req.Header.Set(outbox.HeaderID, id)
+			req.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
+			req.Header.Set(outbox.HeaderSignature, key.Sign(id, ts, body))
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusNoContent, post("good", secret))
+	n, err := rv.badSignatures()
+	require.Zero(t, n)
+	require.NoError(t, err)
+
+	post("forged", outbox.NewSecret())
+	post("unsigned", "")
+	require.Equal(t, 2, rv.scenarioBad())
+	n, err = rv.badSignatures()
+	require.Equal(t, 2, n)
+	require.ErrorIs(t, err, outbox.ErrNoMatch)
+	require.Equal(t, 3, led.received(), "failed deliveries still arrive: lost and bad signatures are separate figures")
+
+	rv.reset()
+	require.Zero(t, rv.scenarioBad(), "per scenario")
+	n, _ = rv.badSignatures()
+	require.Equal(t, 2, n, "per run")
+}
+
+func TestOptions(t *testing.T) {
+	t.Parallel()
+	o := Options{}.WithDefaults()
+	names, err := o.validate()
+	require.NoError(t, err)
+	require.Equal(t, []string{"latency", "catchup"}, names)
+	require.Equal(t, RateDefault, o.Rate)
+
+	_, err = Options{Scenarios: "latency,nope"}.WithDefaults().validate()
+	require.ErrorContains(t, err, `"nope"`)
+	_, err = Options{Rate: -1}.WithDefaults().validate()
+	require.Error(t, err)
+}
+
+// TestRun runs a small latency scenario and catch-up end to end, with the
+// relay as its own process: nothing lost, every signature good. (The load
+// scenario adds a baseline run and a drain; it is left to `postbox bench`.)
+func TestRun(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts the relay process three times")
+	}
+	opts := Options{
+		Scenarios:   "latency,catchup",
+		Rate:        50,
+		Endpoints:   3,
+		Duration:    2 * time.Second,
+		Backlog:     300,
+		RelayBinary: buildPostbox(t),
+		DatabaseURL: pgtest.NewDatabase(t),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts, t.Output())
+	require.NoError(t, err)
+
+	l := res.Latency
+	require.NotNil(t, l)
+	require.Positive(t, l.Sent)
+	require.Equal(t, l.Sent, l.Received)
+	require.Zero(t, l.Lost)
+	require.Zero(t, l.Dups)
+	require.Zero(t, l.BadSignatures)
+	require.Positive(t, l.P50ms)
+
+	c := res.Catchup
+	require.NotNil(t, c)
+	require.Equal(t, 300, c.Backlog)
+	require.Zero(t, c.Lost)
+	require.Zero(t, c.Dups)
+	require.Zero(t, c.BadSignatures)
+	require.Zero(t, c.Unacknowledged)
+
+	var out strings.Builder
+	res.Print(&out)
+	require.Contains(t, out.String(), "lost 0, duplicates 0, bad signatures 0")
+}
+
+// buildPostbox builds the postbox binary, which the bench runs as the
+// relay (in `postbox bench` it is the running executable itself).
+func buildPostbox(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "postbox")
+	out, err := exec.Command("go", "build", "-o", path, "github.com/postbox-relay/postbox/cmd/postbox").CombinedOutput()
+	require.NoError(t, err, fmt.Sprintf("go build: %s", out))
+	return path
+}

@@ -1,0 +1,41 @@
+// Package bench is `postbox bench`: the measurements of SPEC §12, taken the
+// way an operator would see them.
+//
+// Run starts its own PostgreSQL with fsync on (pgtest), an HTTP receiver on
+// loopback, and the relay as a separate process — the postbox binary itself,
+// `postbox run --config …` — so the relay's RSS and CPU are its own. The
+// relay signs its deliveries as in production (the cost is part of the
+// figures), and the receiver checks every signature with outbox.Verify: one
+// that fails makes Run fail.
+//
+// The scenarios, run one after the other in the order given:
+//
+//   - latency: a paced stream (Options.Rate events/s for Options.Duration),
+//     each event its own single-row transaction, spread over
+//     Options.Endpoints endpoints. Measures commit → first arrival at the
+//     receiver (p50, p90, p99, max), from postbox.events.committed_at, once
+//     the relay has caught up with the WAL.
+//   - hanging: the latency scenario with one endpoint that never answers;
+//     the figures are the healthy endpoints' (the hanging one's events are
+//     not expected). It shows whether one stuck endpoint slows the others.
+//   - failing: 200 events for an endpoint that answers only 500, for 30 s;
+//     counts the requests it gets — what the circuit breaker saves.
+//   - catchup: Options.Backlog events queued while the relay is down, then
+//     the relay started; measures deliveries/s from relay start and from
+//     the first delivery to the last, and the relay's peak RSS.
+//   - load: Options.Producers producers inserting single-row transactions
+//     as fast as they commit for Options.Duration, first into an
+//     unpublished copy of the outbox (the machine's rate without the
+//     relay), then with the relay running; samples the lag (committed, not
+//     yet received) every second and measures how long it takes to drain.
+//
+// Lost and duplicated deliveries are counted by event id. Producers record
+// the id of every event whose INSERT they saw commit (RETURNING event_id,
+// recorded only after the statement's commit returned OK); the receiver
+// records each id it gets (the webhook-id header). An event is lost when
+// its id was committed and never arrived — every committed id is checked —
+// and each delivery of an id after its first is a duplicate. An id that
+// arrives without its commit having been acknowledged to the producer (a
+// commit whose answer was lost) is reported as unacknowledged_delivered,
+// not counted against the relay.
+package bench

@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// env is the bench's PostgreSQL, receiver and relay process.
+type env struct {
+	dbURL       string
+	slot        string
+	pool        *pgxpool.Pool
+	secret      string
+	recv        *receiver
+	cfgPath     string
+	relayBinary string
+	relay       *exec.Cmd
+	done        chan struct{}
+	log         io.Writer
+}
+
+// config is the relay's configuration file: the bench's endpoints on the
+// receiver, deliveries signed as in production.
+func (e *env) config(endpoints int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: warn\n", e.dbURL, e.slot)
+	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\nendpoints:\n", e.secret)
+	for i := range endpoints {
+		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, e.recv.URL, i)
+	}
+	// Defaults otherwise: a 15 s timeout, the breaker at 10 failures.
+	fmt.Fprintf(&b, "  hang:\n    url: %s/hang\n  fail:\n    url: %s/fail\n", e.recv.URL, e.recv.URL)
+	return b.String()
+}
+
+// startRelay starts `postbox run` and waits until its slot is streaming.
+func (e *env) startRelay(ctx context.Context) error {
+	exe := e.relayBinary
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return fmt.Errorf("find the postbox binary: %w", err)
+		}
+	}
+	args := []string{"run", "--config", e.cfgPath}
+	if p := os.Getenv("POSTBOX_BENCH_CPUPROFILE"); p != "" {
+		args = append(args, "--cpuprofile", p)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = os.Environ()
+	cmd.Stdout, cmd.Stderr = e.log, e.log
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the relay: %w", err)
+	}
+	e.relay, e.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(e.done) }()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		var active bool
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
+		if err == nil && active {
+			return nil
+		}
+		select {
+		case <-e.done:
+			return errors.New("relay exited at start")
+		case <-ctx.Done():
+			e.stopRelay()
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	e.stopRelay()
+	return errors.New("relay did not start streaming within 60s")
+}
+
+// waitCaughtUp waits until the slot has confirmed the WAL position of now.
+func (e *env) waitCaughtUp(ctx context.Context) error {
+	var target string
+	if err := e.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		return fmt.Errorf("read the WAL position: %w", err)
+	}
+	var ok bool
+	err := waitFor(ctx, 2*time.Minute, 50*time.Millisecond, func() (bool, error) {
+		// confirmed_flush_lsn is NULL while the slot is still being created.
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $1::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $2`, target, e.slot).Scan(&ok)
+		return ok, err
+	})
+	if err != nil {
+		return fmt.Errorf("wait for the relay to catch up with the WAL: %w", err)
+	}
+	if !ok {
+		return errors.New("the relay did not catch up with the WAL within 2 minutes")
+	}
+	return nil
+}
+
+// stopRelay sends SIGTERM and returns the relay's peak RSS in MB.
+func (e *env) stopRelay() float64 {
+	rss := PeakRSS(e.relay.Process.Pid)
+	_ = e.relay.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.done:
+	case <-time.After(60 * time.Second):
+		_ = e.relay.Process.Kill()
+		<-e.done
+	}
+	return rss
+}
+
+// ensureSchema has the relay create its schema and slot, once.
+func (e *env) ensureSchema(ctx context.Context) error {
+	if e.relay != nil {
+		return nil
+	}
+	if err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	e.stopRelay()
+	return nil
+}
+
+// truncate empties the outbox and the relay's tables between scenarios.
+func (e *env) truncate(ctx context.Context, health bool) {
+	q := `TRUNCATE postbox.outbox, postbox.events, postbox.deliveries, postbox.latency_samples`
+	if health {
+		q += `, postbox.endpoint_health`
+	}
+	_, _ = e.pool.Exec(ctx, q)
+}
+
+// latencies are the commit → first arrival times, in milliseconds and
+// sorted, of the events the receiver got.
+func (e *env) latencies(ctx context.Context, first map[string]time.Time) ([]float64, error) {
+	rows, err := e.pool.Query(ctx, `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("read commit times: %w", err)
+	}
+	defer rows.Close()
+	var lat []float64
+	for rows.Next() {
+		var id string
+		var committed time.Time
+		if err := rows.Scan(&id, &committed); err != nil {
+			return nil, fmt.Errorf("read commit times: %w", err)
+		}
+		if at, ok := first[id]; ok {
+			lat = append(lat, float64(at.Sub(committed).Microseconds())/1000)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read commit times: %w", err)
+	}
+	sort.Float64s(lat)
+	return lat, nil
+}
+
+// waitFor polls cond every interval until it holds, for at most d. It
+// returns nil when d ran out with cond still false: the caller's figures
+// say what was missing.
+func waitFor(ctx context.Context, d, interval time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(d)
+	for {
+		ok, err := cond()
+		if err != nil || ok || !time.Now().Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted)-1) + 0.5)
+	return sorted[min(i, len(sorted)-1)]
+}
+
+// PeakRSS reads VmHWM (peak resident set) of a process, in MB; 0 when it
+// cannot be read.
+func PeakRSS(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func machineDescription(ownServer bool) string {
+	cpus := 0
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		cpus = strings.Count(string(data), "processor\t:")
+	}
+	if !ownServer {
+		return fmt.Sprintf("%d CPUs, a given PostgreSQL, receiver on this machine", cpus)
+	}
+	return fmt.Sprintf("%d CPUs, PostgreSQL and receiver on the same machine, fsync on", cpus)
+}

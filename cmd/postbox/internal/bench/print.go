@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+)
+
+// Print writes r for a person to read.
+func (r *Result) Print(w io.Writer) {
+	fmt.Fprintf(w, "postbox bench (%s)\n", r.Machine)
+	for _, l := range []*LatencyResult{r.Latency, r.Hanging} {
+		if l == nil {
+			continue
+		}
+		if l.Hanging {
+			fmt.Fprintf(w, "\ncommit → receiver latency of the %d healthy endpoints at %d events/s, one of %d endpoints hanging:\n", l.Endpoints-1, l.Rate, l.Endpoints)
+		} else {
+			fmt.Fprintf(w, "\ncommit → receiver latency at %d events/s over %d endpoints:\n", l.Rate, l.Endpoints)
+		}
+		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
+		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+	}
+	if f := r.Failing; f != nil {
+		fmt.Fprintf(w, "\nan endpoint answering only 500, %d events queued for it:\n", f.Queued)
+		fmt.Fprintf(w, "  %d requests in %.0f s (breaker %s after %d consecutive failures); bad signatures %d\n", f.Requests, f.Seconds, f.State, f.Threshold, f.BadSignatures)
+	}
+	if l := r.Load; l != nil {
+		fmt.Fprintf(w, "\n%d producers inserting single-row transactions as fast as they commit, for %.0f s, over %d endpoints:\n", l.Producers, l.Seconds, l.Endpoints)
+		fmt.Fprintf(w, "  inserts %.0f/s with the relay running (%.0f/s without it); deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.BaselinePerS, l.DeliveriesPerS)
+		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
+		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms; sent %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, l.Sent, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+	}
+	if c := r.Catchup; c != nil {
+		fmt.Fprintf(w, "\ncatch-up of a %d-event backlog over %d endpoints:\n", c.Backlog, c.Endpoints)
+		fmt.Fprintf(w, "  %.0f deliveries/s from relay start (%.1f s); %.0f/s first to last delivery (%.1f s)\n", c.Rate, c.Seconds, c.DrainRate, c.DrainSeconds)
+		fmt.Fprintf(w, "  lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", c.Lost, c.Dups, anomalies(c.Unacknowledged, c.BadSignatures), c.RSSMB)
+	}
+}
+
+// anomalies are the figures that should be zero: bad signatures always,
+// deliveries of events whose commit was never acknowledged when there are
+// any (they are not a fault of the relay).
+func anomalies(unacknowledged, badSignatures int) string {
+	s := fmt.Sprintf(", bad signatures %d", badSignatures)
+	if unacknowledged > 0 {
+		s += fmt.Sprintf(", delivered without an acknowledged commit %d", unacknowledged)
+	}
+	return s
+}

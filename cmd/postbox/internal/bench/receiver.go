@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+// maxBody bounds what the receiver reads of a delivery (the relay's own
+// max_body default).
+const maxBody = 1 << 20
+
+// ledger is one scenario's account of event ids: those whose INSERT a
+// producer saw commit, and when each id first reached the receiver.
+type ledger struct {
+	mu        sync.Mutex
+	committed map[string]struct{}
+	first     map[string]time.Time
+	dups      int
+	missing   int // committed and not yet arrived, kept for cheap waiting
+}
+
+func newLedger() *ledger {
+	return &ledger{committed: map[string]struct{}{}, first: map[string]time.Time{}}
+}
+
+// commit records ids whose INSERT committed. Call it only after the commit
+// returned OK.
+func (l *ledger) commit(ids ...string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := l.committed[id]; ok {
+			continue
+		}
+		l.committed[id] = struct{}{}
+		if _, ok := l.first[id]; !ok {
+			l.missing++
+		}
+	}
+}
+
+// arrive records a delivery of id at time at.
+func (l *ledger) arrive(id string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.first[id]; ok {
+		l.dups++
+		return
+	}
+	l.first[id] = at
+	if _, ok := l.committed[id]; ok {
+		l.missing--
+	}
+}
+
+// pending is how many committed ids have not arrived yet.
+func (l *ledger) pending() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.missing
+}
+
+// received is how many distinct ids arrived.
+func (l *ledger) received() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.first)
+}
+
+// tally is a ledger's figures.
+type tally struct {
+	sent           int                  // ids committed
+	received       int                  // distinct ids arrived
+	lost           int                  // committed, never arrived
+	dups           int                  // deliveries of an id after its first
+	unacknowledged int                  // arrived, commit never acknowledged
+	first          map[string]time.Time // first arrival of each id
+}
+
+// tally checks every committed id against the arrivals.
+func (l *ledger) tally() tally {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := tally{sent: len(l.committed), received: len(l.first), dups: l.dups, first: make(map[string]time.Time, len(l.first))}
+	for id := range l.committed {
+		if _, ok := l.first[id]; !ok {
+			t.lost++
+		}
+	}
+	for id, at := range l.first {
+		t.first[id] = at
+		if _, ok := l.committed[id]; !ok {
+			t.unacknowledged++
+		}
+	}
+	return t
+}
+
+// receiver is the bench's endpoints: /ep-N answer 204, /hang blocks until
+// hang is closed, /fail answers 500. Every request's signature is checked
+// with outbox.Verify; a delivery that fails is counted and still recorded,
+// so lost and bad signatures stay separate figures.
+type receiver struct {
+	*httptest.Server
+	secrets []string
+	hang    chan struct{}
+
+	mu     sync.Mutex
+	ledger *ledger
+	bad    int   // this scenario's failed verifications
+	badAll int   // the run's
+	badErr error // the first failure's reason
+
+	failed atomic.Int64 // requests to /fail
+}
+
+func newReceiver(secret string) *receiver {
+	rv := &receiver{secrets: []string{secret}, hang: make(chan struct{}), ledger: newLedger()}
+	rv.Server = httptest.NewServer(http.HandlerFunc(rv.serve))
+	return rv
+}
+
+func (rv *receiver) serve(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err == nil {
+		err = outbox.Verify(rv.secrets, r.Header, body, now)
+	}
+	rv.mu.Lock()
+	if err != nil {
+		rv.bad++
+		rv.badAll++
+		if rv.badErr == nil {
+			rv.badErr = err
+		}
+	}
+	led := rv.ledger
+	rv.mu.Unlock()
+	switch r.URL.Path {
+	case "/hang":
+		select {
+		case <-rv.hang:
+		case <-r.Context().Done():
+		}
+		return
+	case "/fail":
+		rv.failed.Add(1)
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	led.arrive(r.Header.Get(outbox.HeaderID), now)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// reset starts a scenario: a new ledger, no failed verifications or
+// requests to /fail. It returns the new ledger.
+func (rv *receiver) reset() *ledger {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	rv.ledger, rv.bad = newLedger(), 0
+	rv.failed.Store(0)
+	return rv.ledger
+}
+
+// scenarioBad is the number of failed verifications since reset.
+func (rv *receiver) scenarioBad() int {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	return rv.bad
+}
+
+// badSignatures is the run's number of failed verifications and the first
+// one's reason.
+func (rv *receiver) badSignatures() (int, error) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	return rv.badAll, rv.badErr
+}

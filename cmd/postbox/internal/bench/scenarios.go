@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// insertSQL inserts one event into the outbox (or a copy of it) and returns
+// its id; the QueryRow's Scan returns only once the implicit transaction's
+// commit has been acknowledged.
+const insertSQL = ` (endpoint, payload) VALUES ($1, $2) RETURNING event_id::text`
+
+func payload(i int) string {
+	return fmt.Sprintf(`{"i":%d,"click_id":"clk_%d","payout":"1.00"}`, i, i)
+}
+
+// latency produces a paced stream over the endpoints; with hanging, one of
+// them is the endpoint that never answers (its events are left out of the
+// figures, which are the healthy endpoints').
+func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyResult, error) {
+	led := e.recv.reset()
+	if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	// Measure the steady state: after a catch-up the walsender first
+	// re-reads the WAL it retained, which says nothing about latency.
+	if err := e.waitCaughtUp(ctx); err != nil {
+		e.stopRelay()
+		return nil, err
+	}
+	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
+	interval := time.Second / time.Duration(o.Rate)
+	total := int(o.Duration / interval)
+	var wg sync.WaitGroup
+	start := time.Now()
+	// Paced producer: each event its own single-row transaction, issued on
+	// schedule by a small pool of workers so one slow commit does not
+	// delay the next.
+	jobs := make(chan int, 64)
+	for range 8 {
+		wg.Go(func() {
+			for i := range jobs {
+				ep := fmt.Sprintf("ep-%d", i%o.Endpoints)
+				if hanging && i%o.Endpoints == o.Endpoints-1 {
+					ep = "hang"
+				}
+				var id string
+				err := e.pool.QueryRow(ctx, `INSERT INTO postbox.outbox`+insertSQL, ep, payload(i)).Scan(&id)
+				if err == nil && ep != "hang" {
+					led.commit(id)
+				}
+			}
+		})
+	}
+	for i := range total {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	rss := e.stopRelay()
+	if err != nil {
+		return nil, err
+	}
+	t := led.tally()
+	lat, err := e.latencies(ctx, t.first)
+	if err != nil {
+		return nil, err
+	}
+	e.truncate(ctx, false)
+	return &LatencyResult{
+		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
+		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
+		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
+		RSSMB: rss,
+	}, nil
+}
+
+// insertFlat inserts single-row transactions into table from o.Producers
+// connections as fast as they commit, for d; it returns how many
+// committed, and calls each (if not nil) with every committed event's id.
+func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Duration, each func(id string)) int {
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for w := range o.Producers {
+		wg.Go(func() {
+			for i := w; time.Now().Before(stop) && ctx.Err() == nil; i += o.Producers {
+				var id string
+				err := e.pool.QueryRow(ctx, `INSERT INTO `+table+insertSQL, fmt.Sprintf("ep-%d", i%o.Endpoints), payload(i)).Scan(&id)
+				if err != nil {
+					continue
+				}
+				sent.Add(1)
+				if each != nil {
+					each(id)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return int(sent.Load())
+}
+
+// load inserts as fast as o.Producers producers can while the relay runs,
+// and samples the lag (committed but not yet received) every second: it
+// must stay bounded. A run into an unpublished copy of the outbox first
+// gives the machine's insert rate without the relay.
+func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
+	led := e.recv.reset()
+	res := &LoadResult{Producers: o.Producers, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
+	if err := e.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(e.log, "bench: load, %d producers inserting for %s without the relay, then with it\n", o.Producers, o.Duration)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.bench_baseline (LIKE postbox.outbox INCLUDING ALL)`); err != nil {
+		return nil, fmt.Errorf("create the baseline table: %w", err)
+	}
+	res.BaselinePerS = float64(e.insertFlat(ctx, o, "public.bench_baseline", o.Duration, nil)) / o.Duration.Seconds()
+	_, _ = e.pool.Exec(ctx, `DROP TABLE public.bench_baseline`)
+	if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.waitCaughtUp(ctx); err != nil {
+		e.stopRelay()
+		return nil, err
+	}
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for range int(o.Duration / time.Second) {
+			<-tick.C
+			res.MaxLag = max(res.MaxLag, led.pending())
+		}
+	}()
+	start := time.Now()
+	sent := e.insertFlat(ctx, o, "postbox.outbox", o.Duration, func(id string) { led.commit(id) })
+	loadEnd := time.Now()
+	<-sampled
+	res.Sent = sent
+	res.LagAtEnd = led.pending()
+	res.InsertsPerS = float64(sent) / loadEnd.Sub(start).Seconds()
+	res.DeliveriesPerS = float64(led.received()) / loadEnd.Sub(start).Seconds()
+	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	res.DrainSeconds = time.Since(loadEnd).Seconds()
+	res.RSSMB = e.stopRelay()
+	if err != nil {
+		return nil, err
+	}
+	t := led.tally()
+	lat, err := e.latencies(ctx, t.first)
+	if err != nil {
+		return nil, err
+	}
+	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
+	res.Lost, res.Dups, res.Unacknowledged = t.lost, t.dups, t.unacknowledged
+	res.BadSignatures = e.recv.scenarioBad()
+	e.truncate(ctx, false)
+	return res, nil
+}
+
+// failing queues 200 events for an endpoint that answers only 500 and
+// counts the requests it gets in 30 seconds: the breaker's saving.
+func (e *env) failing(ctx context.Context) (*FailingResult, error) {
+	e.recv.reset()
+	if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(e.log, "bench: failing endpoint, 200 events queued for 30 s")
+	if _, err := e.pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint) SELECT 'fail' FROM generate_series(1, 200)`); err != nil {
+		e.stopRelay()
+		return nil, fmt.Errorf("queue events: %w", err)
+	}
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		e.stopRelay()
+		return nil, ctx.Err()
+	case <-time.After(30 * time.Second):
+	}
+	res := &FailingResult{Queued: 200, Seconds: time.Since(start).Seconds(), Requests: e.recv.failed.Load()}
+	_ = e.pool.QueryRow(ctx, `SELECT state, failure_threshold FROM postbox.endpoint_health WHERE endpoint = 'fail'`).Scan(&res.State, &res.Threshold)
+	e.stopRelay()
+	res.BadSignatures = e.recv.scenarioBad()
+	e.truncate(ctx, true)
+	return res, nil
+}
+
+// catchup queues o.Backlog events while the relay is down, then starts it
+// and waits for every one of them.
+func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
+	led := e.recv.reset()
+	if err := e.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(e.log, "bench: catch-up, queueing %d events while the relay is down\n", o.Backlog)
+	for done := 0; done < o.Backlog; done += 1000 {
+		if err := e.insertBatch(ctx, led, done, min(1000, o.Backlog-done), o.Endpoints); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	if err := e.startRelay(ctx); err != nil {
+		return nil, err
+	}
+	err := waitFor(ctx, 10*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	elapsed := time.Since(start)
+	rss := e.stopRelay()
+	if err != nil {
+		return nil, err
+	}
+	t := led.tally()
+	var lo, hi time.Time
+	for _, at := range t.first {
+		if lo.IsZero() || at.Before(lo) {
+			lo = at
+		}
+		if at.After(hi) {
+			hi = at
+		}
+	}
+	drain := hi.Sub(lo).Seconds()
+	e.truncate(ctx, false)
+	return &CatchupResult{
+		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,
+		Rate: float64(t.received) / elapsed.Seconds(), DrainRate: float64(t.received) / drain,
+		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(), RSSMB: rss,
+	}, nil
+}
+
+// insertBatch inserts n events, numbered from first, in one transaction and
+// records their ids once it has committed.
+func (e *env) insertBatch(ctx context.Context, led *ledger, first, n, endpoints int) error {
+	rows, err := e.pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'ep-' || (i % $2), jsonb_build_object('i', i, 'click_id', 'clk_' || i, 'payout', '1.00')
+		FROM generate_series($1::int, $1::int + $3 - 1) i
+		RETURNING event_id::text`, first, endpoints, n)
+	if err != nil {
+		return fmt.Errorf("queue the backlog: %w", err)
+	}
+	ids := make([]string, 0, n)
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return fmt.Errorf("queue the backlog: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	// Err is known only once the rows are closed, which reads up to the
+	// server's ReadyForQuery: after the commit.
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("queue the backlog: %w", err)
+	}
+	led.commit(ids...)
+	return nil
+}

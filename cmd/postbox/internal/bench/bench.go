@@ -35,6 +35,10 @@ var scenarios = []string{"latency", "hanging", "failing", "catchup", "load"}
 // failed outbox.Verify.
 var ErrBadSignatures = errors.New("deliveries failed signature verification")
 
+// ErrLost is returned by Run, with the figures, when a committed event was
+// never delivered.
+var ErrLost = errors.New("committed events were never delivered")
+
 // maxRate keeps the latency scenario's pacing interval above zero.
 const maxRate = 100000
 
@@ -249,6 +253,9 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	if n, first := env.recv.badSignatures(); n > 0 {
 		return res, fmt.Errorf("%d %w (the first: %w)", n, ErrBadSignatures, first)
 	}
+	if n := res.lost(); n > 0 {
+		return res, fmt.Errorf("%d %w", n, ErrLost)
+	}
 	return res, nil
 }
 
@@ -262,4 +269,21 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// lost is the events lost across the scenarios that count them.
+func (r *Result) lost() int {
+	n := 0
+	for _, l := range []*LatencyResult{r.Latency, r.Hanging} {
+		if l != nil {
+			n += l.Lost
+		}
+	}
+	if r.Catchup != nil {
+		n += r.Catchup.Lost
+	}
+	if r.Load != nil {
+		n += r.Load.Lost
+	}
+	return n
 }

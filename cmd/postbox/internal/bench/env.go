@@ -58,7 +58,13 @@ func (e *env) startRelay(ctx context.Context) error {
 		args = append(args, "--cpuprofile", p)
 	}
 	cmd := exec.Command(exe, args...)
-	cmd.Env = os.Environ()
+	// The relay's configuration is the bench's own: POSTBOX_* variables of
+	// the calling shell (a real database's URL, its secrets) never reach it.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "POSTBOX_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	cmd.Stdout, cmd.Stderr = e.log, e.log
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the relay: %w", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
@@ -435,15 +436,15 @@ func (r *Relay) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LS
 	ev := store.NewEvent{
 		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
-		CommitLSN: commitLSN, CommittedAt: commitTime, Status: store.StatusPending,
+		CommitLSN: commitLSN, CommittedAt: commitTime, Status: state.Pending,
 	}
 	t := resolve(cfg, event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, CreatedAt: parsePGTime(row.CreatedAt), Invalid: row.Invalid})
 	switch {
 	case t.reason != "":
-		ev.Status, ev.LastError = store.StatusDeadLetter, t.reason
+		ev.Status, ev.LastError = state.DeadLetter, t.reason
 	case fast && !t.ep.Ordered && !r.guard.blocked(row.Endpoint, r.now()) && r.disp.Reserve(row.Endpoint):
-		ev.Status = store.StatusInFlight
+		ev.Status = state.InFlight
 		return ev, true
 	}
 	return ev, false
@@ -471,9 +472,9 @@ func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.I
 				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
 				CreatedAt: parsePGTime(ev.CreatedAt), CommittedAt: ev.CommittedAt, Ingest: tx,
 			}, true)
-		case id != 0 && ev.Status == store.StatusPending:
+		case id != 0 && ev.Status == state.Pending:
 			queued = true
-		case id != 0 && ev.Status == store.StatusDeadLetter:
+		case id != 0 && ev.Status == state.DeadLetter:
 			r.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
 		}
 	}

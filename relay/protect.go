@@ -9,6 +9,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/policy"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -42,13 +43,13 @@ func newGuard() *guard {
 }
 
 // observe counts an attempt's signal in the local streak.
-func (g *guard) observe(endpoint string, sig store.Signal, now time.Time) {
-	if sig == store.SignalNone {
+func (g *guard) observe(endpoint string, sig state.Signal, now time.Time) {
+	if sig == state.SignalNone {
 		return
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if sig == store.SignalSuccess {
+	if sig == state.SignalSuccess {
 		delete(g.streaks, endpoint)
 		return
 	}
@@ -67,7 +68,7 @@ func (g *guard) update(changes []store.HealthChange, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, c := range changes {
-		if c.New.State != store.BreakerClosed || c.New.PausedUntil.After(now) {
+		if c.New.State != state.BreakerClosed || c.New.PausedUntil.After(now) {
 			g.unhealthy[c.New.Endpoint] = c.New
 		} else {
 			delete(g.unhealthy, c.New.Endpoint)
@@ -100,9 +101,9 @@ func (g *guard) holdUntil(endpoint string, threshold int, probe bool, owner stri
 		return true, h.PausedUntil
 	}
 	switch h.State {
-	case store.BreakerOpen:
+	case state.BreakerOpen:
 		return true, h.OpenedAt.Add(h.Cooldown)
-	case store.BreakerHalfOpen:
+	case state.BreakerHalfOpen:
 		if probe && h.ProbeOwner == owner {
 			return false, time.Time{}
 		}
@@ -114,7 +115,7 @@ func (g *guard) holdUntil(endpoint string, threshold int, probe bool, owner stri
 // blocked reports whether endpoint takes no new work now (fast path).
 func (g *guard) blocked(endpoint string, now time.Time) bool {
 	h, ok := g.get(endpoint)
-	return ok && (h.State != store.BreakerClosed || h.PausedUntil.After(now))
+	return ok && (h.State != state.BreakerClosed || h.PausedUntil.After(now))
 }
 
 func (g *guard) setProbing(endpoint string, on bool) {
@@ -142,7 +143,7 @@ func (g *guard) probeCandidates(owner string, now time.Time) []probeCandidate {
 		switch {
 		case b.ProbeDue(now):
 			out = append(out, probeCandidate{endpoint: name})
-		case h.State == store.BreakerHalfOpen:
+		case h.State == state.BreakerHalfOpen:
 			out = append(out, probeCandidate{endpoint: name, retry: h.ProbeOwner == owner})
 		}
 	}
@@ -156,7 +157,7 @@ type probeCandidate struct {
 
 // applyHealth is the store.HealthFunc: it runs the endpoint's breaker over
 // the batch's results and records streaks and pauses.
-func (r *Relay) applyHealth(cur store.Health, rs []store.Result) store.Health {
+func (r *Relay) applyHealth(cur store.Health, rs []state.Result) store.Health {
 	ep := r.cfg.Load().Endpoint(cur.Endpoint)
 	settings := policy.BreakerSettings{
 		Threshold:   ep.FailureThreshold,
@@ -176,21 +177,21 @@ func (r *Relay) applyHealth(cur store.Health, rs []store.Result) store.Health {
 			}
 		}
 		switch res.Signal {
-		case store.SignalSuccess:
+		case state.SignalSuccess:
 			b = b.Record(false, res.At, settings)
 			next.LastSuccessAt = res.At
-		case store.SignalFailure:
+		case state.SignalFailure:
 			b = b.Record(true, res.At, settings)
 		}
 		// Every failed attempt is the endpoint's latest failure, also one
 		// (a 401, a template error) that says nothing about its health.
-		if res.Attempted && res.Status != store.StatusDelivered {
+		if res.Attempted && res.Status != state.Delivered {
 			next.LastFailureAt, next.LastError, next.LastStatusCode = res.At, res.LastError, res.StatusCode
 		}
 	}
 	next.State, next.ConsecutiveFailures, next.OpenedAt, next.Cooldown = b.State, b.Failures, b.OpenedAt, b.Cooldown
 	next.FailureThreshold = settings.EffectiveThreshold()
-	if next.State != store.BreakerHalfOpen {
+	if next.State != state.BreakerHalfOpen {
 		next.ProbeOwner = ""
 	}
 	return next
@@ -206,17 +207,17 @@ func (r *Relay) logTransitions(changes []store.HealthChange) {
 		ev := r.log.Info()
 		msg := "circuit breaker closed: the endpoint recovered"
 		switch c.New.State {
-		case store.BreakerOpen:
+		case state.BreakerOpen:
 			ev = r.log.Warn().Int("consecutive_failures", c.New.ConsecutiveFailures).
 				Int("threshold", c.New.FailureThreshold).Dur("cooldown", c.New.Cooldown).Str("last_error", c.New.LastError)
 			msg = "circuit breaker opened: holding this endpoint's events until a probe succeeds"
-			if c.Old.State == store.BreakerHalfOpen {
+			if c.Old.State == state.BreakerHalfOpen {
 				msg = "circuit breaker re-opened: the probe failed"
 			}
-		case store.BreakerHalfOpen:
+		case state.BreakerHalfOpen:
 			msg = "circuit breaker half-open: probing"
 		}
-		ev.Str("endpoint", c.New.Endpoint).Str("from", c.Old.State).Str("to", c.New.State).Msg(msg)
+		ev.Str("endpoint", c.New.Endpoint).Stringer("from", c.Old.State).Stringer("to", c.New.State).Msg(msg)
 	}
 }
 
@@ -235,7 +236,7 @@ func (r *Relay) claimProbes(ctx context.Context) {
 			continue
 		}
 		h, _ := r.guard.get(pc.endpoint)
-		h.State, h.ProbeOwner = store.BreakerHalfOpen, r.owner
+		h.State, h.ProbeOwner = state.BreakerHalfOpen, r.owner
 		r.guard.mu.Lock()
 		r.guard.unhealthy[pc.endpoint] = h
 		r.guard.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -153,7 +154,7 @@ func (r *Relay) recordLoop(stop <-chan struct{}) {
 // transaction without holding up the others; if the ingest failed, the
 // delivery does not exist and the stream will bring the event again.
 func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool) {
-	results := make([]store.Result, 0, len(batch))
+	results := make([]state.Result, 0, len(batch))
 	recorded := make([]*dispatch.Job, 0, len(batch))
 	waiting := map[*dispatch.Ingest][]dispatch.Outcome{}
 	for _, o := range batch {
@@ -225,9 +226,9 @@ func (r *Relay) record(ctx context.Context, batch []dispatch.Outcome, final bool
 	for _, res := range results {
 		r.metrics.Recorded(res)
 		switch res.Status {
-		case store.StatusFailed:
+		case state.Failed:
 			r.due.add(now.Add(res.Delay))
-		case store.StatusReleased:
+		case state.Released:
 			r.backlog.Store(true)
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // NewEvent is an outbox row to ingest, with its delivery's first state
@@ -28,7 +30,7 @@ type NewEvent struct {
 	OutboxID    int64
 	CommitLSN   pglogrepl.LSN // 0 when found by reconciliation
 	CommittedAt time.Time     // zero when unknown
-	Status      string
+	Status      state.Delivery
 	LastError   string
 }
 
@@ -83,7 +85,7 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 	for i := range evs {
 		e := &evs[i]
 		ids[i], endpoints[i], types[i], payloads[i] = e.EventID, e.Endpoint, e.EventType, string(e.Payload)
-		created[i], statuses[i], errs[i] = e.CreatedAt, e.Status, e.LastError
+		created[i], statuses[i], errs[i] = e.CreatedAt, string(e.Status), e.LastError
 		if e.URL != "" {
 			urls[i] = &e.URL
 		}

@@ -439,7 +439,7 @@ func (r *Relay) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LS
 		CommitLSN: commitLSN, CommittedAt: commitTime, Status: state.Pending,
 	}
 	t := resolve(cfg, event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
-		Payload: row.Payload, CreatedAt: parsePGTime(row.CreatedAt), Invalid: row.Invalid})
+		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid})
 	switch {
 	case t.reason != "":
 		ev.Status, ev.LastError = state.DeadLetter, t.reason
@@ -470,7 +470,7 @@ func (r *Relay) afterInsert(evs []store.NewEvent, reserved []bool, got []store.I
 			r.disp.Submit(&dispatch.Job{
 				DeliveryID: id, Endpoint: ev.Endpoint, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
 				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
-				CreatedAt: parsePGTime(ev.CreatedAt), CommittedAt: ev.CommittedAt, Ingest: tx,
+				CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: tx,
 			}, true)
 		case id != 0 && ev.Status == state.Pending:
 			queued = true
@@ -534,7 +534,7 @@ func (r *Relay) reconcile(ctx context.Context, snapshot string) error {
 		evs := make([]store.NewEvent, len(rows))
 		for i, o := range rows {
 			evs[i], _ = r.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
-				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt}, 0, time.Time{}, false)
+				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt, Invalid: o.Invalid}, 0, time.Time{}, false)
 		}
 		got, err := conn.Insert(ctx, evs, cfg.OutboxRetention.D() == 0)
 		if err == nil {
@@ -558,15 +558,4 @@ func (r *Relay) reconcile(ctx context.Context, snapshot string) error {
 		r.log.Warn().Int64("events", total).Msg("reconciled outbox rows the stream had not delivered")
 	}
 	return nil
-}
-
-// parsePGTime parses a timestamptz as PostgreSQL prints it with DateStyle
-// ISO; the zero time when it cannot.
-func parsePGTime(s string) time.Time {
-	for _, layout := range []string{"2006-01-02 15:04:05.999999-07", "2006-01-02 15:04:05.999999-07:00", "2006-01-02 15:04:05.999999-07:00:00"} {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t
-		}
-	}
-	return time.Time{}
 }

@@ -29,7 +29,7 @@ func BenchmarkIngest(b *testing.B) {
 			for b.Loop() {
 				for i := range evs {
 					evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
-						CreatedAt: "2026-01-01 00:00:00+00", Status: state.Pending}
+						CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
 				}
 				if _, err := ic.Insert(ctx, evs, false); err != nil {
 					b.Fatal(err)

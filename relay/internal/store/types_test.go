@@ -7,9 +7,48 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
+
+// TestCreatedAtTravelsAsTime: reconciliation reads an outbox row's
+// created_at as a time (a row whose created_at is not one is invalid), and
+// ingest stores the time it is given, or the ingest time when it has none.
+func TestCreatedAtTravelsAsTime(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	_, err := s.Pool.Exec(ctx, `INSERT INTO `+s.Table.Ident()+` (endpoint, created_at) VALUES
+		('ep', '2026-03-01 12:34:56.5+01'), ('ep', 'infinity')`)
+	require.NoError(t, err)
+
+	rows, err := s.UningestedOutbox(ctx, 0, 10, "")
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	want := time.Date(2026, 3, 1, 11, 34, 56, 500_000_000, time.UTC)
+	require.True(t, rows[0].CreatedAt.Equal(want), "got %s", rows[0].CreatedAt)
+	require.Empty(t, rows[0].Invalid)
+	require.True(t, rows[1].CreatedAt.IsZero())
+	require.Equal(t, "invalid_row: column created_at in "+s.Table.String()+" is not a time: infinity", rows[1].Invalid)
+
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	defer ic.Release()
+	known, unknown := outbox.NewEventID(), outbox.NewEventID()
+	_, err = ic.Insert(ctx, []store.NewEvent{
+		{EventID: known, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: want, Status: state.Pending},
+		{EventID: unknown, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
+	}, false)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+	var got time.Time
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT created_at FROM postbox.events WHERE event_id = $1`, known).Scan(&got))
+	require.True(t, got.Equal(want), "got %s", got)
+	var ingestTime bool
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT created_at = ingested_at FROM postbox.events WHERE event_id = $1`, unknown).Scan(&ingestTime))
+	require.True(t, ingestTime, "no created_at: the ingest time")
+}
 
 // TestStatesScanAsTypes: the states stored as text come back as the
 // state package's types.

@@ -20,7 +20,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -154,13 +154,13 @@ func (tb *testBundle) insert(t *testing.T, evs ...outbox.Event) []string {
 }
 
 // deliveries counts deliveries by status.
-func (tb *testBundle) deliveries(t *testing.T) map[string]int {
+func (tb *testBundle) deliveries(t *testing.T) map[state.Delivery]int {
 	t.Helper()
 	rows, err := tb.pool.Query(context.Background(), `SELECT status, count(*) FROM postbox.deliveries GROUP BY status`)
 	require.NoError(t, err)
-	out := map[string]int{}
+	out := map[state.Delivery]int{}
 	for rows.Next() {
-		var s string
+		var s state.Delivery
 		var n int
 		require.NoError(t, rows.Scan(&s, &n))
 		out[s] = n
@@ -171,7 +171,7 @@ func (tb *testBundle) deliveries(t *testing.T) map[string]int {
 
 // delivery is a delivery row as a test looks at it.
 type delivery struct {
-	Status       string
+	Status       state.Delivery
 	Attempts     int
 	LastError    string
 	LastStatus   int
@@ -219,7 +219,7 @@ func (tb *testBundle) waitSettled(t *testing.T, n int, within time.Duration) {
 	t.Helper()
 	waitUntil(t, within, "deliveries settled", func() bool {
 		c := tb.deliveries(t)
-		return c[store.StatusDelivered]+c[store.StatusDeadLetter] >= n
+		return c[state.Delivered]+c[state.DeadLetter] >= n
 	})
 }
 

@@ -15,7 +15,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 func durp(d time.Duration) *config.Duration { c := config.Duration(d); return &c }
@@ -144,7 +144,7 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 	tb.start(t, relay.Options{InstanceID: "first"})
 	tb.startStandby(t, relay.Options{InstanceID: "second"})
 	ctx := context.Background()
-	state := func() (string, time.Duration) {
+	breaker := func() (string, time.Duration) {
 		var s string
 		var cd float64
 		err := tb.pool.QueryRow(ctx, `SELECT state, cooldown_seconds FROM postbox.endpoint_health WHERE endpoint = 'flaky'`).Scan(&s, &cd)
@@ -161,7 +161,7 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 		}
 		return evs
 	}()...)
-	waitUntil(t, 20*time.Second, "the breaker to open", func() bool { s, _ := state(); return s == "open" })
+	waitUntil(t, 20*time.Second, "the breaker to open", func() bool { s, _ := breaker(); return s == "open" })
 	time.Sleep(50 * time.Millisecond) // attempts in flight when it opened finish
 	openedAt := time.Now()
 	before := rc.count()
@@ -170,7 +170,7 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 	held := tb.insert(t, outbox.Event{Endpoint: "flaky"}, outbox.Event{Endpoint: "flaky"})
 	// Let it probe and fail until the cooldown has reached its cap.
 	waitUntil(t, 30*time.Second, "the cooldown to double up to its cap", func() bool {
-		_, cd := state()
+		_, cd := breaker()
 		return cd == maxCooldown && time.Since(openedAt) > 4*time.Second
 	})
 	probes := rc.requests()[before:]
@@ -184,19 +184,19 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 	require.LessOrEqual(t, len(probes), 1+int(time.Since(openedAt)/cooldown), "no more probes than half-open periods")
 	for _, id := range held {
 		d := tb.delivery(t, id)
-		require.Equal(t, store.StatusPending, d.Status, "held, not attempted, while open")
+		require.Equal(t, state.Pending, d.Status, "held, not attempted, while open")
 		require.Zero(t, d.Attempts)
 	}
 
 	healthy.Store(true)
-	waitUntil(t, 30*time.Second, "the breaker to close", func() bool { s, _ := state(); return s == "closed" })
+	waitUntil(t, 30*time.Second, "the breaker to close", func() bool { s, _ := breaker(); return s == "closed" })
 	tb.waitSettled(t, len(first)+len(held), 30*time.Second)
 	for _, id := range held {
 		d := tb.delivery(t, id)
-		require.Equal(t, store.StatusDelivered, d.Status)
+		require.Equal(t, state.Delivered, d.Status)
 		require.Equal(t, 1, d.Attempts, "waiting while open spent no attempts")
 	}
-	s, cd := state()
+	s, cd := breaker()
 	require.Equal(t, "closed", s)
 	require.Equal(t, cooldown, cd, "closing resets the cooldown")
 	require.Contains(t, tb.logs.String(), "circuit breaker opened")
@@ -218,7 +218,7 @@ func TestRateLimitSpacesDeliveries(t *testing.T) {
 	}
 	tb.insert(t, evs...)
 	tb.waitSettled(t, 200, time.Minute)
-	require.Equal(t, map[string]int{store.StatusDelivered: 200}, tb.deliveries(t), "none failed")
+	require.Equal(t, map[state.Delivery]int{state.Delivered: 200}, tb.deliveries(t), "none failed")
 	reqs := rc.requests()
 	require.Len(t, reqs, 200)
 	burst := relay.Burst(rate)
@@ -254,10 +254,10 @@ func TestRetryAfterSetsNextAttempt(t *testing.T) {
 	})
 	now := time.Now()
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, store.StatusFailed, d.Status)
+	require.Equal(t, state.Failed, d.Status)
 	require.InDelta(t, 120, d.NextAttempt.Sub(now).Seconds(), 5)
 	d = tb.delivery(t, ids[1])
-	require.Equal(t, store.StatusFailed, d.Status)
+	require.Equal(t, state.Failed, d.Status)
 	require.InDelta(t, 90, d.NextAttempt.Sub(now).Seconds(), 5)
 	var paused time.Time
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT paused_until FROM postbox.endpoint_health WHERE endpoint = 'seconds'`).Scan(&paused))
@@ -282,7 +282,7 @@ func TestBodyRuleFailureIsReadable(t *testing.T) {
 	ids := tb.insert(t, outbox.Event{Endpoint: "aff"})
 	tb.waitSettled(t, 1, 20*time.Second)
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, store.StatusDeadLetter, d.Status)
+	require.Equal(t, state.DeadLetter, d.Status)
 	require.Equal(t, 2, d.Attempts)
 	require.Equal(t, 200, d.LastStatus)
 	require.Equal(t, `max_attempts (2) exhausted: body rule: http 200 response lacks "success=true"`, d.LastError)

@@ -15,6 +15,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -43,7 +44,7 @@ func TestDeliversOnceSignedWithExactBody(t *testing.T) {
 	require.Error(t, outbox.Verify([]string{outbox.NewSecret()}, got.Header, got.Body, time.Now()))
 
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, store.StatusDelivered, d.Status)
+	require.Equal(t, state.Delivered, d.Status)
 	require.Equal(t, 1, d.Attempts)
 	require.Equal(t, 200, d.LastStatus)
 	require.NotNil(t, d.C2DMS, "commit-to-delivery time recorded")
@@ -85,7 +86,7 @@ func TestRetriesWithBackoffUntilSuccess(t *testing.T) {
 	// Signed afresh each time.
 	require.NotEqual(t, reqs[0].Header.Get(outbox.HeaderSignature), "")
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, store.StatusDelivered, d.Status)
+	require.Equal(t, state.Delivered, d.Status)
 	require.Equal(t, 3, d.Attempts)
 }
 
@@ -105,18 +106,19 @@ func TestPermanentStatusesDeadLetterAfterOneAttempt(t *testing.T) {
 	require.Equal(t, 3, rc.count(), "no retries")
 	for i, code := range []int{400, 401, 404} {
 		d := tb.delivery(t, ids[i])
-		require.Equal(t, store.StatusDeadLetter, d.Status)
+		require.Equal(t, state.DeadLetter, d.Status)
 		require.Equal(t, 1, d.Attempts)
 		require.Equal(t, code, d.LastStatus)
 		require.Equal(t, fmt.Sprintf("http %d", code), d.LastError)
 		// The endpoint shows its latest failure, though a 4xx leaves its
 		// breaker alone.
-		var state, lastErr string
+		var breaker state.Breaker
+		var lastErr string
 		var lastCode, streak int
 		require.NoError(t, tb.pool.QueryRow(context.Background(), `
 			SELECT state, coalesce(last_error, ''), coalesce(last_status_code, 0), consecutive_failures
-			FROM postbox.endpoint_health WHERE endpoint = $1`, fmt.Sprintf("ep%d", code)).Scan(&state, &lastErr, &lastCode, &streak))
-		require.Equal(t, []any{store.BreakerClosed, d.LastError, code, 0}, []any{state, lastErr, lastCode, streak})
+			FROM postbox.endpoint_health WHERE endpoint = $1`, fmt.Sprintf("ep%d", code)).Scan(&breaker, &lastErr, &lastCode, &streak))
+		require.Equal(t, []any{state.BreakerClosed, d.LastError, code, 0}, []any{breaker, lastErr, lastCode, streak})
 	}
 }
 
@@ -134,7 +136,7 @@ func TestServerErrorsDeadLetterAfterMaxAttempts(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	require.Equal(t, 5, rc.count(), "max_attempts defaults to 5")
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, store.StatusDeadLetter, d.Status)
+	require.Equal(t, state.DeadLetter, d.Status)
 	require.Equal(t, 5, d.Attempts)
 	require.Equal(t, "max_attempts (5) exhausted: http 500", d.LastError)
 }
@@ -179,7 +181,7 @@ func TestLargeTransactionAllDelivered(t *testing.T) {
 		SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
 	require.NoError(t, err)
 	tb.waitSettled(t, n, 3*time.Minute)
-	require.Equal(t, map[string]int{store.StatusDelivered: n}, tb.deliveries(t))
+	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
 	byID := rc.byID()
 	require.Len(t, byID, n, "every event arrived")
 	for id, c := range byID {
@@ -220,7 +222,7 @@ func TestUpdatesAndDeletesAreIgnoredAndTheSlotAdvances(t *testing.T) {
 		return lsn >= afterLSN
 	})
 	require.Equal(t, 2, rc.count(), "updates and deletes deliver nothing")
-	require.Equal(t, map[string]int{store.StatusDelivered: 2}, tb.deliveries(t))
+	require.Equal(t, map[state.Delivery]int{state.Delivered: 2}, tb.deliveries(t))
 }
 
 func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
@@ -242,16 +244,16 @@ func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
 	wantPrefix := []string{"unknown_endpoint:", "invalid_url:", "invalid_url:", "payload_too_large:"}
 	for i, p := range wantPrefix {
 		d := tb.delivery(t, ids[i])
-		require.Equal(t, store.StatusDeadLetter, d.Status, "event %d", i)
+		require.Equal(t, state.DeadLetter, d.Status, "event %d", i)
 		require.True(t, strings.HasPrefix(d.LastError, p), "event %d: %q should start with %q", i, d.LastError, p)
 		require.Zero(t, d.Attempts, "nothing was sent")
 	}
-	require.Equal(t, store.StatusDelivered, tb.delivery(t, ids[4]).Status)
+	require.Equal(t, state.Delivered, tb.delivery(t, ids[4]).Status)
 	require.Equal(t, 1, rc.count())
 	// The stream went on: a later event is delivered too.
 	later := tb.insert(t, outbox.Event{Endpoint: "good"})
 	tb.waitSettled(t, 6, 20*time.Second)
-	require.Equal(t, store.StatusDelivered, tb.delivery(t, later[0]).Status)
+	require.Equal(t, state.Delivered, tb.delivery(t, later[0]).Status)
 }
 
 func TestReconcilesRowsWrittenWithoutASlot(t *testing.T) {
@@ -296,7 +298,7 @@ func TestGracefulStopRecordsAndConfirms(t *testing.T) {
 	close(release) // the in-flight attempt finishes within the grace period
 	require.NoError(t, <-stopped)
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, store.StatusDelivered, d.Status, "the result was recorded before exit")
+	require.Equal(t, state.Delivered, d.Status, "the result was recorded before exit")
 
 	var active bool
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&active))
@@ -328,7 +330,7 @@ func TestShutdownPastGraceReleasesTheAttempt(t *testing.T) {
 	defer cancel()
 	require.NoError(t, r.Stop(ctx))
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, store.StatusPending, d.Status, "released back to the queue for the next instance")
+	require.Equal(t, state.Pending, d.Status, "released back to the queue for the next instance")
 	require.Zero(t, d.Attempts, "an interrupted attempt is not counted")
 }
 

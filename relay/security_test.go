@@ -14,7 +14,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // TestBlockedTargetsAreNeverContacted: with the guard on (the default),
@@ -46,7 +46,7 @@ func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	tb.waitSettled(t, len(cases), 30*time.Second)
 	for i, id := range ids {
 		d := tb.delivery(t, id)
-		require.Equal(t, store.StatusDeadLetter, d.Status)
+		require.Equal(t, state.DeadLetter, d.Status)
 		require.True(t, strings.HasPrefix(d.LastError, want[i]), "%q should start with %q", d.LastError, want[i])
 	}
 	require.Zero(t, rc.count(), "nothing reached the listening receiver")
@@ -59,7 +59,7 @@ func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	tb2.start(t, relay.Options{})
 	ok := tb2.insert(t, outbox.Event{Endpoint: "row-url", URL: "http://localhost:" + port + "/hook"})
 	tb2.waitSettled(t, 1, 30*time.Second)
-	require.Equal(t, store.StatusDelivered, tb2.delivery(t, ok[0]).Status)
+	require.Equal(t, state.Delivered, tb2.delivery(t, ok[0]).Status)
 	require.Equal(t, 1, rc.count())
 }
 
@@ -102,7 +102,7 @@ func TestGetPostbackTemplate(t *testing.T) {
 	require.NoError(t, outbox.Verify([]string{tb.secret}, r.Header, nil, time.Now()), "GET postbacks carry the same signature headers")
 
 	d := tb.delivery(t, ids[1])
-	require.Equal(t, store.StatusDeadLetter, d.Status)
+	require.Equal(t, state.DeadLetter, d.Status)
 	require.Equal(t, "template_error: {payload.click_id} has no value (give it a default: {payload.click_id|…})", d.LastError)
 }
 

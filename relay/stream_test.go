@@ -18,7 +18,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // idCounter is a lean receiver for large tests: it keeps only counts.
@@ -91,7 +91,7 @@ func TestHugeTransactionInBoundedMemory(t *testing.T) {
 	rc.mu.Lock()
 	require.Len(t, rc.ids, n, "every event arrived")
 	rc.mu.Unlock()
-	require.Equal(t, map[string]int{store.StatusDelivered: n}, tb.deliveries(t))
+	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
 	t.Logf("peak heap %.1f MB while ingesting and delivering %d events of one transaction", float64(peak.Load())/(1<<20), n)
 	require.Less(t, peak.Load(), uint64(80<<20), "the heap stays bounded (the transaction alone is ~25 MB of payload)")
 }

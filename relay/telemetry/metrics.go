@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // OtherEndpoint is the endpoint label of every endpoint past the cap.
@@ -133,18 +133,18 @@ func (m *Metrics) Streaming(on bool) {
 }
 
 // Recorded counts a recorded result.
-func (m *Metrics) Recorded(r store.Result) {
+func (m *Metrics) Recorded(r state.Result) {
 	ep := m.Label(r.Endpoint)
-	m.deliveries.WithLabelValues(ep, r.Status).Inc()
+	m.deliveries.WithLabelValues(ep, r.Status.String()).Inc()
 	if r.Sampled {
 		m.attemptDuration.WithLabelValues(ep).Observe(r.ResponseMS / 1000)
 	}
 	switch r.Status {
-	case store.StatusDelivered:
+	case state.Delivered:
 		if r.CommitToDeliveryMS >= 0 {
 			m.commitToDelivery.WithLabelValues(ep).Observe(r.CommitToDeliveryMS / 1000)
 		}
-	case store.StatusDeadLetter:
+	case state.DeadLetter:
 		m.deadLetters.WithLabelValues(ep).Inc()
 	}
 }
@@ -169,7 +169,7 @@ func (m *Metrics) Observe(s Summary, endpoints []EndpointStats, alerts []Alert) 
 		if label == OtherEndpoint {
 			continue // per-endpoint gauges only for labelled endpoints
 		}
-		m.breaker.WithLabelValues(label).Set(map[string]float64{store.BreakerHalfOpen: 1, store.BreakerOpen: 2}[e.State])
+		m.breaker.WithLabelValues(label).Set(map[BreakerState]float64{BreakerHalfOpen: 1, BreakerOpen: 2}[e.State])
 		for q, v := range map[string]*float64{"0.5": e.P50MS, "0.95": e.P95MS, "0.99": e.P99MS} {
 			if v != nil {
 				m.endpointLatency.WithLabelValues(label, q).Set(*v / 1000)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
@@ -29,13 +30,13 @@ type Slot struct {
 
 // Breaker is an endpoint held back by its breaker or a pause.
 type Breaker struct {
-	Endpoint            string     `json:"endpoint"`
-	State               string     `json:"state"`
-	ConsecutiveFailures int        `json:"consecutive_failures"`
-	OpenedAt            *time.Time `json:"opened_at,omitempty"`
-	ReopensAt           *time.Time `json:"reopens_at,omitempty"`
-	PausedUntil         *time.Time `json:"paused_until,omitempty"`
-	LastError           string     `json:"last_error,omitempty"`
+	Endpoint            string       `json:"endpoint"`
+	State               BreakerState `json:"state"`
+	ConsecutiveFailures int          `json:"consecutive_failures"`
+	OpenedAt            *time.Time   `json:"opened_at,omitempty"`
+	ReopensAt           *time.Time   `json:"reopens_at,omitempty"`
+	PausedUntil         *time.Time   `json:"paused_until,omitempty"`
+	LastError           string       `json:"last_error,omitempty"`
 }
 
 // Instance is a registered postbox.
@@ -159,7 +160,7 @@ func loadSummary(ctx context.Context, q store.Querier, slotName string, delivery
 		if paused != nil && paused.After(s.At) {
 			b.PausedUntil = paused
 		}
-		if b.State == store.BreakerClosed {
+		if b.State == state.BreakerClosed {
 			b.OpenedAt, b.ReopensAt = nil, nil
 		}
 		s.Breakers = append(s.Breakers, b)

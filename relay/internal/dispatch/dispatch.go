@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // Job is one delivery attempt to make.
@@ -100,7 +100,7 @@ func (i *Ingest) Wait(ctx context.Context) error {
 // Outcome is a finished (or released) job and its result.
 type Outcome struct {
 	Job    *Job
-	Result store.Result
+	Result state.Result
 }
 
 // Options configure a Dispatcher.
@@ -109,7 +109,7 @@ type Options struct {
 	Capacity func(endpoint string) int
 	// Execute makes one attempt. Its context is cancelled only when a
 	// shutdown runs out of grace; it should then return a released result.
-	Execute func(ctx context.Context, j *Job) store.Result
+	Execute func(ctx context.Context, j *Job) state.Result
 	// OnOutcome receives every finished job. It must not block for long,
 	// and must call Recorded once the outcome is recorded or dropped.
 	OnOutcome func(Outcome)
@@ -335,13 +335,13 @@ func (d *Dispatcher) pumpStarvedLocked() {
 
 func (d *Dispatcher) run(l *lane, j *Job) {
 	defer d.running.Done()
-	var res store.Result
+	var res state.Result
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
 				// A bug must not take the relay down or lose the event:
 				// count it as a failed attempt, to be retried.
-				res = store.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: store.StatusFailed,
+				res = state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: state.Failed,
 					Attempted: true, Delay: time.Minute, At: time.Now(), CommitToDeliveryMS: -1,
 					LastError: fmt.Sprintf("internal error: %v", p)}
 				debug.PrintStack()
@@ -413,7 +413,7 @@ func (d *Dispatcher) InFlight() int {
 
 // Released is the result that returns a job's delivery to the queue
 // without counting an attempt.
-func Released(j *Job) store.Result {
-	return store.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: store.StatusReleased,
+func Released(j *Job) state.Result {
+	return state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: state.Released,
 		At: time.Now(), CommitToDeliveryMS: -1}
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 type harness struct {
@@ -40,8 +40,8 @@ func newHarness(caps map[string]int) *harness {
 	return h
 }
 
-func hExecute(h *harness) func(ctx context.Context, j *dispatch.Job) store.Result {
-	return func(ctx context.Context, j *dispatch.Job) store.Result {
+func hExecute(h *harness) func(ctx context.Context, j *dispatch.Job) state.Result {
+	return func(ctx context.Context, j *dispatch.Job) state.Result {
 		n := h.running[j.Endpoint].Add(1)
 		for {
 			p := h.peak[j.Endpoint].Load()
@@ -52,14 +52,14 @@ func hExecute(h *harness) func(ctx context.Context, j *dispatch.Job) store.Resul
 		defer h.running[j.Endpoint].Add(-1)
 		select {
 		case <-h.release:
-			return store.Result{DeliveryID: j.DeliveryID, Status: store.StatusDelivered}
+			return state.Result{DeliveryID: j.DeliveryID, Status: state.Delivered}
 		case <-ctx.Done():
 			return dispatch.Released(j)
 		}
 	}
 }
 
-func (h *harness) count(status string) int {
+func (h *harness) count(status state.Delivery) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
@@ -83,7 +83,7 @@ func TestLanesCapInFlightPerEndpoint(t *testing.T) {
 	free, _ := h.d.Free()
 	require.Equal(t, 0, free["slow"], "2 running + 8 queued is the lane's limit (5 × cap)")
 	close(h.release)
-	require.Eventually(t, func() bool { return h.count(store.StatusDelivered) == 20 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.count(state.Delivered) == 20 }, 5*time.Second, time.Millisecond)
 	require.EqualValues(t, 2, h.peak["slow"].Load())
 	require.EqualValues(t, 3, h.peak["fast"].Load())
 }
@@ -109,10 +109,10 @@ func TestStopReleasesQueuedAndCancelsPastGrace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	h.d.Stop(ctx)
-	require.Equal(t, 3, h.count(store.StatusReleased), "two queued and the one cut off")
+	require.Equal(t, 3, h.count(state.Released), "two queued and the one cut off")
 	require.False(t, h.d.Reserve("e"), "no fast path while stopping")
 	h.d.Submit(&dispatch.Job{DeliveryID: 9, Endpoint: "e"}, false)
-	require.Equal(t, 4, h.count(store.StatusReleased), "a job submitted while stopping is released")
+	require.Equal(t, 4, h.count(state.Released), "a job submitted while stopping is released")
 }
 
 func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
@@ -142,5 +142,5 @@ func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	require.Equal(t, 10, h.d.InFlight(), "never more than the global cap")
 	close(h.release)
-	require.Eventually(t, func() bool { return h.count(store.StatusDelivered) == 60 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.count(state.Delivered) == 60 }, 5*time.Second, time.Millisecond)
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/policy"
 	"github.com/postbox-relay/postbox/relay/internal/protect"
 	"github.com/postbox-relay/postbox/relay/internal/service"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // Event is what Resolve needs to know of an event.
@@ -167,13 +167,13 @@ func New(env *service.Env, client *deliver.Client, prot *protect.Protection) *Ex
 // Execute makes one attempt for a job and decides what follows. Its
 // context ends only when a shutdown runs out of grace; the delivery is
 // then handed back untouched.
-func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) store.Result {
+func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	cfg := x.env.Config()
-	res := store.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, CommitToDeliveryMS: -1}
+	res := state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, CommitToDeliveryMS: -1}
 	t := Resolve(cfg, Event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
 		Payload: j.Payload, CreatedAt: j.CreatedAt})
 	if t.Reason != "" {
-		res.Status, res.Attempted, res.LastError, res.At = store.StatusDeadLetter, true, t.Reason, x.env.Now()
+		res.Status, res.Attempted, res.LastError, res.At = state.DeadLetter, true, t.Reason, x.env.Now()
 		x.log.Warn().Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Str("reason", t.Reason).Msg("dead letter")
 		return res
 	}
@@ -227,23 +227,23 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) store.Result {
 	ev := x.log.Debug()
 	switch {
 	case v.Kind == policy.Success:
-		res.Status, res.LastError = store.StatusDelivered, ""
+		res.Status, res.LastError = state.Delivered, ""
 		if !j.CommittedAt.IsZero() {
 			res.CommitToDeliveryMS = millis(res.At.Sub(j.CommittedAt))
 		}
 	case v.Kind == policy.Retry && j.Attempt < ep.MaxAttempts:
-		res.Status = store.StatusFailed
+		res.Status = state.Failed
 		res.Delay = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, x.env.Rand)
 		if v.RetryAfter > 0 || res.Pause > 0 {
 			res.Delay = max(res.Pause, min(v.RetryAfter, ep.BackoffCap))
 		}
 		ev = x.log.Info()
 	case v.Kind == policy.Retry:
-		res.Status = store.StatusDeadLetter
+		res.Status = state.DeadLetter
 		res.LastError = fmt.Sprintf("max_attempts (%d) exhausted: %s", ep.MaxAttempts, v.Reason)
 		ev = x.log.Warn()
 	default:
-		res.Status = store.StatusDeadLetter
+		res.Status = state.DeadLetter
 		ev = x.log.Warn()
 	}
 	if cfg.LogPayloads {
@@ -251,7 +251,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) store.Result {
 		ev = ev.Str("url", t.URL).Bytes("body", t.Body)
 	}
 	ev.Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Int("attempt", j.Attempt).
-		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Str("outcome", res.Status).
+		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Stringer("outcome", res.Status).
 		Str("reason", res.LastError).Dur("retry_in", res.Delay).Msg("attempt")
 	return res
 }
@@ -260,14 +260,14 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) store.Result {
 // or a failure of the endpoint itself (5xx, timeouts, connection errors, a
 // body that fails the success rule). A 429 is the receiver pacing us, and
 // other 4xx are about the event, not the endpoint.
-func signal(v policy.Verdict, code int) store.Signal {
+func signal(v policy.Verdict, code int) state.Signal {
 	switch {
 	case v.Kind == policy.Success:
-		return store.SignalSuccess
+		return state.SignalSuccess
 	case v.Kind == policy.Retry && code != http.StatusTooManyRequests:
-		return store.SignalFailure
+		return state.SignalFailure
 	}
-	return store.SignalNone
+	return state.SignalNone
 }
 
 // responseSnippet is the start of a response body as stored: at most 1 KiB

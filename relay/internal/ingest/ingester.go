@@ -11,6 +11,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/execute"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
@@ -189,15 +190,15 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 	ev := store.NewEvent{
 		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
-		CommitLSN: commitLSN, CommittedAt: commitTime, Status: store.StatusPending,
+		CommitLSN: commitLSN, CommittedAt: commitTime, Status: state.Pending,
 	}
 	t := execute.Resolve(cfg, execute.Event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
-		Payload: row.Payload, CreatedAt: parsePGTime(row.CreatedAt), Invalid: row.Invalid})
+		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid})
 	switch {
 	case t.Reason != "":
-		ev.Status, ev.LastError = store.StatusDeadLetter, t.Reason
+		ev.Status, ev.LastError = state.DeadLetter, t.Reason
 	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(row.Endpoint, s.env.Now()) && s.deps.Fast.Reserve(row.Endpoint):
-		ev.Status = store.StatusInFlight
+		ev.Status = state.InFlight
 		return ev, true
 	}
 	return ev, false
@@ -223,24 +224,13 @@ func (s *Supervisor) afterInsert(evs []store.NewEvent, reserved []bool, got []st
 			s.deps.Fast.Submit(&dispatch.Job{
 				DeliveryID: id, Endpoint: ev.Endpoint, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
 				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
-				CreatedAt: parsePGTime(ev.CreatedAt), CommittedAt: ev.CommittedAt, Ingest: tx,
+				CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: tx,
 			}, true)
-		case id != 0 && ev.Status == store.StatusPending:
+		case id != 0 && ev.Status == state.Pending:
 			queued = true
-		case id != 0 && ev.Status == store.StatusDeadLetter:
+		case id != 0 && ev.Status == state.DeadLetter:
 			s.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
 		}
 	}
 	return queued
-}
-
-// parsePGTime parses a timestamptz as PostgreSQL prints it with DateStyle
-// ISO; the zero time when it cannot.
-func parsePGTime(s string) time.Time {
-	for _, layout := range []string{"2006-01-02 15:04:05.999999-07", "2006-01-02 15:04:05.999999-07:00", "2006-01-02 15:04:05.999999-07:00:00"} {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t
-		}
-	}
-	return time.Time{}
 }

@@ -63,7 +63,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 		evs := make([]store.NewEvent, len(rows))
 		for i, o := range rows {
 			evs[i], _ = s.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
-				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt}, 0, time.Time{}, false)
+				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt, Invalid: o.Invalid}, 0, time.Time{}, false)
 		}
 		got, err := conn.Insert(ctx, evs, cfg.OutboxRetention.D() == 0)
 		if err == nil {

@@ -1,12 +1,9 @@
 package policy
 
-import "time"
+import (
+	"time"
 
-// Breaker states.
-const (
-	Closed   = "closed"
-	Open     = "open"
-	HalfOpen = "half_open"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // Breaker is an endpoint's circuit breaker, the seed's state machine:
@@ -25,7 +22,7 @@ const (
 // instance shares one breaker per endpoint; this type is the pure
 // transition logic.
 type Breaker struct {
-	State    string
+	State    state.Breaker
 	Failures int // consecutive
 	OpenedAt time.Time
 	Cooldown time.Duration // the current one, doubled by failed probes
@@ -55,12 +52,12 @@ func (s BreakerSettings) EffectiveThreshold() int {
 }
 
 // OK reports whether ordinary attempts may start.
-func (b Breaker) OK() bool { return b.State == "" || b.State == Closed }
+func (b Breaker) OK() bool { return b.State == "" || b.State == state.BreakerClosed }
 
 // ProbeDue reports whether an open breaker's cooldown has passed, so one
 // probe may be attempted.
 func (b Breaker) ProbeDue(now time.Time) bool {
-	return b.State == Open && !now.Before(b.OpenedAt.Add(b.Cooldown))
+	return b.State == state.BreakerOpen && !now.Before(b.OpenedAt.Add(b.Cooldown))
 }
 
 // ReopensAt is when an open breaker admits its probe.
@@ -69,7 +66,7 @@ func (b Breaker) ReopensAt() time.Time { return b.OpenedAt.Add(b.Cooldown) }
 // Record applies one attempt's outcome at now and returns the new state.
 func (b Breaker) Record(failed bool, now time.Time, s BreakerSettings) Breaker {
 	if b.State == "" {
-		b.State = Closed
+		b.State = state.BreakerClosed
 	}
 	if b.Cooldown <= 0 {
 		b.Cooldown = s.Cooldown
@@ -77,16 +74,16 @@ func (b Breaker) Record(failed bool, now time.Time, s BreakerSettings) Breaker {
 	if !failed {
 		// Any success is evidence of health: the probe's, or a straggler
 		// that was in flight when the breaker opened.
-		return Breaker{State: Closed, Cooldown: s.Cooldown}
+		return Breaker{State: state.BreakerClosed, Cooldown: s.Cooldown}
 	}
 	b.Failures++
 	switch b.State {
-	case Closed:
+	case state.BreakerClosed:
 		if b.Failures >= s.EffectiveThreshold() {
-			b.State, b.OpenedAt, b.Cooldown = Open, now, s.Cooldown
+			b.State, b.OpenedAt, b.Cooldown = state.BreakerOpen, now, s.Cooldown
 		}
-	case HalfOpen:
-		b.State, b.OpenedAt = Open, now
+	case state.BreakerHalfOpen:
+		b.State, b.OpenedAt = state.BreakerOpen, now
 		b.Cooldown = min(2*b.Cooldown, s.MaxCooldown)
 	}
 	// Open: failures of attempts that were already in flight change nothing.

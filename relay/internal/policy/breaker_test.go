@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/policy"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 func TestBreakerStateMachine(t *testing.T) {
@@ -24,7 +25,7 @@ func TestBreakerStateMachine(t *testing.T) {
 	for range 3 {
 		b = b.Record(true, now, s)
 	}
-	require.Equal(t, policy.Open, b.State, "threshold consecutive failures open it")
+	require.Equal(t, state.BreakerOpen, b.State, "threshold consecutive failures open it")
 	require.False(t, b.OK())
 	require.False(t, b.ProbeDue(now.Add(59*time.Second)))
 	require.True(t, b.ProbeDue(now.Add(time.Minute)))
@@ -39,16 +40,16 @@ func TestBreakerStateMachine(t *testing.T) {
 	at := now
 	for _, want := range []time.Duration{2, 4, 5, 5} {
 		at = at.Add(b.Cooldown)
-		b.State = policy.HalfOpen // the probe's claim made it half-open
+		b.State = state.BreakerHalfOpen // the probe's claim made it half-open
 		b = b.Record(true, at, s)
-		require.Equal(t, policy.Open, b.State)
+		require.Equal(t, state.BreakerOpen, b.State)
 		require.Equal(t, want*time.Minute, b.Cooldown)
 		require.Equal(t, at, b.OpenedAt)
 	}
 	// The probe succeeds: closed, the cooldown back to its base.
-	b.State = policy.HalfOpen
+	b.State = state.BreakerHalfOpen
 	b = b.Record(false, at.Add(b.Cooldown), s)
-	require.Equal(t, policy.Closed, b.State)
+	require.Equal(t, state.BreakerClosed, b.State)
 	require.Equal(t, time.Minute, b.Cooldown)
 	require.True(t, b.OK())
 }
@@ -61,6 +62,6 @@ func TestSlowEndpointsTripAtHalfTheThreshold(t *testing.T) {
 	for range 5 {
 		b = b.Record(true, time.Now(), s)
 	}
-	require.Equal(t, policy.Open, b.State)
+	require.Equal(t, state.BreakerOpen, b.State)
 	require.Equal(t, 1, policy.BreakerSettings{Threshold: 1, SlowP95: true}.EffectiveThreshold())
 }

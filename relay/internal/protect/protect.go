@@ -9,6 +9,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/policy"
 	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -53,13 +54,13 @@ func New(env *service.Env) *Protection {
 }
 
 // Observe counts an attempt's signal in the endpoint's local streak.
-func (p *Protection) Observe(endpoint string, sig store.Signal, now time.Time) {
-	if sig == store.SignalNone {
+func (p *Protection) Observe(endpoint string, sig state.Signal, now time.Time) {
+	if sig == state.SignalNone {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if sig == store.SignalSuccess {
+	if sig == state.SignalSuccess {
 		delete(p.streaks, endpoint)
 		return
 	}
@@ -97,9 +98,9 @@ func (p *Protection) Hold(endpoint string, threshold int, probe bool, now time.T
 		return true, h.PausedUntil
 	}
 	switch h.State {
-	case store.BreakerOpen:
+	case state.BreakerOpen:
 		return true, h.OpenedAt.Add(h.Cooldown)
-	case store.BreakerHalfOpen:
+	case state.BreakerHalfOpen:
 		if probe && h.ProbeOwner == p.env.Owner {
 			return false, time.Time{}
 		}
@@ -114,12 +115,12 @@ func (p *Protection) Blocked(endpoint string, now time.Time) bool {
 	p.mu.RLock()
 	h, ok := p.unhealthy[endpoint]
 	p.mu.RUnlock()
-	return ok && (h.State != store.BreakerClosed || h.PausedUntil.After(now))
+	return ok && (h.State != state.BreakerClosed || h.PausedUntil.After(now))
 }
 
 // Apply is the store.HealthFunc: it runs the endpoint's breaker over a
 // batch's results and records pauses and the latest failure.
-func (p *Protection) Apply(cur store.Health, rs []store.Result) store.Health {
+func (p *Protection) Apply(cur store.Health, rs []state.Result) store.Health {
 	ep := p.env.Config().Endpoint(cur.Endpoint)
 	settings := policy.BreakerSettings{
 		Threshold:   ep.FailureThreshold,
@@ -139,21 +140,21 @@ func (p *Protection) Apply(cur store.Health, rs []store.Result) store.Health {
 			}
 		}
 		switch res.Signal {
-		case store.SignalSuccess:
+		case state.SignalSuccess:
 			b = b.Record(false, res.At, settings)
 			next.LastSuccessAt = res.At
-		case store.SignalFailure:
+		case state.SignalFailure:
 			b = b.Record(true, res.At, settings)
 		}
 		// Every failed attempt is the endpoint's latest failure, also one
 		// (a 401, a template error) that says nothing about its health.
-		if res.Attempted && res.Status != store.StatusDelivered {
+		if res.Attempted && res.Status != state.Delivered {
 			next.LastFailureAt, next.LastError, next.LastStatusCode = res.At, res.LastError, res.StatusCode
 		}
 	}
 	next.State, next.ConsecutiveFailures, next.OpenedAt, next.Cooldown = b.State, b.Failures, b.OpenedAt, b.Cooldown
 	next.FailureThreshold = settings.EffectiveThreshold()
-	if next.State != store.BreakerHalfOpen {
+	if next.State != state.BreakerHalfOpen {
 		next.ProbeOwner = ""
 	}
 	return next
@@ -165,7 +166,7 @@ func (p *Protection) Apply(cur store.Health, rs []store.Result) store.Health {
 func (p *Protection) Recorded(changes []store.HealthChange, probed []string, now time.Time) {
 	p.mu.Lock()
 	for _, c := range changes {
-		if c.New.State != store.BreakerClosed || c.New.PausedUntil.After(now) {
+		if c.New.State != state.BreakerClosed || c.New.PausedUntil.After(now) {
 			p.unhealthy[c.New.Endpoint] = c.New
 		} else {
 			delete(p.unhealthy, c.New.Endpoint)
@@ -187,17 +188,17 @@ func (p *Protection) logTransition(c store.HealthChange) {
 	ev := p.log.Info()
 	msg := "circuit breaker closed: the endpoint recovered"
 	switch c.New.State {
-	case store.BreakerOpen:
+	case state.BreakerOpen:
 		ev = p.log.Warn().Int("consecutive_failures", c.New.ConsecutiveFailures).
 			Int("threshold", c.New.FailureThreshold).Dur("cooldown", c.New.Cooldown).Str("last_error", c.New.LastError)
 		msg = "circuit breaker opened: holding this endpoint's events until a probe succeeds"
-		if c.Old.State == store.BreakerHalfOpen {
+		if c.Old.State == state.BreakerHalfOpen {
 			msg = "circuit breaker re-opened: the probe failed"
 		}
-	case store.BreakerHalfOpen:
+	case state.BreakerHalfOpen:
 		msg = "circuit breaker half-open: probing"
 	}
-	ev.Str("endpoint", c.New.Endpoint).Str("from", c.Old.State).Str("to", c.New.State).Msg(msg)
+	ev.Str("endpoint", c.New.Endpoint).Stringer("from", c.Old.State).Stringer("to", c.New.State).Msg(msg)
 }
 
 // probeCandidate is an endpoint this instance may try to probe.
@@ -221,7 +222,7 @@ func (p *Protection) probeCandidates(now time.Time) []probeCandidate {
 		switch {
 		case b.ProbeDue(now):
 			out = append(out, probeCandidate{endpoint: name})
-		case h.State == store.BreakerHalfOpen:
+		case h.State == state.BreakerHalfOpen:
 			out = append(out, probeCandidate{endpoint: name, retry: h.ProbeOwner == p.env.Owner})
 		}
 	}
@@ -244,7 +245,7 @@ func (p *Protection) ClaimProbes(ctx context.Context) []store.Claimed {
 		}
 		p.mu.Lock()
 		h := p.unhealthy[pc.endpoint]
-		h.State, h.ProbeOwner = store.BreakerHalfOpen, p.env.Owner
+		h.State, h.ProbeOwner = state.BreakerHalfOpen, p.env.Owner
 		p.unhealthy[pc.endpoint] = h
 		p.probing[pc.endpoint] = true
 		p.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -38,7 +39,7 @@ type Dispatcher interface {
 // Health is what the recorder needs of endpoint protection: the breaker
 // function applied in the results' transaction, and the changes it made.
 type Health interface {
-	Apply(cur store.Health, rs []store.Result) store.Health
+	Apply(cur store.Health, rs []state.Result) store.Health
 	Recorded(changes []store.HealthChange, probed []string, now time.Time)
 }
 
@@ -136,7 +137,7 @@ func (r *Recorder) loop(stop context.Context) {
 
 // record writes a batch, retrying while the database is unreachable.
 func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final bool) {
-	results := make([]store.Result, 0, len(batch))
+	results := make([]state.Result, 0, len(batch))
 	recorded := make([]*dispatch.Job, 0, len(batch))
 	for _, o := range batch {
 		if tx := o.Job.Ingest; tx != nil {
@@ -193,9 +194,9 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	for _, res := range results {
 		r.env.Metrics.Recorded(res)
 		switch res.Status {
-		case store.StatusFailed:
+		case state.Failed:
 			r.claim.RetryAt(now.Add(res.Delay))
-		case store.StatusReleased:
+		case state.Released:
 			r.claim.Queued()
 		}
 	}

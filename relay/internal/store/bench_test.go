@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -28,7 +29,7 @@ func BenchmarkIngest(b *testing.B) {
 			for b.Loop() {
 				for i := range evs {
 					evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
-						CreatedAt: "2026-01-01 00:00:00+00", Status: store.StatusPending}
+						CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
 				}
 				if _, err := ic.Insert(ctx, evs, false); err != nil {
 					b.Fatal(err)
@@ -48,7 +49,7 @@ func BenchmarkIngest(b *testing.B) {
 func BenchmarkClaimAndRecord(b *testing.B) {
 	s := setup(b)
 	ctx := context.Background()
-	apply := func(cur store.Health, _ []store.Result) store.Health { return cur }
+	apply := func(cur store.Health, _ []state.Result) store.Health { return cur }
 	b.ResetTimer()
 	for b.Loop() {
 		b.StopTimer()
@@ -60,10 +61,10 @@ func BenchmarkClaimAndRecord(b *testing.B) {
 		if err != nil || len(claimed) != 100 {
 			b.Fatalf("claimed %d: %v", len(claimed), err)
 		}
-		rs := make([]store.Result, len(claimed))
+		rs := make([]state.Result, len(claimed))
 		for i, c := range claimed {
-			rs[i] = store.Result{DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Status: store.StatusDelivered,
-				Attempted: true, Sampled: true, Signal: store.SignalSuccess, StatusCode: 204, ResponseMS: 1.2,
+			rs[i] = state.Result{DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Status: state.Delivered,
+				Attempted: true, Sampled: true, Signal: state.SignalSuccess, StatusCode: 204, ResponseMS: 1.2,
 				At: time.Now(), CommitToDeliveryMS: -1}
 		}
 		if _, err := s.RecordResults(ctx, "me", rs, apply); err != nil {

@@ -11,7 +11,10 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // NewEvent is an outbox row to ingest, with its delivery's first state
@@ -22,13 +25,13 @@ type NewEvent struct {
 	Endpoint    string
 	URL         string // "" is NULL
 	EventType   string
-	Payload     []byte // JSON text
-	Headers     []byte // JSON text; nil is NULL
-	CreatedAt   string // timestamptz as PostgreSQL prints it (UTC, ISO)
+	Payload     []byte    // JSON text
+	Headers     []byte    // JSON text; nil is NULL
+	CreatedAt   time.Time // zero: unknown, the ingest time is stored
 	OutboxID    int64
 	CommitLSN   pglogrepl.LSN // 0 when found by reconciliation
 	CommittedAt time.Time     // zero when unknown
-	Status      string
+	Status      state.Delivery
 	LastError   string
 }
 
@@ -47,7 +50,7 @@ type Ingested struct {
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::text[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[])
+                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[])
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
                          created_at, outbox_id, commit_lsn, committed_at, status, last_error, ord)
 ),
@@ -55,7 +58,7 @@ ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
                               created_at, outbox_id, commit_lsn, committed_at)
   SELECT event_id, endpoint, url, event_type, payload::jsonb, headers::jsonb,
-         created_at::timestamptz, outbox_id, commit_lsn::pg_lsn, committed_at
+         coalesce(created_at, now()), outbox_id, commit_lsn::pg_lsn, committed_at
   FROM input ORDER BY event_id, endpoint
   ON CONFLICT (event_id, endpoint) DO NOTHING
   RETURNING id, event_id, endpoint
@@ -76,14 +79,17 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 	n := len(evs)
 	var (
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
-		created, lsns, statuses, errs                  = make([]string, n), make([]*string, n), make([]string, n), make([]string, n)
+		lsns, statuses, errs                           = make([]*string, n), make([]string, n), make([]string, n)
 		outboxIDs                                      = make([]*int64, n)
-		committed                                      = make([]*time.Time, n)
+		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
 	)
 	for i := range evs {
 		e := &evs[i]
 		ids[i], endpoints[i], types[i], payloads[i] = e.EventID, e.Endpoint, e.EventType, string(e.Payload)
-		created[i], statuses[i], errs[i] = e.CreatedAt, e.Status, e.LastError
+		statuses[i], errs[i] = string(e.Status), e.LastError
+		if !e.CreatedAt.IsZero() {
+			created[i] = &e.CreatedAt
+		}
 		if e.URL != "" {
 			urls[i] = &e.URL
 		}
@@ -396,7 +402,10 @@ type OutboxRow struct {
 	EventType string
 	Payload   []byte
 	Headers   []byte
-	CreatedAt string
+	CreatedAt time.Time // zero when NULL
+	// Invalid says why the row cannot be delivered as it stands (a
+	// created_at that is not a finite time); it becomes a dead letter.
+	Invalid string
 }
 
 // Snapshot returns a snapshot of now (pg_current_snapshot) and a WAL
@@ -426,7 +435,7 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 		  WHERE $3::text <> ''
 		)
 		SELECT o.id, o.event_id::text, o.endpoint, coalesce(o.url, ''), o.event_type,
-		       o.payload::text, o.headers::text, o.created_at::text
+		       o.payload::text, o.headers::text, o.created_at::timestamptz
 		FROM `+s.Table.Ident()+` o
 		WHERE o.id > $1
 		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = o.endpoint)
@@ -443,8 +452,15 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 		var r OutboxRow
 		var payload string
 		var headers *string
-		if err := rows.Scan(&r.ID, &r.EventID, &r.Endpoint, &r.URL, &r.EventType, &payload, &headers, &r.CreatedAt); err != nil {
+		var created pgtype.Timestamptz
+		if err := rows.Scan(&r.ID, &r.EventID, &r.Endpoint, &r.URL, &r.EventType, &payload, &headers, &created); err != nil {
 			return nil, fmt.Errorf("read outbox: %w", err)
+		}
+		switch {
+		case created.Valid && created.InfinityModifier == pgtype.Finite:
+			r.CreatedAt = created.Time
+		case created.Valid:
+			r.Invalid = "invalid_row: column created_at in " + s.Table.String() + " is not a time: " + created.InfinityModifier.String()
 		}
 		r.Payload = []byte(payload)
 		if headers != nil {

@@ -8,20 +8,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// Breaker states, as stored in endpoint_health.state.
-const (
-	BreakerClosed   = "closed"
-	BreakerOpen     = "open"
-	BreakerHalfOpen = "half_open"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // Health is an endpoint's row in postbox.endpoint_health: its circuit
 // breaker, its streaks, a receiver's pause, and its latency statistics.
 type Health struct {
 	Endpoint            string
-	State               string
+	State               state.Breaker
 	ConsecutiveFailures int
 	FailureThreshold    int // the threshold in force (halved for a slow endpoint)
 	Cooldown            time.Duration
@@ -92,7 +87,7 @@ func (s *Store) writeHealth(ctx context.Context, tx pgx.Tx, changes []HealthChan
 	codes := make([]*int32, n)
 	for i, c := range changes {
 		h := c.New
-		names[i], states[i], fails[i], thresholds[i] = h.Endpoint, h.State, int32(h.ConsecutiveFailures), int32(h.FailureThreshold)
+		names[i], states[i], fails[i], thresholds[i] = h.Endpoint, string(h.State), int32(h.ConsecutiveFailures), int32(h.FailureThreshold)
 		cooldowns[i] = h.Cooldown.Seconds()
 		opened[i], success[i], failure[i], paused[i] = nullTime(h.OpenedAt), nullTime(h.LastSuccessAt), nullTime(h.LastFailureAt), nullTime(h.PausedUntil)
 		lastErr[i], probe[i] = nullString(h.LastError), nullString(h.ProbeOwner)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // Claimed is a delivery claimed from the queue, with its event.
@@ -188,45 +190,6 @@ func scanClaimed(row pgx.Row) (Claimed, error) {
 	return c, nil
 }
 
-// Signal is what an attempt says about its endpoint's health.
-type Signal int
-
-const (
-	// SignalNone: nothing (no request, or an answer that is about the
-	// event, such as 400, not about the endpoint).
-	SignalNone Signal = iota
-	// SignalSuccess: the endpoint answered as it should.
-	SignalSuccess
-	// SignalFailure: the endpoint is failing (5xx, timeout, connection
-	// error, a body that fails the success rule).
-	SignalFailure
-)
-
-// Result is the outcome of one claimed delivery.
-type Result struct {
-	DeliveryID int64
-	Endpoint   string
-	// Status is delivered, failed (retry after Delay), dead_letter, or
-	// released (back to the queue after Delay, no attempt counted).
-	Status string
-	Delay  time.Duration
-	// Attempted counts toward max_attempts and sets last_error and the
-	// other last_* columns.
-	Attempted bool
-	// Sampled is true when a request was sent: it records a latency sample.
-	Sampled bool
-	// Signal feeds the endpoint's circuit breaker.
-	Signal Signal
-	// Pause asks that the endpoint get no attempts for this long (a 429).
-	Pause              time.Duration
-	LastError          string
-	StatusCode         int // 0 when there was no response
-	ResponseMS         float64
-	Response           string // the start of the response body
-	At                 time.Time
-	CommitToDeliveryMS float64 // -1 when unknown
-}
-
 const recordResultsSQL = `
 UPDATE postbox.deliveries d SET
   status = CASE WHEN r.status = 'released'
@@ -252,7 +215,7 @@ SELECT * FROM unnest($1::text[], $2::float4[], $3::int4[], $4::text[], $5::times
 
 // HealthFunc computes an endpoint's new health from its current row (a
 // closed one when it has none) and the batch's results for it, in order.
-type HealthFunc func(cur Health, rs []Result) Health
+type HealthFunc func(cur Health, rs []state.Result) Health
 
 // HealthChange is one endpoint's health before and after a batch.
 type HealthChange struct {
@@ -265,7 +228,7 @@ type HealthChange struct {
 // health of each endpoint concerned, computed by apply while its row is
 // locked, so instances recording at once see each other's streaks. It
 // returns the health of those endpoints before and after.
-func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result, apply HealthFunc) ([]HealthChange, error) {
+func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Result, apply HealthFunc) ([]HealthChange, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
@@ -278,15 +241,15 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result, ap
 	var sCode []int32
 	var sOutcome []string
 	var sAt []time.Time
-	byEndpoint := map[string][]Result{}
+	byEndpoint := map[string][]state.Result{}
 	for i, r := range rs {
-		ids[i], statuses[i], delays[i] = r.DeliveryID, r.Status, r.Delay.Seconds()
+		ids[i], statuses[i], delays[i] = r.DeliveryID, string(r.Status), r.Delay.Seconds()
 		attempted[i], errs[i], codes[i] = r.Attempted, r.LastError, int32(r.StatusCode)
 		ms[i], bodies[i], ats[i], c2d[i] = float32(r.ResponseMS), r.Response, r.At, float32(r.CommitToDeliveryMS)
 		if r.Sampled {
-			sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, float32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, r.Status), append(sAt, r.At)
+			sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, float32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, string(r.Status)), append(sAt, r.At)
 		}
-		if r.Sampled || r.Attempted || r.Signal != SignalNone || r.Pause > 0 {
+		if r.Sampled || r.Attempted || r.Signal != state.SignalNone || r.Pause > 0 {
 			byEndpoint[r.Endpoint] = append(byEndpoint[r.Endpoint], r)
 		}
 	}
@@ -323,7 +286,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []Result, ap
 		for _, name := range names {
 			cur, ok := current[name]
 			if !ok {
-				cur = Health{Endpoint: name, State: BreakerClosed}
+				cur = Health{Endpoint: name, State: state.BreakerClosed}
 			}
 			changes = append(changes, HealthChange{Old: cur, New: apply(cur, byEndpoint[name])})
 		}

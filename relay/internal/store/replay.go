@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // ReplayFilter selects events to deliver again. Zero fields do not filter.
@@ -26,13 +28,13 @@ type ReplayFilter struct {
 
 // ReplayItem is an event a replay selects.
 type ReplayItem struct {
-	EventID    string    `json:"event_id"`
-	Endpoint   string    `json:"endpoint"`
-	EventType  string    `json:"event_type"`
-	CommitLSN  string    `json:"commit_lsn,omitempty"`
-	Committed  time.Time `json:"committed_at"`
-	LastStatus string    `json:"last_status"` // of its latest delivery; "" when it has none
-	Queued     bool      `json:"already_queued"`
+	EventID    string         `json:"event_id"`
+	Endpoint   string         `json:"endpoint"`
+	EventType  string         `json:"event_type"`
+	CommitLSN  string         `json:"commit_lsn,omitempty"`
+	Committed  time.Time      `json:"committed_at"`
+	LastStatus state.Delivery `json:"last_status"` // of its latest delivery; "" when it has none
+	Queued     bool           `json:"already_queued"`
 }
 
 // replayCandidatesSQL selects the events of a replay with their latest
@@ -94,10 +96,9 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 				rows.Close()
 				return err
 			}
-			switch it.LastStatus {
-			case StatusPending, StatusInFlight, StatusFailed:
+			if it.LastStatus.Queued() {
 				it.Queued = true
-			default:
+			} else {
 				pks, endpoints = append(pks, pk), append(endpoints, it.Endpoint)
 				if last != nil {
 					lastIDs = append(lastIDs, *last)

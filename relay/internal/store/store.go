@@ -20,21 +20,6 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 )
 
-// Delivery states, as the seed names them.
-const (
-	StatusPending    = "pending"
-	StatusInFlight   = "in_flight"
-	StatusDelivered  = "delivered"
-	StatusFailed     = "failed"
-	StatusDeadLetter = "dead_letter"
-	// StatusReplayed is a dead letter a replay has superseded with a new
-	// delivery (whose replay_of points at it).
-	StatusReplayed = "replayed"
-	// StatusReleased is not stored: a result with it returns a claimed
-	// delivery to the queue without counting an attempt.
-	StatusReleased = "released"
-)
-
 // WakeChannel is the NOTIFY channel that tells instances the queue has
 // new work (pending rows written without the fast path, replays).
 const WakeChannel = "postbox_queue"

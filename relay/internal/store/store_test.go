@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
@@ -39,7 +40,7 @@ func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
 		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: "2026-01-01 00:00:00+00", Status: store.StatusPending}
+			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
 	}
 	_, err = ic.Insert(ctx, evs, false)
 	require.NoError(t, err)

@@ -5,18 +5,18 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/rs/zerolog"
 
 	"github.com/postbox-relay/postbox/outbox"
 )
 
-// Row is one outbox insert, its columns as PostgreSQL printed them.
+// Row is one outbox insert, its columns decoded by their types.
 type Row struct {
 	OutboxID  int64
 	EventID   string
@@ -24,10 +24,11 @@ type Row struct {
 	URL       string
 	EventType string
 	Payload   []byte
-	Headers   []byte // nil when NULL
-	CreatedAt string
+	Headers   []byte    // nil when NULL
+	CreatedAt time.Time // zero when NULL (the ingest time is stored)
 	// Invalid says why the row cannot be delivered as it stands (a contract
-	// column missing or unreadable); it becomes a dead letter with it.
+	// column missing or unreadable, a created_at that is not a time); it
+	// becomes a dead letter with it.
 	Invalid string
 }
 
@@ -130,12 +131,13 @@ func (s *Stream) Run(ctx context.Context, plan Plan, out *Queue, ack Acker, star
 		return err
 	}
 	ss := &session{
-		opts: s.opts,
-		conn: conn,
-		out:  out,
-		ack:  ack,
-		rels: map[uint32]*relation{},
-		log:  s.opts.Logger,
+		opts:  s.opts,
+		conn:  conn,
+		out:   out,
+		ack:   ack,
+		rels:  map[uint32]*relation{},
+		types: pgtype.NewMap(),
+		log:   s.opts.Logger,
 	}
 	err = ss.run(ctx, plan, started)
 	out.Close()
@@ -164,6 +166,7 @@ type session struct {
 	log        zerolog.Logger
 	skipBefore pglogrepl.LSN
 	rels       map[uint32]*relation
+	types      *pgtype.Map // decodes column values by type OID; the session's own (a Map is not safe for concurrent use)
 
 	inTx bool // between Begin and Commit
 	skip bool // the current transaction was ingested before
@@ -329,7 +332,7 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
-		ss.rels[m.RelationID] = newRelation(m, ss.opts.Table)
+		ss.rels[m.RelationID] = newRelation(m, ss.opts.Table, ss.types)
 	case *pglogrepl.BeginMessage:
 		ss.inTx = true
 		ss.skip = m.FinalLSN < ss.skipBefore
@@ -397,45 +400,73 @@ func (ss *session) send(ctx context.Context, c Chunk) error {
 }
 
 // relation maps the outbox table's columns, by name, as the latest Relation
-// message describes them; an ALTER TABLE sends a new one.
+// message describes them (an ALTER TABLE sends a new one), and decodes
+// their values by the columns' type OIDs.
 type relation struct {
 	outbox bool
 	name   string
 	col    map[string]int
+	oids   []uint32
+	types  *pgtype.Map
 }
 
-func newRelation(m *pglogrepl.RelationMessage, t outbox.Table) *relation {
+func newRelation(m *pglogrepl.RelationMessage, t outbox.Table, types *pgtype.Map) *relation {
 	r := &relation{
 		outbox: m.Namespace == t.Schema() && m.RelationName == t.Name(),
 		name:   m.Namespace + "." + m.RelationName,
 		col:    map[string]int{},
+		oids:   make([]uint32, len(m.Columns)),
+		types:  types,
 	}
 	for i, c := range m.Columns {
 		r.col[c.Name] = i
+		r.oids[i] = c.DataType
 	}
 	return r
 }
 
-func (r *relation) value(t *pglogrepl.TupleData, name string) (v []byte, null, ok bool) {
+// value is column name's text value in t; ok is false when the column is
+// missing or its value was not sent as text.
+func (r *relation) value(t *pglogrepl.TupleData, name string) (v []byte, oid uint32, null, ok bool) {
 	i, ok := r.col[name]
 	if !ok || i >= len(t.Columns) {
-		return nil, false, false
+		return nil, 0, false, false
 	}
 	c := t.Columns[i]
 	switch c.DataType {
 	case pglogrepl.TupleDataTypeNull:
-		return nil, true, true
+		return nil, r.oids[i], true, true
 	case pglogrepl.TupleDataTypeText:
-		return c.Data, false, true
+		return c.Data, r.oids[i], false, true
 	}
-	return nil, false, false
+	return nil, 0, false, false
+}
+
+// timeOID is the type a time column's text is decoded as: its own when it
+// is one of PostgreSQL's time types, else (text, a domain, an unknown
+// type) timestamptz.
+func timeOID(oid uint32) uint32 {
+	switch oid {
+	case pgtype.TimestamptzOID, pgtype.TimestampOID, pgtype.DateOID:
+		return oid
+	}
+	return pgtype.TimestamptzOID
+}
+
+// decodeTime decodes a time column's text value.
+func (r *relation) decodeTime(v []byte, oid uint32) (time.Time, error) {
+	var t time.Time
+	if err := r.types.Scan(timeOID(oid), pgtype.TextFormatCode, v, &t); err != nil {
+		return time.Time{}, err
+	}
+	return t, nil
 }
 
 func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
 	var row Row
 	var missing []string
 	text := func(name string) string {
-		v, null, ok := r.value(t, name)
+		v, _, null, ok := r.value(t, name)
 		if !ok {
 			missing = append(missing, name)
 		}
@@ -444,21 +475,30 @@ func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
 		}
 		return string(v)
 	}
-	if v, _, ok := r.value(t, "id"); ok {
-		row.OutboxID, _ = strconv.ParseInt(string(v), 10, 64)
+	if v, oid, null, ok := r.value(t, "id"); ok && !null {
+		// The id only lets postbox delete the row once it is ingested: a
+		// table whose id is not an integer still delivers.
+		if err := r.types.Scan(oid, pgtype.TextFormatCode, v, &row.OutboxID); err != nil {
+			row.OutboxID = 0
+		}
 	}
 	row.EventID = text("event_id")
 	row.Endpoint = text("endpoint")
 	row.URL = text("url")
 	row.EventType = text("event_type")
-	row.CreatedAt = text("created_at")
-	if v, null, ok := r.value(t, "payload"); ok && !null {
+	var badTime error
+	if v, oid, null, ok := r.value(t, "created_at"); !ok {
+		missing = append(missing, "created_at")
+	} else if !null {
+		row.CreatedAt, badTime = r.decodeTime(v, oid)
+	}
+	if v, _, null, ok := r.value(t, "payload"); ok && !null {
 		row.Payload = v
 	} else {
 		missing = append(missing, "payload")
 		row.Payload = []byte("{}")
 	}
-	if v, null, ok := r.value(t, "headers"); ok && !null {
+	if v, _, null, ok := r.value(t, "headers"); ok && !null {
 		row.Headers = v
 	}
 	if row.EventID == "" {
@@ -466,14 +506,14 @@ func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
 		// seen and replayed once the table is fixed.
 		row.EventID = derivedID(r.name, row.OutboxID, commit)
 	}
-	if row.CreatedAt == "" {
-		row.CreatedAt = "now"
-	}
 	for _, name := range missing {
 		if name != "url" && name != "headers" && name != "id" {
 			row.Invalid = "invalid_row: column " + name + " missing or unreadable in " + r.name
 			break
 		}
+	}
+	if row.Invalid == "" && badTime != nil {
+		row.Invalid = "invalid_row: column created_at in " + r.name + " is not a time: " + badTime.Error()
 	}
 	return row
 }

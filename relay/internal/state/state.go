@@ -1,0 +1,100 @@
+// Package state holds the words the dispatcher, the store and the services
+// share: a delivery's state, a circuit breaker's state, what an attempt says
+// about its endpoint's health, and the result of an attempt. It imports
+// nothing of postbox, so any package can use it without importing another.
+package state
+
+import (
+	"strconv"
+	"time"
+)
+
+// Delivery is a delivery's state, as postbox.deliveries.status stores it.
+type Delivery string
+
+// Delivery states.
+const (
+	Pending    Delivery = "pending"
+	InFlight   Delivery = "in_flight"
+	Delivered  Delivery = "delivered"
+	Failed     Delivery = "failed"
+	DeadLetter Delivery = "dead_letter"
+	// Replayed is a dead letter a replay has superseded with a new
+	// delivery (whose replay_of points at it).
+	Replayed Delivery = "replayed"
+	// Released is not stored: a result with it returns a claimed delivery
+	// to the queue without counting an attempt.
+	Released Delivery = "released"
+)
+
+func (d Delivery) String() string { return string(d) }
+
+// Queued reports whether a delivery in state d is still to be attempted
+// (waiting, in flight, or waiting to retry).
+func (d Delivery) Queued() bool {
+	return d == Pending || d == InFlight || d == Failed
+}
+
+// Breaker is an endpoint's circuit breaker state, as
+// postbox.endpoint_health.state stores it.
+type Breaker string
+
+// Breaker states.
+const (
+	BreakerClosed   Breaker = "closed"
+	BreakerOpen     Breaker = "open"
+	BreakerHalfOpen Breaker = "half_open"
+)
+
+func (b Breaker) String() string { return string(b) }
+
+// Signal is what an attempt says about its endpoint's health.
+type Signal int
+
+const (
+	// SignalNone: nothing (no request, or an answer that is about the
+	// event, such as 400, not about the endpoint).
+	SignalNone Signal = iota
+	// SignalSuccess: the endpoint answered as it should.
+	SignalSuccess
+	// SignalFailure: the endpoint is failing (5xx, timeout, connection
+	// error, a body that fails the success rule).
+	SignalFailure
+)
+
+func (s Signal) String() string {
+	switch s {
+	case SignalNone:
+		return "none"
+	case SignalSuccess:
+		return "success"
+	case SignalFailure:
+		return "failure"
+	}
+	return "signal(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Result is the outcome of one claimed delivery.
+type Result struct {
+	DeliveryID int64
+	Endpoint   string
+	// Status is Delivered, Failed (retry after Delay), DeadLetter, or
+	// Released (back to the queue after Delay, no attempt counted).
+	Status Delivery
+	Delay  time.Duration
+	// Attempted counts toward max_attempts and sets last_error and the
+	// other last_* columns.
+	Attempted bool
+	// Sampled is true when a request was sent: it records a latency sample.
+	Sampled bool
+	// Signal feeds the endpoint's circuit breaker.
+	Signal Signal
+	// Pause asks that the endpoint get no attempts for this long (a 429).
+	Pause              time.Duration
+	LastError          string
+	StatusCode         int // 0 when there was no response
+	ResponseMS         float64
+	Response           string // the start of the response body
+	At                 time.Time
+	CommitToDeliveryMS float64 // -1 when unknown
+}

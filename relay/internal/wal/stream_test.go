@@ -1,0 +1,122 @@
+package wal
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+// outboxRelation is the outbox table's columns as a Relation message
+// describes them, created_at's type left to the test.
+func outboxRelation(createdAtOID uint32) *pglogrepl.RelationMessage {
+	return &pglogrepl.RelationMessage{
+		RelationID:   16384,
+		Namespace:    "public",
+		RelationName: "outbox",
+		Columns: []*pglogrepl.RelationMessageColumn{
+			{Name: "id", DataType: pgtype.Int8OID},
+			{Name: "event_id", DataType: pgtype.UUIDOID},
+			{Name: "endpoint", DataType: pgtype.TextOID},
+			{Name: "url", DataType: pgtype.TextOID},
+			{Name: "event_type", DataType: pgtype.TextOID},
+			{Name: "payload", DataType: pgtype.JSONBOID},
+			{Name: "headers", DataType: pgtype.JSONBOID},
+			{Name: "created_at", DataType: createdAtOID},
+		},
+	}
+}
+
+func textCol(s string) *pglogrepl.TupleDataColumn {
+	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Length: uint32(len(s)), Data: []byte(s)}
+}
+
+var nullCol = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
+
+// insertTuple is an insert's new tuple, as pgoutput sends it (text
+// format), with createdAt as created_at's column.
+func insertTuple(createdAt *pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
+	cols := []*pglogrepl.TupleDataColumn{
+		textCol("42"),
+		textCol("0190f3a4-5b6c-7d8e-9f01-23456789abcd"),
+		textCol("network"),
+		nullCol,
+		textCol("conversion"),
+		textCol(`{"click_id": "c1"}`),
+		nullCol,
+		createdAt,
+	}
+	return &pglogrepl.TupleData{ColumnNum: uint16(len(cols)), Columns: cols}
+}
+
+func TestDecodeCreatedAt(t *testing.T) {
+	t.Parallel()
+
+	table, err := outbox.ParseTable("public.outbox")
+	require.NoError(t, err)
+	decode := func(t *testing.T, oid uint32, createdAt *pglogrepl.TupleDataColumn) Row {
+		rel := newRelation(outboxRelation(oid), table, pgtype.NewMap())
+		require.True(t, rel.outbox)
+		return rel.decode(insertTuple(createdAt), pglogrepl.LSN(0x16B3748))
+	}
+
+	t.Run("timestamptz", func(t *testing.T) {
+		t.Parallel()
+		row := decode(t, pgtype.TimestamptzOID, textCol("2026-03-01 12:34:56.789012+01"))
+		require.Empty(t, row.Invalid)
+		require.True(t, row.CreatedAt.Equal(time.Date(2026, 3, 1, 11, 34, 56, 789012000, time.UTC)), "got %s", row.CreatedAt)
+		require.Equal(t, int64(42), row.OutboxID)
+		require.Equal(t, "0190f3a4-5b6c-7d8e-9f01-23456789abcd", row.EventID)
+		require.Equal(t, "network", row.Endpoint)
+		require.Empty(t, row.URL)
+		require.Equal(t, "conversion", row.EventType)
+		require.Equal(t, `{"click_id": "c1"}`, string(row.Payload))
+		require.Nil(t, row.Headers)
+	})
+
+	t.Run("timestamp without time zone is UTC", func(t *testing.T) {
+		t.Parallel()
+		row := decode(t, pgtype.TimestampOID, textCol("2026-03-01 12:34:56"))
+		require.Empty(t, row.Invalid)
+		require.True(t, row.CreatedAt.Equal(time.Date(2026, 3, 1, 12, 34, 56, 0, time.UTC)), "got %s", row.CreatedAt)
+	})
+
+	t.Run("text holding a timestamptz", func(t *testing.T) {
+		t.Parallel()
+		row := decode(t, pgtype.TextOID, textCol("2026-03-01 12:34:56+00"))
+		require.Empty(t, row.Invalid)
+		require.True(t, row.CreatedAt.Equal(time.Date(2026, 3, 1, 12, 34, 56, 0, time.UTC)), "got %s", row.CreatedAt)
+	})
+
+	t.Run("NULL is unknown, not invalid", func(t *testing.T) {
+		t.Parallel()
+		row := decode(t, pgtype.TimestamptzOID, nullCol)
+		require.Empty(t, row.Invalid)
+		require.True(t, row.CreatedAt.IsZero())
+	})
+
+	t.Run("garbage makes the row invalid", func(t *testing.T) {
+		t.Parallel()
+		row := decode(t, pgtype.TextOID, textCol("last tuesday"))
+		require.True(t, row.CreatedAt.IsZero())
+		require.Contains(t, row.Invalid, "invalid_row: column created_at in public.outbox is not a time")
+		require.Equal(t, "network", row.Endpoint, "the rest of the row is still decoded")
+	})
+
+	t.Run("infinity makes the row invalid", func(t *testing.T) {
+		t.Parallel()
+		row := decode(t, pgtype.TimestamptzOID, textCol("infinity"))
+		require.True(t, row.CreatedAt.IsZero())
+		require.Contains(t, row.Invalid, "column created_at in public.outbox is not a time")
+	})
+
+	t.Run("unchanged TOAST value is unreadable", func(t *testing.T) {
+		t.Parallel()
+		row := decode(t, pgtype.TimestamptzOID, &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeToast})
+		require.Equal(t, "invalid_row: column created_at missing or unreadable in public.outbox", row.Invalid)
+	})
+}

@@ -22,7 +22,7 @@ func Connect(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, 
 // Migrate creates or upgrades postbox's schema and the outbox table of cfg
 // and returns the schema version.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (int, error) {
-	if err := store.Migrate(ctx, pool, cfg.Table()); err != nil {
+	if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
 		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	return store.SchemaVersion(ctx, pool)

@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 type testBundle struct {
 	dbURL  string
 	pool   *pgxpool.Pool
-	cfg    *config.Config
+	cfg    *config.File
 	secret string
 	logs   *syncBuffer
 	// logLevel of the captured relay log (debug unless a test needs less).
@@ -124,7 +124,7 @@ func (tb *testBundle) startStandby(t *testing.T, opts relay.Options) *relay.Rela
 func (tb *testBundle) startAny(t *testing.T, opts relay.Options) *relay.Relay {
 	t.Helper()
 	opts.Logger = zerolog.New(tb.logs).Level(tb.logLevel).With().Timestamp().Logger()
-	r, err := relay.New(tb.cfg, opts)
+	r, err := relay.New(tb.resolved(t), opts)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {
@@ -133,6 +133,14 @@ func (tb *testBundle) startAny(t *testing.T, opts relay.Options) *relay.Relay {
 		_ = r.Stop(ctx)
 	})
 	return r
+}
+
+// resolved is the bundle's configuration, resolved.
+func (tb *testBundle) resolved(t *testing.T) *config.Config {
+	t.Helper()
+	cfg, err := tb.cfg.Resolve()
+	require.NoError(t, err)
+	return cfg
 }
 
 // insert commits events into the outbox in one transaction.

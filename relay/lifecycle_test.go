@@ -32,7 +32,7 @@ func TestStopJoinsEveryGoroutine(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 
 	opts := relay.Options{Logger: zerolog.New(tb.logs).Level(zerolog.DebugLevel)}
-	r, err := relay.New(tb.cfg, opts)
+	r, err := relay.New(tb.resolved(t), opts)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	waitUntil(t, 30*time.Second, "streaming", r.Streaming)
@@ -64,7 +64,7 @@ func TestStartReturnsATakenAdminAddress(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	tb.cfg.AdminListen = ln.Addr().String()
-	r, err := relay.New(tb.cfg, relay.Options{Logger: zerolog.Nop()})
+	r, err := relay.New(tb.resolved(t), relay.Options{Logger: zerolog.Nop()})
 	require.NoError(t, err)
 	err = r.Start(context.Background())
 	require.ErrorContains(t, err, "admin listener on "+ln.Addr().String())
@@ -85,10 +85,11 @@ func TestStartWaitsForAnUnreachableDatabaseNotReady(t *testing.T) {
 	require.NoError(t, err)
 	dead := ln.Addr().String()
 	require.NoError(t, ln.Close()) // nothing listens there now
-	cfg := config.Default()
-	cfg.DatabaseURL = "postgres://postbox@" + dead + "/none?connect_timeout=1"
-	cfg.AdminListen = "127.0.0.1:0"
-	require.NoError(t, cfg.Validate())
+	file := config.Default()
+	file.DatabaseURL = "postgres://postbox@" + dead + "/none?connect_timeout=1"
+	file.AdminListen = "127.0.0.1:0"
+	cfg, err := file.Resolve()
+	require.NoError(t, err)
 	r, err := relay.New(cfg, relay.Options{Logger: zerolog.New(tb.logs)})
 	require.NoError(t, err)
 

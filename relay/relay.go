@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/admin"
 	"github.com/postbox-relay/postbox/relay/internal/claim"
@@ -95,16 +96,13 @@ type services struct {
 	maint    *maintain.Maintainer // heartbeat, telemetry and secrets loops
 }
 
-// New returns a Relay for cfg (validated by config.Load or Validate). The
-// relay keeps its own copy: validating resolves fields in place, and the
-// caller may hand the same configuration to another relay, running.
+// New returns a Relay for cfg, a resolved configuration (config.Load,
+// config.Parse or File.Resolve), which the relay only reads.
 func New(cfg *config.Config, opts Options) (*Relay, error) {
-	own := *cfg
-	cfg = &own
 	if cfg.DatabaseURL == "" {
 		return nil, &config.Error{Key: "database_url", Msg: "not set (set it in the file or POSTBOX_DATABASE_URL)"}
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := resolved(cfg); err != nil {
 		return nil, err
 	}
 	r := &Relay{
@@ -128,7 +126,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	copts := opts.HTTP
 	copts.UserAgent = "postbox/" + Version
 	if copts.DialContext == nil {
-		copts.DialContext = deliver.GuardedDialer(func() deliver.Guard { return r.cfg.Load().Guard() })
+		copts.DialContext = deliver.GuardedDialer(func() deliver.Guard { return r.cfg.Load().Guard })
 	}
 	r.client = deliver.NewClient(copts)
 	r.hardCtx, r.hardStop = context.WithCancel(context.Background())
@@ -236,10 +234,10 @@ func (r *Relay) start(ctx context.Context) error {
 		}
 	}
 	r.svc.Store(s)
-	if len(cfg.Secrets()) == 0 {
+	if len(cfg.Secrets) == 0 {
 		r.log.Warn().Msg("no signing secrets configured: deliveries are not signed (set signing.secrets or POSTBOX_SIGNING_SECRETS)")
 	}
-	r.log.Info().Str("instance", r.owner).Str("slot", cfg.Slot).Str("table", cfg.Table().String()).
+	r.log.Info().Str("instance", r.owner).Str("slot", cfg.Slot).Str("table", cfg.Table.String()).
 		Str("version", Version).Int32("pool", pool.Config().MaxConns).Msg("postbox started")
 	return nil
 }
@@ -249,7 +247,7 @@ func (r *Relay) start(ctx context.Context) error {
 // unknown owners.
 func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (*service.Env, error) {
 	env := service.NewEnv(&r.cfg)
-	env.Store = &store.Store{Pool: pool, Table: cfg.Table(), Slot: cfg.Slot}
+	env.Store = &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	env.Log, env.Metrics, env.Owner, env.Version = r.opts.Logger, r.metrics, r.owner, Version
 	env.Now, env.Rand = r.opts.Now, r.opts.Rand
 	if err := store.Preflight(ctx, pool); err != nil {
@@ -258,10 +256,10 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&env.DBName); err != nil {
 		return nil, fmt.Errorf("read database name: %w", err)
 	}
-	if err := store.Migrate(ctx, pool, cfg.Table()); err != nil {
+	if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	if err := env.Store.Heartbeat(ctx, env.Instance(false), cfg.Lease.D()); err != nil {
+	if err := env.Store.Heartbeat(ctx, env.Instance(false), cfg.Lease); err != nil {
 		return nil, fmt.Errorf("register this instance: %w", err)
 	}
 	return env, nil
@@ -355,7 +353,7 @@ func (r *Relay) shutdown(s *services) {
 	r.log.Info().Msg("shutting down: stopping the stream")
 	s.ingest.Stop()
 	s.claimer.Stop()
-	grace := r.cfg.Load().ShutdownGrace.D()
+	grace := r.cfg.Load().ShutdownGrace
 	r.log.Info().Int("in_flight", s.disp.InFlight()).Dur("grace", grace).Msg("waiting for in-flight attempts")
 	graceCtx, cancelGrace := context.WithTimeout(r.hardCtx, grace)
 	s.disp.Stop(graceCtx)
@@ -408,16 +406,15 @@ func (r *Relay) Err() error {
 	}
 }
 
-// Reload swaps in a new configuration: endpoints, secrets and policies
-// apply to the next attempt. Database, slot and table cannot change.
+// Reload swaps in a new resolved configuration: endpoints, secrets and
+// policies apply to the next attempt. Database, slot and table cannot
+// change.
 func (r *Relay) Reload(cfg *config.Config) error {
-	own := *cfg // as in New: the relay's own copy
-	cfg = &own
-	if err := cfg.Validate(); err != nil {
+	if err := resolved(cfg); err != nil {
 		return err
 	}
 	old := r.cfg.Load()
-	if cfg.DatabaseURL != old.DatabaseURL || cfg.Slot != old.Slot || cfg.Publication != old.Publication || cfg.OutboxTable != old.OutboxTable {
+	if cfg.DatabaseURL != old.DatabaseURL || cfg.Slot != old.Slot || cfg.Publication != old.Publication || cfg.Table != old.Table {
 		return errors.New("relay: database_url, slot, publication and outbox_table need a restart")
 	}
 	r.cfg.Store(cfg)
@@ -425,9 +422,17 @@ func (r *Relay) Reload(cfg *config.Config) error {
 	return nil
 }
 
+// resolved refuses a configuration that was not made by resolving a file.
+func resolved(cfg *config.Config) error {
+	if cfg == nil || cfg.Slot == "" || cfg.Table == (outbox.Table{}) || cfg.Endpoints == nil {
+		return errors.New("relay: the configuration is not resolved (make it with config.Load, config.Parse or File.Resolve)")
+	}
+	return nil
+}
+
 func (r *Relay) labelEndpoints(cfg *config.Config) {
-	names := make([]string, 0, len(cfg.ConfiguredEndpoints()))
-	for name := range cfg.ConfiguredEndpoints() {
+	names := make([]string, 0, len(cfg.Endpoints))
+	for name := range cfg.Endpoints {
 		names = append(names, name)
 	}
 	r.metrics.SetLabeled(names, cfg.MetricsEndpointLabels)

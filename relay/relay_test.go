@@ -264,7 +264,7 @@ func TestReconcilesRowsWrittenWithoutASlot(t *testing.T) {
 	ctx := context.Background()
 	// The application's migrations ran and rows were written before
 	// postbox ever started: no slot saw them.
-	_, err := tb.pool.Exec(ctx, outbox.SchemaSQL(tb.cfg.Table()))
+	_, err := tb.pool.Exec(ctx, outbox.SchemaSQL(tb.resolved(t).Table))
 	require.NoError(t, err)
 	ids := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
 	tb.start(t, relay.Options{})
@@ -338,14 +338,15 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	ctx := context.Background()
+	table := tb.resolved(t).Table
 	errs := make(chan error, 4)
 	for range 4 {
-		go func() { errs <- store.Migrate(ctx, tb.pool, tb.cfg.Table()) }()
+		go func() { errs <- store.Migrate(ctx, tb.pool, table) }()
 	}
 	for range 4 {
 		require.NoError(t, <-errs)
 	}
-	require.NoError(t, store.Migrate(ctx, tb.pool, tb.cfg.Table()))
+	require.NoError(t, store.Migrate(ctx, tb.pool, table))
 	v, err := store.SchemaVersion(ctx, tb.pool)
 	require.NoError(t, err)
 	require.Equal(t, len(store.Migrations()), v)

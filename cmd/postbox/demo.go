@@ -109,20 +109,21 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 	defer legacy.Close()
 	out.printf("receivers: shop (healthy), crm (503 twice, then recovers), legacy (401: its credentials changed)")
 
-	cfg := config.Default()
-	cfg.DatabaseURL = dbURL
-	cfg.AllowPrivateTargets = true // the receivers listen on loopback
-	cfg.AdminListen = "127.0.0.1:0"
-	cfg.Signing.Secrets = []string{secret}
-	cfg.ShutdownGrace = config.Duration(5 * time.Second)
+	file := config.Default()
+	file.DatabaseURL = dbURL
+	file.AllowPrivateTargets = true // the receivers listen on loopback
+	file.AdminListen = "127.0.0.1:0"
+	file.Signing.Secrets = []string{secret}
+	file.ShutdownGrace = config.Duration(5 * time.Second)
 	base := config.Duration(300 * time.Millisecond)
-	cfg.Defaults.BackoffBase = &base
-	cfg.Endpoints = map[string]config.EndpointConfig{
+	file.Defaults.BackoffBase = &base
+	file.Endpoints = map[string]config.EndpointConfig{
 		"shop":   {URL: ptr(shop.URL + "/hooks/orders")},
 		"crm":    {URL: ptr(crm.URL + "/webhooks")},
 		"legacy": {URL: ptr(legacy.URL + "/v1/callback")},
 	}
-	if err := cfg.Validate(); err != nil {
+	cfg, err := file.Resolve()
+	if err != nil {
 		return err
 	}
 	logw := io.Discard
@@ -240,7 +241,7 @@ func demoReport(ctx context.Context, w io.Writer, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	s.Alerts = telemetry.Firing(telemetry.Evaluate(s, eps, config.Default().Alerts))
+	s.Alerts = telemetry.Firing(telemetry.Evaluate(s, eps, config.DefaultAlerts()))
 	fmt.Fprintln(w, "$ postbox status")
 	printStatus(w, s)
 	fmt.Fprintln(w)

@@ -170,7 +170,7 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
-	fmt.Fprintf(stdout, "schema postbox at version %d; outbox table %s ready\n", v, cfg.Table())
+	fmt.Fprintf(stdout, "schema postbox at version %d; outbox table %s ready\n", v, cfg.Table)
 	return exitOK
 }
 
@@ -242,7 +242,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 					os.Exit(exitInterrupt)
 				}
 			}()
-			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace.D()+15*time.Second)
+			stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace+15*time.Second)
 			err := r.Stop(stopCtx)
 			cancel()
 			if err != nil {

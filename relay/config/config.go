@@ -1,6 +1,3 @@
-// Package config is postbox's configuration: the YAML file of SPEC §2,
-// environment overrides, validation that names the offending key, and the
-// per-endpoint settings resolved against their defaults.
 package config
 
 import (
@@ -10,168 +7,62 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 )
 
-// Defaults of the global and per-endpoint settings.
-const (
-	SlotDefault                  = "postbox"
-	PublicationDefault           = "postbox"
-	AdminListenDefault           = "127.0.0.1:9187"
-	LogLevelDefault              = "info"
-	EventRetentionDefault        = 168 * time.Hour
-	DeliveryRetentionDefault     = 168 * time.Hour
-	MaxBodyDefault               = 1 << 20
-	ShutdownGraceDefault         = 20 * time.Second
-	LeaseDefault                 = 60 * time.Second
-	SweepIntervalDefault         = 5 * time.Second
-	StatusIntervalDefault        = 10 * time.Second
-	StallTimeoutDefault          = 30 * time.Second
-	LeaderLeaseDefault           = 3 * time.Second
-	MetricsEndpointLabelsDefault = 50
-	MaxConcurrencyDefault        = 256
-	DeadLettersPerHourDefault    = 1
-	OldestPendingDefault         = 30 * time.Minute
-	EndpointP95Default           = 2 * time.Second
-	SlotLagDefault               = 1 << 30
-
-	TimeoutDefault          = 15 * time.Second
-	MaxAttemptsDefault      = 5
-	BackoffBaseDefault      = 30 * time.Second
-	BackoffCapDefault       = time.Hour
-	FailureThresholdDefault = 10
-	CooldownDefault         = 5 * time.Minute
-	MaxCooldownDefault      = time.Hour
-	MaxInFlightDefault      = 8
-)
-
-// Environment variables that override the file.
-const (
-	EnvConfig              = "POSTBOX_CONFIG"
-	EnvDatabaseURL         = "POSTBOX_DATABASE_URL"
-	EnvAdminListen         = "POSTBOX_ADMIN_LISTEN"
-	EnvAdminToken          = "POSTBOX_ADMIN_TOKEN"
-	EnvAllowPrivateTargets = "POSTBOX_ALLOW_PRIVATE_TARGETS"
-	EnvLogLevel            = "POSTBOX_LOG_LEVEL"
-	EnvSigningSecrets      = "POSTBOX_SIGNING_SECRETS"
-)
-
-// Config is the whole configuration. Every key is optional.
+// Config is the resolved configuration a relay runs on: defaults applied,
+// secrets read, endpoints resolved against the defaults. Make one with
+// Load, Parse or File.Resolve; treat it as read-only.
 type Config struct {
-	DatabaseURL         string   `yaml:"database_url"`
-	OutboxTable         string   `yaml:"outbox_table"`
-	Slot                string   `yaml:"slot"`
-	Publication         string   `yaml:"publication"`
-	AdminListen         string   `yaml:"admin_listen"`
-	AdminToken          string   `yaml:"admin_token"`
-	LogLevel            string   `yaml:"log_level"`
-	LogPayloads         bool     `yaml:"log_payloads"`
-	AllowPrivateTargets bool     `yaml:"allow_private_targets"`
-	AllowedCIDRs        []string `yaml:"allowed_cidrs"`
-	OutboxRetention     Duration `yaml:"outbox_retention"`
-	EventRetention      Duration `yaml:"event_retention"`
-	DeliveryRetention   Duration `yaml:"delivery_retention"`
-	MaxBody             ByteSize `yaml:"max_body"`
-	// ShutdownGrace bounds how long SIGTERM waits for in-flight attempts.
-	ShutdownGrace Duration `yaml:"shutdown_grace"`
-	// Lease is how long an instance's claims outlive its last heartbeat (it
-	// heartbeats every third of it): a crashed or frozen instance's claims
-	// return to the queue after it.
-	Lease Duration `yaml:"lease"`
-	// SweepInterval is the safety-net poll of the queue; the hot path never
-	// waits for it.
-	SweepInterval Duration `yaml:"sweep_interval"`
-	// StatusInterval is the longest gap between standby status updates.
-	StatusInterval Duration `yaml:"status_interval"`
-	// StallTimeout ends a replication session that received nothing (not
-	// even the replies its status updates ask for) for this long.
-	StallTimeout Duration `yaml:"stall_timeout"`
-	// LeaderLease is how long the streaming instance's leadership outlives
-	// its last renewal: a standby takes over that long after the leader
-	// dies or freezes.
-	LeaderLease Duration `yaml:"leader_lease"`
-	// MaxConcurrency bounds the attempts in flight across all endpoints;
-	// each endpoint also has its own max_in_flight.
-	MaxConcurrency int `yaml:"max_concurrency"`
-	// MetricsEndpointLabels caps the endpoint label of metrics: the first
-	// N configured endpoints (by name) get their own, every other is
-	// "other", so a million per-row URLs cannot explode cardinality.
-	MetricsEndpointLabels int                       `yaml:"metrics_endpoint_labels"`
-	Alerts                Alerts                    `yaml:"alerts"`
-	Signing               Signing                   `yaml:"signing"`
-	Defaults              EndpointConfig            `yaml:"defaults"`
-	Endpoints             map[string]EndpointConfig `yaml:"endpoints"`
+	// File is what this configuration was resolved from (a secrets file
+	// rotated in place is picked up by resolving it again).
+	File File
 
-	table     outbox.Table
-	secrets   []outbox.Secret
-	allowed   []netip.Prefix
-	defaults  Endpoint
-	endpoints map[string]Endpoint
+	DatabaseURL string
+	Table       outbox.Table
+	Slot        string
+	Publication string
+	AdminListen string
+	AdminToken  string
+	LogLevel    string
+	LogPayloads bool
+	// Guard is the SSRF guard: allow_private_targets and allowed_cidrs.
+	Guard             deliver.Guard
+	OutboxRetention   time.Duration
+	EventRetention    time.Duration
+	DeliveryRetention time.Duration
+	MaxBody           int64
+	ShutdownGrace     time.Duration
+	Lease             time.Duration
+	SweepInterval     time.Duration
+	StatusInterval    time.Duration
+	StallTimeout      time.Duration
+	LeaderLease       time.Duration
+	MaxConcurrency    int
+	// MetricsEndpointLabels caps the endpoint label of metrics.
+	MetricsEndpointLabels int
+	Alerts                Alerts
+	// Secrets are the global signing secrets, newest first.
+	Secrets []outbox.Secret
+	// SecretFiles are the secrets files read, to watch for rotations.
+	SecretFiles []string
+	// Defaults are the settings of an endpoint that is not configured.
+	Defaults Endpoint
+	// Endpoints are the configured endpoints' effective settings.
+	Endpoints map[string]Endpoint
 }
 
 // Alerts are the thresholds at which postbox's alerts fire.
 type Alerts struct {
-	// DeadLettersPerHour: dead letters within the last hour that fire
-	// dead_letters_rising.
-	DeadLettersPerHour int `yaml:"dead_letters_per_hour"`
-	// OldestPending: an undelivered event older than this fires
-	// oldest_pending.
-	OldestPending Duration `yaml:"oldest_pending"`
-	// EndpointP95: an endpoint whose 24 h p95 latency is above this fires
-	// endpoint_latency.
-	EndpointP95 Duration `yaml:"endpoint_p95"`
-	// SlotLag: WAL retained by the slot above this fires slot_lag (so does
-	// a wal_status other than reserved); /readyz fails past it.
-	SlotLag ByteSize `yaml:"slot_lag"`
-}
-
-// Signing holds the global signing secrets; every active secret signs.
-type Signing struct {
-	Secrets []string `yaml:"secrets"`
-	// SecretsFile names a file of secrets, one a line (a mounted
-	// Kubernetes secret, say); postbox re-reads it when it changes.
-	SecretsFile string `yaml:"secrets_file"`
-}
-
-// EndpointConfig is one endpoint's settings as written; unset keys inherit
-// from defaults.
-type EndpointConfig struct {
-	URL              *string           `yaml:"url"`
-	Method           *string           `yaml:"method"`
-	Timeout          *Duration         `yaml:"timeout"`
-	MaxAttempts      *int              `yaml:"max_attempts"`
-	BackoffBase      *Duration         `yaml:"backoff_base"`
-	BackoffCap       *Duration         `yaml:"backoff_cap"`
-	FailureThreshold *int              `yaml:"failure_threshold"`
-	Cooldown         *Duration         `yaml:"cooldown"`
-	MaxCooldown      *Duration         `yaml:"max_cooldown"`
-	RateLimit        *Rate             `yaml:"rate_limit"`
-	MaxInFlight      *int              `yaml:"max_in_flight"`
-	Secrets          []string          `yaml:"secrets"`
-	SecretsFile      *string           `yaml:"secrets_file"`
-	Headers          map[string]string `yaml:"headers"`
-	// Body is a body template for POST, PUT and PATCH (the payload when
-	// unset): JSON-escaped values, or form-escaped ones when the
-	// endpoint's Content-Type header is application/x-www-form-urlencoded.
-	Body    *string  `yaml:"body"`
-	Success *Success `yaml:"success"`
-	RetryOn []int    `yaml:"retry_on"`
-	Ordered *bool    `yaml:"ordered"`
-}
-
-// Success is a partner's own rule for a successful delivery.
-type Success struct {
-	Status       []int  `yaml:"status"`
-	BodyContains string `yaml:"body_contains"`
+	DeadLettersPerHour int
+	OldestPending      time.Duration
+	EndpointP95        time.Duration
+	SlotLag            int64
 }
 
 // Endpoint is an endpoint's effective settings.
@@ -201,124 +92,33 @@ type Endpoint struct {
 	Ordered      bool
 }
 
-// Error is a configuration error naming the key it is about.
-type Error struct {
-	Key string
-	Msg string
+// Endpoint returns the effective settings for the named endpoint: its own
+// when configured, the defaults otherwise (Configured false, URL empty).
+func (c *Config) Endpoint(name string) Endpoint {
+	if ep, ok := c.Endpoints[name]; ok {
+		return ep
+	}
+	ep := c.Defaults
+	ep.Name = name
+	return ep
 }
 
-func (e *Error) Error() string {
-	if e.Key == "" {
-		return "config: " + e.Msg
-	}
-	return "config: " + e.Key + ": " + e.Msg
+// secretsReader reads a secrets file: readSecretsFile when resolving, a
+// reader that reads nothing when only validating.
+type secretsReader func(key, path string) ([]outbox.Secret, error)
+
+func skipSecretsFile(string, string) ([]outbox.Secret, error) { return nil, nil }
+
+// Validate checks every setting without reading anything (secrets files
+// are read by Resolve), naming the offending key.
+func (f *File) Validate() error {
+	_, err := f.resolve(skipSecretsFile)
+	return err
 }
 
-func keyErr(key, format string, args ...any) error {
-	return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
-}
-
-// Default returns the configuration with every default filled in.
-func Default() *Config {
-	return &Config{
-		OutboxTable:           outbox.DefaultTable,
-		Slot:                  SlotDefault,
-		Publication:           PublicationDefault,
-		AdminListen:           AdminListenDefault,
-		LogLevel:              LogLevelDefault,
-		EventRetention:        Duration(EventRetentionDefault),
-		DeliveryRetention:     Duration(DeliveryRetentionDefault),
-		MaxBody:               MaxBodyDefault,
-		ShutdownGrace:         Duration(ShutdownGraceDefault),
-		Lease:                 Duration(LeaseDefault),
-		SweepInterval:         Duration(SweepIntervalDefault),
-		StatusInterval:        Duration(StatusIntervalDefault),
-		StallTimeout:          Duration(StallTimeoutDefault),
-		LeaderLease:           Duration(LeaderLeaseDefault),
-		MetricsEndpointLabels: MetricsEndpointLabelsDefault,
-		MaxConcurrency:        MaxConcurrencyDefault,
-		Alerts: Alerts{
-			DeadLettersPerHour: DeadLettersPerHourDefault,
-			OldestPending:      Duration(OldestPendingDefault),
-			EndpointP95:        Duration(EndpointP95Default),
-			SlotLag:            SlotLagDefault,
-		},
-	}
-}
-
-// Load reads the file at path (none when path is empty), applies the
-// environment through getenv (os.Getenv when nil), and validates.
-func Load(path string, getenv func(string) string) (*Config, error) {
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	cfg := Default()
-	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, &Error{Msg: fmt.Sprintf("read %s: %v", path, err)}
-		}
-		if err := cfg.decode(data); err != nil {
-			return nil, err
-		}
-	}
-	if err := cfg.applyEnv(getenv); err != nil {
-		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	return cfg, nil
-}
-
-// Parse decodes YAML over the defaults and validates, without environment.
-func Parse(data []byte) (*Config, error) {
-	cfg := Default()
-	if err := cfg.decode(data); err != nil {
-		return nil, err
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	return cfg, nil
-}
-
-func (c *Config) decode(data []byte) error {
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return &Error{Msg: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
-	}
-	if len(root.Content) == 0 {
-		return nil // empty file
-	}
-	return decodeNode("", root.Content[0], reflect.ValueOf(c).Elem())
-}
-
-func (c *Config) applyEnv(getenv func(string) string) error {
-	if v := getenv(EnvDatabaseURL); v != "" {
-		c.DatabaseURL = v
-	}
-	if v := getenv(EnvAdminListen); v != "" {
-		c.AdminListen = v
-	}
-	if v := getenv(EnvAdminToken); v != "" {
-		c.AdminToken = v // from a secret store, rather than the file
-	}
-	if v := getenv(EnvLogLevel); v != "" {
-		c.LogLevel = v
-	}
-	if v := getenv(EnvAllowPrivateTargets); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return keyErr(EnvAllowPrivateTargets, "want true or false, got %q", v)
-		}
-		c.AllowPrivateTargets = b
-	}
-	if v := getenv(EnvSigningSecrets); v != "" {
-		c.Signing.Secrets = strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' })
-	}
-	return nil
-}
+// Resolve reads the secrets files, validates, and returns the resolved
+// configuration.
+func (f *File) Resolve() (*Config, error) { return f.resolve(readSecretsFile) }
 
 var (
 	nameRe    = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -327,91 +127,98 @@ var (
 	methods   = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true}
 )
 
-// Validate checks every setting and resolves the endpoints. Load and
-// Parse call it; call it again after changing a Config by hand.
-func (c *Config) Validate() error {
+func (c *File) resolve(readFile secretsReader) (*Config, error) {
 	if c.DatabaseURL == "" {
 		// Not an error here: commands that need the database say so.
 	} else if _, err := url.Parse(c.DatabaseURL); err != nil && !strings.Contains(c.DatabaseURL, "=") {
-		return keyErr("database_url", "not a URL or key=value connection string")
+		return nil, keyErr("database_url", "not a URL or key=value connection string")
 	}
 	t, err := outbox.ParseTable(c.OutboxTable)
 	if err != nil {
-		return keyErr("outbox_table", "%v", err)
+		return nil, keyErr("outbox_table", "%v", err)
 	}
-	c.table = t
+	out := &Config{
+		File: *c, DatabaseURL: c.DatabaseURL, Table: t, Slot: c.Slot, Publication: c.Publication,
+		AdminListen: c.AdminListen, AdminToken: c.AdminToken, LogLevel: c.LogLevel, LogPayloads: c.LogPayloads,
+		OutboxRetention: c.OutboxRetention.D(), EventRetention: c.EventRetention.D(), DeliveryRetention: c.DeliveryRetention.D(),
+		MaxBody: int64(c.MaxBody), ShutdownGrace: c.ShutdownGrace.D(), Lease: c.Lease.D(), SweepInterval: c.SweepInterval.D(),
+		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), LeaderLease: c.LeaderLease.D(),
+		MaxConcurrency: c.MaxConcurrency, MetricsEndpointLabels: c.MetricsEndpointLabels,
+		Alerts:      c.Alerts.resolve(),
+		SecretFiles: c.secretFiles(),
+	}
 	if !nameRe.MatchString(c.Slot) {
-		return keyErr("slot", "%q is not a valid replication slot name (lower-case letters, digits and underscores, at most 63)", c.Slot)
+		return nil, keyErr("slot", "%q is not a valid replication slot name (lower-case letters, digits and underscores, at most 63)", c.Slot)
 	}
 	if !nameRe.MatchString(c.Publication) {
-		return keyErr("publication", "%q is not a valid publication name (lower-case letters, digits and underscores, at most 63)", c.Publication)
+		return nil, keyErr("publication", "%q is not a valid publication name (lower-case letters, digits and underscores, at most 63)", c.Publication)
 	}
 	if !logLevels[c.LogLevel] {
-		return keyErr("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+		return nil, keyErr("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
 	}
 	host, _, err := net.SplitHostPort(c.AdminListen)
 	if c.AdminListen != "" && err != nil {
-		return keyErr("admin_listen", "%q is not host:port", c.AdminListen)
+		return nil, keyErr("admin_listen", "%q is not host:port", c.AdminListen)
 	}
 	if c.AdminListen != "" && !isLoopback(host) && c.AdminToken == "" {
-		return keyErr("admin_token", "required when admin_listen (%s) is not a loopback address", c.AdminListen)
+		return nil, keyErr("admin_token", "required when admin_listen (%s) is not a loopback address", c.AdminListen)
 	}
-	c.allowed = nil
+	out.Guard = deliver.Guard{AllowAll: c.AllowPrivateTargets}
 	for i, cidr := range c.AllowedCIDRs {
 		p, err := netip.ParsePrefix(cidr)
 		if err != nil {
-			return keyErr(fmt.Sprintf("allowed_cidrs[%d]", i), "%q is not a CIDR such as 10.1.0.0/16", cidr)
+			return nil, keyErr(fmt.Sprintf("allowed_cidrs[%d]", i), "%q is not a CIDR such as 10.1.0.0/16", cidr)
 		}
-		c.allowed = append(c.allowed, p.Masked())
+		out.Guard.Allowed = append(out.Guard.Allowed, p.Masked())
 	}
 	if c.MaxBody <= 0 {
-		return keyErr("max_body", "must be positive")
+		return nil, keyErr("max_body", "must be positive")
 	}
 	if c.Lease.D() < time.Second {
-		return keyErr("lease", "must be at least 1s")
+		return nil, keyErr("lease", "must be at least 1s")
 	}
 	if c.SweepInterval.D() <= 0 {
-		return keyErr("sweep_interval", "must be positive")
+		return nil, keyErr("sweep_interval", "must be positive")
 	}
 	if c.StatusInterval.D() <= 0 {
-		return keyErr("status_interval", "must be positive")
+		return nil, keyErr("status_interval", "must be positive")
 	}
 	if c.StallTimeout.D() <= c.StatusInterval.D() {
-		return keyErr("stall_timeout", "must be longer than status_interval (%s)", c.StatusInterval.D())
+		return nil, keyErr("stall_timeout", "must be longer than status_interval (%s)", c.StatusInterval.D())
 	}
 	if c.LeaderLease.D() < 300*time.Millisecond {
-		return keyErr("leader_lease", "must be at least 300ms")
+		return nil, keyErr("leader_lease", "must be at least 300ms")
 	}
 	if c.MaxConcurrency < 1 {
-		return keyErr("max_concurrency", "must be at least 1")
+		return nil, keyErr("max_concurrency", "must be at least 1")
 	}
 	if c.MetricsEndpointLabels < 0 {
-		return keyErr("metrics_endpoint_labels", "must not be negative")
+		return nil, keyErr("metrics_endpoint_labels", "must not be negative")
 	}
 	if c.Alerts.DeadLettersPerHour < 1 {
-		return keyErr("alerts.dead_letters_per_hour", "must be at least 1")
+		return nil, keyErr("alerts.dead_letters_per_hour", "must be at least 1")
 	}
 	if c.Alerts.OldestPending.D() <= 0 {
-		return keyErr("alerts.oldest_pending", "must be positive")
+		return nil, keyErr("alerts.oldest_pending", "must be positive")
 	}
 	if c.Alerts.EndpointP95.D() <= 0 {
-		return keyErr("alerts.endpoint_p95", "must be positive")
+		return nil, keyErr("alerts.endpoint_p95", "must be positive")
 	}
 	if c.Alerts.SlotLag <= 0 {
-		return keyErr("alerts.slot_lag", "must be positive")
+		return nil, keyErr("alerts.slot_lag", "must be positive")
 	}
 	secrets, err := parseSecrets("signing.secrets", c.Signing.Secrets)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if c.Signing.SecretsFile != "" {
-		fromFile, err := readSecretsFile("signing.secrets_file", c.Signing.SecretsFile)
+		fromFile, err := readFile("signing.secrets_file", c.Signing.SecretsFile)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		secrets = append(secrets, fromFile...)
 	}
-	c.secrets = secrets
+	out.Secrets = secrets
 
 	builtin := Endpoint{
 		Method:           "POST",
@@ -425,31 +232,31 @@ func (c *Config) Validate() error {
 		MaxInFlight:      MaxInFlightDefault,
 		Secrets:          secrets,
 	}
-	def, err := resolve("defaults", builtin, c.Defaults)
+	def, err := resolveEndpoint("defaults", builtin, c.Defaults, readFile)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	def.URL = "" // a default URL would make every unknown endpoint deliverable
 	if c.Defaults.URL != nil {
-		return keyErr("defaults.url", "a URL cannot be a default; set it per endpoint or per row")
+		return nil, keyErr("defaults.url", "a URL cannot be a default; set it per endpoint or per row")
 	}
-	c.defaults = def
-	c.endpoints = make(map[string]Endpoint, len(c.Endpoints))
+	out.Defaults = def
+	out.Endpoints = make(map[string]Endpoint, len(c.Endpoints))
 	for name, ec := range c.Endpoints {
 		if name == "" {
-			return keyErr("endpoints", "an endpoint name cannot be empty")
+			return nil, keyErr("endpoints", "an endpoint name cannot be empty")
 		}
-		ep, err := resolve("endpoints."+name, def, ec)
+		ep, err := resolveEndpoint("endpoints."+name, def, ec, readFile)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		ep.Name, ep.Configured = name, true
-		c.endpoints[name] = ep
+		out.Endpoints[name] = ep
 	}
-	return nil
+	return out, nil
 }
 
-func resolve(key string, base Endpoint, ec EndpointConfig) (Endpoint, error) {
+func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secretsReader) (Endpoint, error) {
 	ep := base
 	if ec.URL != nil {
 		if err := ValidateURL(*ec.URL); err != nil {
@@ -530,7 +337,7 @@ func resolve(key string, base Endpoint, ec EndpointConfig) (Endpoint, error) {
 			return ep, err
 		}
 		if ec.SecretsFile != nil {
-			fromFile, err := readSecretsFile(key+".secrets_file", *ec.SecretsFile)
+			fromFile, err := readFile(key+".secrets_file", *ec.SecretsFile)
 			if err != nil {
 				return ep, err
 			}
@@ -609,9 +416,9 @@ func readSecretsFile(key, path string) ([]outbox.Secret, error) {
 	return s, nil
 }
 
-// SecretFiles lists the secrets files the configuration reads, so they
+// secretFiles lists the secrets files the configuration reads, so they
 // can be watched for rotations.
-func (c *Config) SecretFiles() []string {
+func (c *File) secretFiles() []string {
 	var out []string
 	if c.Signing.SecretsFile != "" {
 		out = append(out, c.Signing.SecretsFile)
@@ -658,146 +465,10 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Guard is the SSRF guard this configuration asks for.
-func (c *Config) Guard() deliver.Guard {
-	return deliver.Guard{AllowAll: c.AllowPrivateTargets, Allowed: c.allowed}
-}
+// DefaultAlerts are the alert thresholds when none are configured.
+func DefaultAlerts() Alerts { return Default().Alerts.resolve() }
 
-// Table is the validated outbox table.
-func (c *Config) Table() outbox.Table { return c.table }
-
-// Secrets are the global signing secrets, newest first.
-func (c *Config) Secrets() []outbox.Secret { return c.secrets }
-
-// Endpoint returns the effective settings for the named endpoint: its own
-// when configured, the defaults otherwise (Configured false, URL empty).
-func (c *Config) Endpoint(name string) Endpoint {
-	if ep, ok := c.endpoints[name]; ok {
-		return ep
-	}
-	ep := c.defaults
-	ep.Name = name
-	return ep
-}
-
-// ConfiguredEndpoints returns the configured endpoints' effective settings.
-func (c *Config) ConfiguredEndpoints() map[string]Endpoint { return c.endpoints }
-
-// decodeNode decodes n into v, refusing unknown keys and naming the key
-// path in every error.
-func decodeNode(path string, n *yaml.Node, v reflect.Value) error {
-	if n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	label := path
-	if label == "" {
-		label = "(top level)"
-	}
-	if v.Kind() == reflect.Pointer {
-		if n.Tag == "!!null" {
-			v.Set(reflect.Zero(v.Type()))
-			return nil
-		}
-		if v.IsNil() {
-			v.Set(reflect.New(v.Type().Elem()))
-		}
-		return decodeNode(path, n, v.Elem())
-	}
-	if _, ok := v.Addr().Interface().(yaml.Unmarshaler); ok {
-		if err := n.Decode(v.Addr().Interface()); err != nil {
-			return keyErr(label, "%s", yamlMsg(err))
-		}
-		return nil
-	}
-	switch v.Kind() {
-	case reflect.Struct:
-		if n.Kind != yaml.MappingNode {
-			return keyErr(label, "want a mapping of keys (line %d)", n.Line)
-		}
-		fields := map[string]int{}
-		for i := 0; i < v.NumField(); i++ {
-			tag := v.Type().Field(i).Tag.Get("yaml")
-			if name, _, _ := strings.Cut(tag, ","); name != "" && name != "-" {
-				fields[name] = i
-			}
-		}
-		seen := map[string]bool{}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			key := n.Content[i].Value
-			full := join(path, key)
-			idx, ok := fields[key]
-			if !ok {
-				return keyErr(full, "unknown key (line %d)", n.Content[i].Line)
-			}
-			if seen[key] {
-				return keyErr(full, "given twice (line %d)", n.Content[i].Line)
-			}
-			seen[key] = true
-			if err := decodeNode(full, n.Content[i+1], v.Field(idx)); err != nil {
-				return err
-			}
-		}
-		return nil
-	case reflect.Map:
-		if n.Tag == "!!null" {
-			return nil
-		}
-		if n.Kind != yaml.MappingNode {
-			return keyErr(label, "want a mapping (line %d)", n.Line)
-		}
-		if v.IsNil() {
-			v.Set(reflect.MakeMap(v.Type()))
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			key := n.Content[i].Value
-			full := join(path, key)
-			if v.MapIndex(reflect.ValueOf(key)).IsValid() {
-				return keyErr(full, "given twice (line %d)", n.Content[i].Line)
-			}
-			elem := reflect.New(v.Type().Elem()).Elem()
-			if err := decodeNode(full, n.Content[i+1], elem); err != nil {
-				return err
-			}
-			v.SetMapIndex(reflect.ValueOf(key), elem)
-		}
-		return nil
-	case reflect.Slice:
-		if n.Tag == "!!null" {
-			return nil
-		}
-		if n.Kind != yaml.SequenceNode {
-			return keyErr(label, "want a list (line %d)", n.Line)
-		}
-		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
-		for i, item := range n.Content {
-			if err := decodeNode(fmt.Sprintf("%s[%d]", path, i), item, s.Index(i)); err != nil {
-				return err
-			}
-		}
-		v.Set(s)
-		return nil
-	default:
-		if n.Kind != yaml.ScalarNode {
-			return keyErr(label, "want a single value (line %d)", n.Line)
-		}
-		if err := n.Decode(v.Addr().Interface()); err != nil {
-			return keyErr(label, "%s", yamlMsg(err))
-		}
-		return nil
-	}
-}
-
-func join(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
-func yamlMsg(err error) string {
-	var te *yaml.TypeError
-	if errors.As(err, &te) && len(te.Errors) > 0 {
-		return te.Errors[0]
-	}
-	return strings.TrimPrefix(err.Error(), "yaml: ")
+func (a AlertsConfig) resolve() Alerts {
+	return Alerts{DeadLettersPerHour: a.DeadLettersPerHour, OldestPending: a.OldestPending.D(),
+		EndpointP95: a.EndpointP95.D(), SlotLag: int64(a.SlotLag)}
 }

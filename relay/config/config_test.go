@@ -22,12 +22,12 @@ func TestDefaultsNeedOnlyTheDatabaseURL(t *testing.T) {
 	cfg, err := config.Load("", func(k string) string { return env[k] })
 	require.NoError(t, err)
 	require.Equal(t, "postgres://relay@db/app", cfg.DatabaseURL)
-	require.Equal(t, "postbox.outbox", cfg.Table().String())
+	require.Equal(t, "postbox.outbox", cfg.Table.String())
 	require.Equal(t, "postbox", cfg.Slot)
 	require.Equal(t, "127.0.0.1:9187", cfg.AdminListen)
-	require.False(t, cfg.AllowPrivateTargets, "the SSRF guard is on by default")
-	require.Equal(t, time.Duration(0), cfg.OutboxRetention.D())
-	require.Equal(t, 168*time.Hour, cfg.EventRetention.D())
+	require.False(t, cfg.Guard.AllowAll, "the SSRF guard is on by default")
+	require.Equal(t, time.Duration(0), cfg.OutboxRetention)
+	require.Equal(t, 168*time.Hour, cfg.EventRetention)
 
 	ep := cfg.Endpoint("anyone")
 	require.False(t, ep.Configured)
@@ -161,10 +161,10 @@ func TestEnvironmentOverridesTheFile(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "postgres://env@db/app", cfg.DatabaseURL)
 	require.Equal(t, "debug", cfg.LogLevel)
-	require.True(t, cfg.AllowPrivateTargets)
+	require.True(t, cfg.Guard.AllowAll)
 	require.Equal(t, "0.0.0.0:9999", cfg.AdminListen)
 	require.Equal(t, "t0ken", cfg.AdminToken, "off loopback with the token from the environment")
-	require.Len(t, cfg.Secrets(), 2)
+	require.Len(t, cfg.Secrets, 2)
 
 	env[config.EnvAllowPrivateTargets] = "perhaps"
 	_, err = config.Load(path, func(k string) string { return env[k] })
@@ -241,8 +241,8 @@ func TestAffiliateExampleConfig(t *testing.T) {
 	ep := cfg.Endpoint("acme-network")
 	require.Equal(t, "GET", ep.Method)
 	require.NotNil(t, ep.URLTemplate)
-	require.Len(t, cfg.Secrets(), 1)
-	require.Equal(t, []string{secrets}, cfg.SecretFiles())
+	require.Len(t, cfg.Secrets, 1)
+	require.Equal(t, []string{secrets}, cfg.SecretFiles)
 }
 
 // TestSidecarExampleConfig loads the configuration in the Kubernetes
@@ -283,7 +283,37 @@ func TestSidecarExampleConfig(t *testing.T) {
 	env[config.EnvAdminToken] = "from-the-secret"
 	cfg, err := config.Load(path, func(k string) string { return env[k] })
 	require.NoError(t, err)
-	require.Len(t, cfg.Secrets(), 2, "both keys of a rotation sign")
+	require.Len(t, cfg.Secrets, 2, "both keys of a rotation sign")
 	require.Equal(t, "GET", cfg.Endpoint("acme-network").Method)
 	require.True(t, cfg.Endpoint("billing").Ordered)
+}
+
+// The file is what was written; validating it reads nothing, resolving it
+// reads the secrets files and gives typed settings.
+func TestValidateIsPureResolveReads(t *testing.T) {
+	t.Parallel()
+	missing := filepath.Join(t.TempDir(), "not-yet-mounted")
+	f := config.Default()
+	f.DatabaseURL = "postgres://relay@db/app"
+	f.Signing.SecretsFile = missing
+	f.ShutdownGrace = config.Duration(7 * time.Second)
+	require.NoError(t, f.Validate(), "validation does not read the secrets file")
+	_, err := f.Resolve()
+	var ce *config.Error
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "signing.secrets_file", ce.Key)
+
+	require.NoError(t, os.WriteFile(missing, []byte(outbox.NewSecret()+"\n"), 0o600))
+	cfg, err := f.Resolve()
+	require.NoError(t, err)
+	require.Len(t, cfg.Secrets, 1)
+	require.Equal(t, []string{missing}, cfg.SecretFiles)
+	require.Equal(t, 7*time.Second, cfg.ShutdownGrace)
+	require.Equal(t, config.StatusIntervalDefault, cfg.StatusInterval)
+	require.Equal(t, *f, cfg.File, "the resolved configuration keeps what it came from")
+
+	f.Lease = config.Duration(time.Millisecond)
+	err = f.Validate()
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "lease", ce.Key, "validation still names the key")
 }

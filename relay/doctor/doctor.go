@@ -53,7 +53,7 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		       current_user,
 		       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
 		       clock_timestamp(),
-		       to_regclass($1) IS NOT NULL`, cfg.Table().String()).
+		       to_regclass($1) IS NOT NULL`, cfg.Table.String()).
 		Scan(&s.versionNum, &s.version, &s.walLevel, &s.maxSlots, &s.slotsUsed, &s.maxSenders, &s.sendersUsed,
 			&s.keepSize, &s.senderTimeout, &s.role, &s.canReplicate, &s.dbNow, &s.tableExists)
 	if err != nil {
@@ -114,16 +114,16 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		add("wal_sender_timeout", Warn, "unreadable: "+s.senderTimeout, "")
 	case timeout == 0:
 		add("wal_sender_timeout", Warn, "0: the server never notices a replication client that vanished, and its slot stays taken", "set wal_sender_timeout to 60s")
-	case timeout < 2*cfg.StatusInterval.D():
-		add("wal_sender_timeout", Warn, fmt.Sprintf("%s is less than twice postbox's status_interval (%s)", timeout, cfg.StatusInterval.D()), "raise wal_sender_timeout or lower status_interval")
+	case timeout < 2*cfg.StatusInterval:
+		add("wal_sender_timeout", Warn, fmt.Sprintf("%s is less than twice postbox's status_interval (%s)", timeout, cfg.StatusInterval), "raise wal_sender_timeout or lower status_interval")
 	default:
 		add("wal_sender_timeout", OK, timeout.String(), "")
 	}
 
 	if !s.tableExists {
-		add("outbox_table", Warn, cfg.Table().String()+" does not exist", "postbox migrate (or postbox run) creates it; or apply outbox/schema.sql")
+		add("outbox_table", Warn, cfg.Table.String()+" does not exist", "postbox migrate (or postbox run) creates it; or apply outbox/schema.sql")
 	} else {
-		add("outbox_table", OK, cfg.Table().String(), "")
+		add("outbox_table", OK, cfg.Table.String(), "")
 	}
 	out = append(out, publicationCheck(ctx, q, cfg))
 
@@ -189,7 +189,7 @@ func publicationCheck(ctx context.Context, q store.Querier, cfg *config.Config) 
 			tables = append(tables, t)
 		}
 	}
-	want := cfg.Table().String()
+	want := cfg.Table.String()
 	covers := false
 	for _, t := range tables {
 		covers = covers || t == want

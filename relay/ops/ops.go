@@ -23,6 +23,6 @@ type ReplayItem = store.ReplayItem
 // second when rate is positive. With dryRun it only lists them. It returns
 // the selection and how many deliveries it enqueued.
 func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f ReplayFilter, dryRun bool, rate float64) ([]ReplayItem, int, error) {
-	s := &store.Store{Pool: pool, Table: cfg.Table(), Slot: cfg.Slot}
+	s := &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	return s.Replay(ctx, f, dryRun, rate)
 }

@@ -40,8 +40,8 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 	old := Alert{Name: AlertOldestPending, Detail: "nothing waiting"}
 	if s.OldestPendingAgeSeconds != nil {
 		age := time.Duration(*s.OldestPendingAgeSeconds * float64(time.Second))
-		old.Firing = age > th.OldestPending.D()
-		old.Detail = fmt.Sprintf("oldest undelivered event waits for %s (threshold %s)", age.Round(time.Second), th.OldestPending.D())
+		old.Firing = age > th.OldestPending
+		old.Detail = fmt.Sprintf("oldest undelivered event waits for %s (threshold %s)", age.Round(time.Second), th.OldestPending)
 	}
 	out = append(out, old)
 	lag := Alert{Name: AlertSlotLag}
@@ -52,8 +52,8 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 		lag.Firing = true
 		lag.Detail = fmt.Sprintf("slot %s wal_status is %s: it risks (or suffered) losing WAL it needs", s.Slot.Name, s.Slot.WALStatus)
 	default:
-		lag.Firing = s.Slot.RetainedBytes > int64(th.SlotLag)
-		lag.Detail = fmt.Sprintf("slot %s retains %s of WAL (threshold %s)", s.Slot.Name, FormatBytes(s.Slot.RetainedBytes), FormatBytes(int64(th.SlotLag)))
+		lag.Firing = s.Slot.RetainedBytes > th.SlotLag
+		lag.Detail = fmt.Sprintf("slot %s retains %s of WAL (threshold %s)", s.Slot.Name, FormatBytes(s.Slot.RetainedBytes), FormatBytes(th.SlotLag))
 	}
 	out = append(out, lag)
 	for _, e := range endpoints {
@@ -61,8 +61,8 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 			continue
 		}
 		p95 := time.Duration(*e.P95MS * float64(time.Millisecond))
-		out = append(out, Alert{Name: AlertEndpointP95, Subject: e.Endpoint, Firing: p95 > th.EndpointP95.D(),
-			Detail: fmt.Sprintf("p95 latency of %s over 24 h is %s (threshold %s, %d samples)", e.Endpoint, p95, th.EndpointP95.D(), e.SampleCount)})
+		out = append(out, Alert{Name: AlertEndpointP95, Subject: e.Endpoint, Firing: p95 > th.EndpointP95,
+			Detail: fmt.Sprintf("p95 latency of %s over 24 h is %s (threshold %s, %d samples)", e.Endpoint, p95, th.EndpointP95, e.SampleCount)})
 	}
 	return out
 }

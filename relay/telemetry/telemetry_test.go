@@ -148,7 +148,7 @@ func TestAlertsFireAndClear(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	slot := pgtest.UniqueName("slot")
-	th := config.Default().Alerts
+	th := config.DefaultAlerts()
 	th.SlotLag = 64 << 10 // 64 KiB for the test
 	evaluate := func() map[string]telemetry.Alert {
 		s, err := telemetry.LoadSummary(ctx, pool, slot)
@@ -218,7 +218,7 @@ func mustSummary(t *testing.T, pool *pgxpool.Pool, slot string) telemetry.Summar
 func TestSlotNotReservedFires(t *testing.T) {
 	t.Parallel()
 	s := telemetry.Summary{Slot: telemetry.Slot{Name: "postbox", Exists: true, WALStatus: "unreserved"}}
-	alerts := telemetry.Firing(telemetry.Evaluate(s, nil, config.Default().Alerts))
+	alerts := telemetry.Firing(telemetry.Evaluate(s, nil, config.DefaultAlerts()))
 	require.Len(t, alerts, 1)
 	require.Equal(t, telemetry.AlertSlotLag, alerts[0].Name)
 	require.Contains(t, alerts[0].Detail, "wal_status is unreserved")

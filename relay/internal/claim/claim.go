@@ -95,7 +95,7 @@ func (c *Claimer) LaneFreed() {
 func (c *Claimer) RetryAt(t time.Time) { c.due.add(t) }
 
 func (c *Claimer) claimLoop(ctx context.Context) {
-	sweep := time.NewTicker(c.env.Config().SweepInterval.D())
+	sweep := time.NewTicker(c.env.Config().SweepInterval)
 	defer sweep.Stop()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -154,7 +154,7 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 		return true, nil
 	}
 	var ordered []string
-	for name, ep := range cfg.ConfiguredEndpoints() {
+	for name, ep := range cfg.Endpoints {
 		if ep.Ordered {
 			ordered = append(ordered, name)
 		}

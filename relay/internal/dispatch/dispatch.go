@@ -117,11 +117,12 @@ type Options struct {
 	// half its limit, so the queue can be claimed from in batches.
 	OnFree func()
 	// MaxHeldBytes bounds the payload bytes held in memory across lanes
-	// (32 MiB when zero); MaxHeldJobs the jobs (10000 when zero).
+	// (MaxHeldBytesDefault when zero); MaxHeldJobs the jobs
+	// (MaxHeldJobsDefault when zero).
 	MaxHeldBytes int
 	MaxHeldJobs  int
-	// MaxConcurrency bounds the attempts in flight across all lanes (256
-	// when zero). Each lane still has its own cap, so one endpoint can
+	// MaxConcurrency bounds the attempts in flight across all lanes
+	// (MaxConcurrencyDefault when zero). Each lane still has its own cap, so one endpoint can
 	// never hold more than its share, but ten thousand per-row endpoints
 	// cannot open ten thousand connections at once.
 	MaxConcurrency int
@@ -163,17 +164,30 @@ func (l *lane) limit() int { return LaneLimit(l.cap) }
 // LaneLimit is how many jobs a lane with in-flight cap c may hold.
 func LaneLimit(c int) int { return 5 * c }
 
+// Defaults of Options.
+const (
+	MaxHeldBytesDefault   = 32 << 20
+	MaxHeldJobsDefault    = 10000
+	MaxConcurrencyDefault = 256
+)
+
+// WithDefaults fills unset options from the …Default constants.
+func (o Options) WithDefaults() Options {
+	if o.MaxHeldBytes <= 0 {
+		o.MaxHeldBytes = MaxHeldBytesDefault
+	}
+	if o.MaxHeldJobs <= 0 {
+		o.MaxHeldJobs = MaxHeldJobsDefault
+	}
+	if o.MaxConcurrency <= 0 {
+		o.MaxConcurrency = MaxConcurrencyDefault
+	}
+	return o
+}
+
 // New returns a Dispatcher.
 func New(opts Options) *Dispatcher {
-	if opts.MaxHeldBytes <= 0 {
-		opts.MaxHeldBytes = 32 << 20
-	}
-	if opts.MaxHeldJobs <= 0 {
-		opts.MaxHeldJobs = 10000
-	}
-	if opts.MaxConcurrency <= 0 {
-		opts.MaxConcurrency = 256
-	}
+	opts = opts.WithDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}}
 }

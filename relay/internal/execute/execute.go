@@ -86,7 +86,7 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		return fail(policy.ReasonInvalidURL, "%v", err)
 	}
 	if ip, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
-		if err := cfg.Guard().Check(ip); err != nil {
+		if err := cfg.Guard.Check(ip); err != nil {
 			return fail(policy.ReasonBlockedTarget, "%v", err)
 		}
 	}

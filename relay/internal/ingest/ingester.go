@@ -138,7 +138,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		if ing.tx == nil {
 			ing.tx = dispatch.NewIngest()
 		}
-		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention.D() == 0)
+		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention == 0)
 		if err != nil {
 			for i, ok := range reserved {
 				if ok {

@@ -114,7 +114,7 @@ func (s *Supervisor) loop(ctx context.Context) {
 				s.log.Info().Err(err).Msg("standing by: delivering from the queue while another instance streams")
 				standby = true
 			}
-			wait = s.env.Config().LeaderLease.D() / 6
+			wait = s.env.Config().LeaderLease / 6
 		case store.IsFenced(err):
 			s.log.Warn().Err(err).Msg("another instance took over streaming (this one was paused or cut off); standing by")
 			standby = true
@@ -174,7 +174,7 @@ func (s *Supervisor) detachSlot(ctx context.Context) error {
 // goroutines are joined before it returns.
 func (s *Supervisor) session(ctx context.Context) error {
 	cfg := s.env.Config()
-	lead, ok, leader, err := s.env.Store.AcquireLeadership(ctx, s.env.Owner, cfg.LeaderLease.D())
+	lead, ok, leader, err := s.env.Store.AcquireLeadership(ctx, s.env.Owner, cfg.LeaderLease)
 	if err != nil {
 		return err
 	}
@@ -209,9 +209,9 @@ func (s *Supervisor) session(ctx context.Context) error {
 		ConnString:     cfg.DatabaseURL,
 		Slot:           cfg.Slot,
 		Publication:    cfg.Publication,
-		Table:          cfg.Table(),
-		StatusInterval: cfg.StatusInterval.D(),
-		StallTimeout:   cfg.StallTimeout.D(),
+		Table:          cfg.Table,
+		StatusInterval: cfg.StatusInterval,
+		StallTimeout:   cfg.StallTimeout,
 		Logger:         s.env.Logger("wal"),
 		Flushed:        func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },
 	})
@@ -270,7 +270,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 // the checkpoint to stream from.
 func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) {
 	cfg := s.env.Config()
-	if err := wal.EnsurePublication(ctx, s.env.Pool(), cfg.Publication, cfg.Table()); err != nil {
+	if err := wal.EnsurePublication(ctx, s.env.Pool(), cfg.Publication, cfg.Table); err != nil {
 		return store.Checkpoint{}, err
 	}
 	slot, err := wal.Slot(ctx, s.env.Pool(), cfg.Slot)
@@ -322,7 +322,7 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 // instance has taken over, or renewals fail for a whole lease, it ends the
 // session.
 func (s *Supervisor) keepLeadership(ctx context.Context, lead store.Leadership, cancel context.CancelFunc, lost *atomic.Bool) {
-	lease := s.env.Config().LeaderLease.D()
+	lease := s.env.Config().LeaderLease
 	tick := time.NewTicker(lease / 3)
 	defer tick.Stop()
 	lastOK := time.Now()

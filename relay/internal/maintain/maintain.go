@@ -82,12 +82,12 @@ func (m *Maintainer) Stop() { m.loops.Stop() }
 // instances that died to the queue, and purges ingested outbox rows.
 func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 	cfg := m.env.Config()
-	tick := time.NewTicker(max(cfg.Lease.D()/3, HeartbeatMin))
+	tick := time.NewTicker(max(cfg.Lease/3, HeartbeatMin))
 	defer tick.Stop()
 	for {
 		cfg = m.env.Config()
 		st := m.env.Store
-		if err := st.Heartbeat(ctx, m.env.Instance(m.deps.Streaming()), cfg.Lease.D()); err != nil && ctx.Err() == nil {
+		if err := st.Heartbeat(ctx, m.env.Instance(m.deps.Streaming()), cfg.Lease); err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("heartbeat failed")
 		}
 		if n, err := st.ReleaseAbandoned(ctx, ReleaseBatchDefault); err != nil && ctx.Err() == nil {
@@ -100,7 +100,7 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		// but an application's commit can be streamed a moment before it
 		// becomes visible to other sessions, and the delete then misses
 		// its row: the purge picks such rows up.
-		if _, err := st.PurgeIngestedOutbox(ctx, cfg.OutboxRetention.D(), PurgeBatchDefault); err != nil && ctx.Err() == nil {
+		if _, err := st.PurgeIngestedOutbox(ctx, cfg.OutboxRetention, PurgeBatchDefault); err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("purging the outbox failed")
 		}
 		select {
@@ -189,8 +189,8 @@ func (m *Maintainer) upkeep(ctx context.Context) error {
 	}{
 		{"latency samples", func() (int64, error) { return st.PurgeSamples(ctx, telemetry.Window) }},
 		{"latency histograms", func() (int64, error) { return st.PurgeHistograms(ctx, telemetry.Window) }},
-		{"finished deliveries", func() (int64, error) { return st.PurgeDeliveries(ctx, cfg.DeliveryRetention.D()) }},
-		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention.D()) }},
+		{"finished deliveries", func() (int64, error) { return st.PurgeDeliveries(ctx, cfg.DeliveryRetention) }},
+		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention) }},
 	}
 	var errs []error
 	for _, p := range purges {
@@ -232,7 +232,7 @@ func (m *Maintainer) watchSecrets(ctx context.Context) {
 	}
 	read := func() map[string]stamp {
 		out := map[string]stamp{}
-		for _, f := range m.env.Config().SecretFiles() {
+		for _, f := range m.env.Config().SecretFiles {
 			if fi, err := os.Stat(f); err == nil {
 				out[f] = stamp{fi.ModTime(), fi.Size()}
 			}
@@ -259,8 +259,12 @@ func (m *Maintainer) watchSecrets(ctx context.Context) {
 			continue
 		}
 		seen = now
-		next := *m.env.Config()
-		if err := m.deps.Reload(&next); err != nil {
+		file := m.env.Config().File
+		next, err := file.Resolve()
+		if err == nil {
+			err = m.deps.Reload(next)
+		}
+		if err != nil {
 			m.log.Error().Err(err).Msg("a secrets file changed but does not load; keeping the secrets in use")
 			continue
 		}

@@ -67,8 +67,8 @@ type Options struct {
 	// DrainTimeout bounds the wait for the consumer at the end of a
 	// session before the final status update.
 	DrainTimeout time.Duration
-	ChunkRows    int // 1000 when zero
-	ChunkBytes   int // 1 MiB when zero
+	ChunkRows    int // ChunkRowsDefault when zero
+	ChunkBytes   int // ChunkBytesDefault when zero
 	Logger       zerolog.Logger
 	// Flushed, when set, is called with each flushed position reported to
 	// the server.
@@ -80,25 +80,38 @@ type Stream struct {
 	opts Options
 }
 
-// NewStream returns a Stream.
-func NewStream(opts Options) *Stream {
-	if opts.StatusInterval <= 0 {
-		opts.StatusInterval = 10 * time.Second
+// Defaults of Options.
+const (
+	StatusIntervalDefault = 10 * time.Second
+	StallTimeoutDefault   = 3 * StatusIntervalDefault
+	DrainTimeoutDefault   = 30 * time.Second
+	ChunkRowsDefault      = 1000
+	ChunkBytesDefault     = 1 << 20
+)
+
+// WithDefaults fills unset options from the …Default constants (a stall
+// timeout of three status intervals).
+func (o Options) WithDefaults() Options {
+	if o.StatusInterval <= 0 {
+		o.StatusInterval = StatusIntervalDefault
 	}
-	if opts.StallTimeout <= 0 {
-		opts.StallTimeout = 3 * opts.StatusInterval
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = 3 * o.StatusInterval
 	}
-	if opts.DrainTimeout <= 0 {
-		opts.DrainTimeout = 30 * time.Second
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DrainTimeoutDefault
 	}
-	if opts.ChunkRows <= 0 {
-		opts.ChunkRows = 1000
+	if o.ChunkRows <= 0 {
+		o.ChunkRows = ChunkRowsDefault
 	}
-	if opts.ChunkBytes <= 0 {
-		opts.ChunkBytes = 1 << 20
+	if o.ChunkBytes <= 0 {
+		o.ChunkBytes = ChunkBytesDefault
 	}
-	return &Stream{opts: opts}
+	return o
 }
+
+// NewStream returns a Stream.
+func NewStream(opts Options) *Stream { return &Stream{opts: opts.WithDefaults()} }
 
 // Session describes a started replication session.
 type Session struct {

@@ -1,5 +1,25 @@
 // Package relay is postbox as a library: New, Start, Stop.
 //
+// # Services and their goroutines
+//
+// Relay is a composition root: Start builds the services below, starts
+// them in this order, and Stop stops them in reverse, each returning only
+// when all of its goroutines have.
+//
+//	service                 goroutines it owns
+//	admin listener          Serve (joined after Shutdown)
+//	internal/record         the recording loop
+//	internal/claim          the claim loop, the LISTEN loop
+//	internal/dispatch       one per attempt in flight
+//	internal/ingest         the stream loop; per session the lease keeper,
+//	                        the ingester and the reconciler
+//	internal/maintain       heartbeat, telemetry, secrets watcher
+//
+// internal/protect (breakers, pauses, rate limits) and internal/execute
+// (one attempt) own none: the dispatcher's goroutines run them. Services
+// share one internal/service.Env (store, current configuration, logger,
+// clock, metrics) and talk through small interfaces, never through Relay.
+//
 // # The path of an event
 //
 //	application tx ──commit──▶ WAL ──pgoutput──▶ wal.Stream ──Queue──▶ ingester

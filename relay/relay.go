@@ -151,7 +151,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	r.life.Lock()
 	defer r.life.Unlock()
 	if r.started {
-		return errors.New("relay: already started")
+		return errors.New("relay: already started (or stopped)")
 	}
 	r.started = true
 	if err := r.start(ctx); err != nil {
@@ -327,6 +327,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	}
 	r.life.Lock()
 	defer r.life.Unlock()
+	r.started = true // a Start after Stop refuses
 	done := make(chan struct{})
 	var watch sync.WaitGroup
 	watch.Go(func() {

@@ -23,8 +23,8 @@ func TestDeliversOnceSignedWithExactBody(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	rc := newReceiver(t, nil)
-	tb.endpoint(t, "partner", rc.URL+"/hook", nil)
-	tb.start(t, relay.Options{})
+	tb.endpoint(t, "partner", rc.URL+"/hook?token=not-for-the-attempts-table", nil)
+	r := tb.start(t, relay.Options{})
 
 	payload := `{"click_id":"abc","payout":"12.50","nested":{"list":[1,2,3]},"text":"ünïcode \"quoted\""}`
 	ids := tb.insert(t, outbox.Event{Endpoint: "partner", Type: "conversion", Payload: []byte(payload)})
@@ -50,9 +50,16 @@ func TestDeliversOnceSignedWithExactBody(t *testing.T) {
 	require.NotNil(t, d.C2DMS, "commit-to-delivery time recorded")
 	require.Greater(t, *d.C2DMS, 0.0)
 
-	var samples int
-	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(*) FROM postbox.latency_samples WHERE endpoint = 'partner'`).Scan(&samples))
-	require.Equal(t, 1, samples, "one latency sample per attempt")
+	var attempts, attempt, code int
+	var target, instance string
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `
+		SELECT count(*) OVER (), attempt, status_code, target, instance FROM postbox.attempts WHERE endpoint = 'partner'`).
+		Scan(&attempts, &attempt, &code, &target, &instance))
+	require.Equal(t, 1, attempts, "one attempt row per attempt")
+	require.Equal(t, 1, attempt)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, rc.URL+"/hook", target, "scheme://host/path, never the query")
+	require.Equal(t, r.InstanceID(), instance)
 }
 
 func TestRetriesWithBackoffUntilSuccess(t *testing.T) {

@@ -36,14 +36,17 @@ type Config struct {
 	OutboxRetention   time.Duration
 	EventRetention    time.Duration
 	DeliveryRetention time.Duration
-	MaxBody           int64
-	ShutdownGrace     time.Duration
-	Lease             time.Duration
-	SweepInterval     time.Duration
-	StatusInterval    time.Duration
-	StallTimeout      time.Duration
-	LeaderLease       time.Duration
-	MaxConcurrency    int
+	AttemptRetention  time.Duration
+	// SearchKeys are the payload fields extracted and indexed at ingest.
+	SearchKeys     []string
+	MaxBody        int64
+	ShutdownGrace  time.Duration
+	Lease          time.Duration
+	SweepInterval  time.Duration
+	StatusInterval time.Duration
+	StallTimeout   time.Duration
+	LeaderLease    time.Duration
+	MaxConcurrency int
 	// MetricsEndpointLabels caps the endpoint label of metrics.
 	MetricsEndpointLabels int
 	Alerts                Alerts
@@ -121,10 +124,11 @@ func (f *File) Validate() error {
 func (f *File) Resolve() (*Config, error) { return f.resolve(readSecretsFile) }
 
 var (
-	nameRe    = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-	macroRe   = regexp.MustCompile(`\{[^{}]*\}`)
-	logLevels = map[string]bool{"debug": true, "info": true, "warn": true, "error": true}
-	methods   = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true}
+	nameRe      = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+	searchKeyRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	macroRe     = regexp.MustCompile(`\{[^{}]*\}`)
+	logLevels   = map[string]bool{"debug": true, "info": true, "warn": true, "error": true}
+	methods     = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true}
 )
 
 func (c *File) resolve(readFile secretsReader) (*Config, error) {
@@ -141,6 +145,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		File: *c, DatabaseURL: c.DatabaseURL, Table: t, Slot: c.Slot, Publication: c.Publication,
 		AdminListen: c.AdminListen, AdminToken: c.AdminToken, LogLevel: c.LogLevel, LogPayloads: c.LogPayloads,
 		OutboxRetention: c.OutboxRetention.D(), EventRetention: c.EventRetention.D(), DeliveryRetention: c.DeliveryRetention.D(),
+		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys,
 		MaxBody: int64(c.MaxBody), ShutdownGrace: c.ShutdownGrace.D(), Lease: c.Lease.D(), SweepInterval: c.SweepInterval.D(),
 		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), LeaderLease: c.LeaderLease.D(),
 		MaxConcurrency: c.MaxConcurrency, MetricsEndpointLabels: c.MetricsEndpointLabels,
@@ -170,6 +175,16 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 			return nil, keyErr(fmt.Sprintf("allowed_cidrs[%d]", i), "%q is not a CIDR such as 10.1.0.0/16", cidr)
 		}
 		out.Guard.Allowed = append(out.Guard.Allowed, p.Masked())
+	}
+	seen := map[string]bool{}
+	for i, k := range c.SearchKeys {
+		if !searchKeyRe.MatchString(k) {
+			return nil, keyErr(fmt.Sprintf("search_keys[%d]", i), "%q is not a top-level payload field name (letters, digits, _ and -, at most 64)", k)
+		}
+		if seen[k] {
+			return nil, keyErr(fmt.Sprintf("search_keys[%d]", i), "%q is listed twice", k)
+		}
+		seen[k] = true
 	}
 	if c.MaxBody <= 0 {
 		return nil, keyErr("max_body", "must be positive")

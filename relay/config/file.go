@@ -35,6 +35,7 @@ const (
 	LogLevelDefault              = "info"
 	EventRetentionDefault        = 168 * time.Hour
 	DeliveryRetentionDefault     = 168 * time.Hour
+	AttemptRetentionDefault      = 168 * time.Hour
 	MaxBodyDefault               = 1 << 20
 	ShutdownGraceDefault         = 20 * time.Second
 	LeaseDefault                 = 60 * time.Second
@@ -85,7 +86,14 @@ type File struct {
 	OutboxRetention     Duration `yaml:"outbox_retention"`
 	EventRetention      Duration `yaml:"event_retention"`
 	DeliveryRetention   Duration `yaml:"delivery_retention"`
-	MaxBody             ByteSize `yaml:"max_body"`
+	// AttemptRetention is how long every attempt's record is kept (the
+	// latency percentiles read its last 24 hours).
+	AttemptRetention Duration `yaml:"attempt_retention"`
+	// SearchKeys are the top-level payload fields operators may search
+	// events by (postbox events --payload KEY=VALUE); they are extracted
+	// and indexed at ingest.
+	SearchKeys []string `yaml:"search_keys"`
+	MaxBody    ByteSize `yaml:"max_body"`
 	// ShutdownGrace bounds how long SIGTERM waits for in-flight attempts.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
 	// Lease is how long an instance's claims outlive its last heartbeat (it
@@ -201,6 +209,7 @@ func Default() *File {
 		LogLevel:              LogLevelDefault,
 		EventRetention:        Duration(EventRetentionDefault),
 		DeliveryRetention:     Duration(DeliveryRetentionDefault),
+		AttemptRetention:      Duration(AttemptRetentionDefault),
 		MaxBody:               MaxBodyDefault,
 		ShutdownGrace:         Duration(ShutdownGraceDefault),
 		Lease:                 Duration(LeaseDefault),

@@ -17,10 +17,10 @@ func BenchmarkEndpointPercentiles(b *testing.B) {
 		b.Run(fmt.Sprintf("samples=%d", 2*n), func(b *testing.B) {
 			pool := setup(b)
 			ctx := context.Background()
-			exec(b, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
+			exec(b, pool, `INSERT INTO postbox.attempts (endpoint, duration_ms, status_code, outcome, started_at)
 				SELECT 'ep-' || (i % 2), random() * 100, 200, 'delivered', now() - (i::float8 / $1) * interval '23 hours'
 				FROM generate_series(1, $1) i`, 2*n)
-			exec(b, pool, `VACUUM ANALYZE postbox.latency_samples`)
+			exec(b, pool, `VACUUM ANALYZE postbox.attempts`)
 			b.Run("endpoints", func(b *testing.B) {
 				for b.Loop() {
 					if _, err := telemetry.LoadEndpoints(ctx, pool, "ep-1"); err != nil {

@@ -59,11 +59,11 @@ GROUP BY endpoint`
 
 const exactPercentilesSQL = `
 SELECT endpoint, count(*),
-       percentile_disc(0.50) WITHIN GROUP (ORDER BY response_ms)::float8,
-       percentile_disc(0.95) WITHIN GROUP (ORDER BY response_ms)::float8,
-       percentile_disc(0.99) WITHIN GROUP (ORDER BY response_ms)::float8
-FROM postbox.latency_samples
-WHERE endpoint = ANY($2) AND measured_at >= now() - $1 * interval '1 second'
+       percentile_disc(0.50) WITHIN GROUP (ORDER BY duration_ms)::float8,
+       percentile_disc(0.95) WITHIN GROUP (ORDER BY duration_ms)::float8,
+       percentile_disc(0.99) WITHIN GROUP (ORDER BY duration_ms)::float8
+FROM postbox.attempts
+WHERE endpoint = ANY($2) AND started_at >= now() - $1 * interval '1 second'
 GROUP BY endpoint`
 
 // histogramPercentilesSQL finds, per endpoint, the first bucket whose

@@ -62,9 +62,9 @@ func TestPercentilesOverTheWindow(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	// 1..100 ms now; ten huge samples 25 hours ago, outside the window.
-	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome)
+	exec(t, pool, `INSERT INTO postbox.attempts (endpoint, duration_ms, status_code, outcome)
 		SELECT 'ep', i, 200, 'delivered' FROM generate_series(1, 100) i`)
-	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
+	exec(t, pool, `INSERT INTO postbox.attempts (endpoint, duration_ms, status_code, outcome, started_at)
 		SELECT 'ep', 99999, 200, 'delivered', now() - interval '25 hours' FROM generate_series(1, 10)`)
 	eps, err := telemetry.LoadEndpoints(ctx, pool, "ep")
 	require.NoError(t, err)
@@ -84,14 +84,14 @@ func TestPercentilesOverTheWindow(t *testing.T) {
 
 	// A receiver on the same network answers within a millisecond: its
 	// percentiles keep their fraction rather than reading 0.
-	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome)
+	exec(t, pool, `INSERT INTO postbox.attempts (endpoint, duration_ms, status_code, outcome)
 		VALUES ('lan', 0.25, 200, 'delivered'), ('lan', 0.5, 200, 'delivered'), ('lan', 0.75, 200, 'delivered')`)
 	eps, err = telemetry.LoadEndpoints(ctx, pool, "lan")
 	require.NoError(t, err)
 	require.Equal(t, 0.5, *eps[0].P50MS)
 
 	s := &store.Store{Pool: pool}
-	purged, err := s.PurgeSamples(ctx, telemetry.Window)
+	purged, err := s.PurgeAttempts(ctx, telemetry.Window)
 	require.NoError(t, err)
 	require.EqualValues(t, 10, purged, "samples older than 24 h are purged")
 }
@@ -106,20 +106,20 @@ func TestBusyEndpointsUseTheHistograms(t *testing.T) {
 	ctx := context.Background()
 	n := telemetry.ExactSamples + 20000
 	// A long-tailed spread over the last 23 hours, 0.2 ms to about 2 s.
-	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
+	exec(t, pool, `INSERT INTO postbox.attempts (endpoint, duration_ms, status_code, outcome, started_at)
 		SELECT 'busy', 0.2 * exp(9.2 * (i % 9973) / 9973.0), 200, 'delivered', now() - (i % 1380) * interval '1 minute'
 		FROM generate_series(1, $1) i`, n)
-	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
+	exec(t, pool, `INSERT INTO postbox.attempts (endpoint, duration_ms, status_code, outcome, started_at)
 		SELECT 'busy', 99999, 200, 'delivered', now() - interval '25 hours' FROM generate_series(1, 10)`)
 	var exact [3]float64
 	require.NoError(t, pool.QueryRow(ctx, `
-		SELECT percentile_disc(0.50) WITHIN GROUP (ORDER BY response_ms)::float8,
-		       percentile_disc(0.95) WITHIN GROUP (ORDER BY response_ms)::float8,
-		       percentile_disc(0.99) WITHIN GROUP (ORDER BY response_ms)::float8
-		FROM postbox.latency_samples WHERE endpoint = 'busy' AND measured_at > now() - interval '24 hours'`).
+		SELECT percentile_disc(0.50) WITHIN GROUP (ORDER BY duration_ms)::float8,
+		       percentile_disc(0.95) WITHIN GROUP (ORDER BY duration_ms)::float8,
+		       percentile_disc(0.99) WITHIN GROUP (ORDER BY duration_ms)::float8
+		FROM postbox.attempts WHERE endpoint = 'busy' AND started_at > now() - interval '24 hours'`).
 		Scan(&exact[0], &exact[1], &exact[2]))
 	// The answer must come from the histograms alone.
-	exec(t, pool, `DELETE FROM postbox.latency_samples WHERE endpoint = 'busy'`)
+	exec(t, pool, `DELETE FROM postbox.attempts WHERE endpoint = 'busy'`)
 
 	eps, err := telemetry.LoadEndpoints(ctx, pool, "busy")
 	require.NoError(t, err)
@@ -174,7 +174,7 @@ func TestAlertsFireAndClear(t *testing.T) {
 
 	deliveries(t, pool, "dl", 1, `status = 'dead_letter', last_error = 'http 400', updated_at = now()`)
 	deliveries(t, pool, "old", 1, `created_at = now() - interval '31 minutes'`)
-	exec(t, pool, `INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome)
+	exec(t, pool, `INSERT INTO postbox.attempts (endpoint, duration_ms, status_code, outcome)
 		SELECT 'slow', 3000, 200, 'delivered' FROM generate_series(1, 30)`)
 	exec(t, pool, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
 	exec(t, pool, `CREATE TABLE filler AS SELECT md5(i::text) AS v FROM generate_series(1, 5000) i`)
@@ -193,7 +193,7 @@ func TestAlertsFireAndClear(t *testing.T) {
 	// delivered, the slow samples leave the window, the slot is consumed.
 	exec(t, pool, `UPDATE postbox.deliveries SET updated_at = now() - interval '2 hours' WHERE endpoint = 'dl'`)
 	exec(t, pool, `UPDATE postbox.deliveries SET status = 'delivered', delivered_at = now() WHERE endpoint = 'old'`)
-	exec(t, pool, `UPDATE postbox.latency_samples SET measured_at = now() - interval '2 days' WHERE endpoint = 'slow'`)
+	exec(t, pool, `UPDATE postbox.attempts SET started_at = now() - interval '2 days' WHERE endpoint = 'slow'`)
 	// The slot's retained WAL goes (here: the slot is dropped; when
 	// consumed, restart_lsn follows at the next running-transactions
 	// record, which other tests' traffic on this cluster makes unreliable

@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 	"github.com/postbox-relay/postbox/relay/internal/policy"
 	"github.com/postbox-relay/postbox/relay/internal/protect"
 	"github.com/postbox-relay/postbox/relay/internal/service"
@@ -207,12 +208,14 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		return dispatch.Released(j)
 	}
 	res.Attempted, res.Sampled = true, true
+	res.Attempt, res.Target = j.Attempt, logsafe.URL(t.URL)
 	res.ResponseMS = millis(resp.Duration)
 	res.StatusCode = resp.StatusCode
-	res.Response = responseSnippet(resp.Body)
+	res.Response = logsafe.Text(responseSnippet(resp.Body), cfg.LogPayloads)
 	v := policy.Classify(policy.Attempt{StatusCode: resp.StatusCode, Header: resp.Header, Body: resp.Body,
 		Err: resp.Err, Timeout: ep.Timeout}, ep)
 	res.LastError = v.Reason
+	res.ErrorClass = errorClass(v, resp.StatusCode)
 	res.Signal = signal(v, resp.StatusCode)
 	x.prot.Observe(j.Endpoint, res.Signal, res.At)
 	if resp.StatusCode == http.StatusTooManyRequests || v.RetryAfter > 0 {
@@ -268,6 +271,28 @@ func signal(v policy.Verdict, code int) state.Signal {
 		return state.SignalFailure
 	}
 	return state.SignalNone
+}
+
+// errorClass groups a failed attempt for the attempts table: by the
+// response's status class, the success rule, or the transport failure.
+func errorClass(v policy.Verdict, code int) string {
+	switch {
+	case v.Kind == policy.Success:
+		return ""
+	case strings.HasPrefix(v.Reason, policy.ReasonBlockedTarget):
+		return policy.ReasonBlockedTarget
+	case strings.HasPrefix(v.Reason, "body rule"):
+		return "body_rule"
+	case code >= 500:
+		return "http_5xx"
+	case code >= 400:
+		return "http_4xx"
+	case code > 0:
+		return fmt.Sprintf("http_%dxx", code/100)
+	case strings.HasPrefix(v.Reason, "timeout"):
+		return "timeout"
+	}
+	return "connection"
 }
 
 // responseSnippet is the start of a response body as stored: at most 1 KiB

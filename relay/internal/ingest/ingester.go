@@ -138,6 +138,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		if ing.tx == nil {
 			ing.tx = dispatch.NewIngest()
 		}
+		ing.conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention == 0)
 		if err != nil {
 			for i, ok := range reserved {

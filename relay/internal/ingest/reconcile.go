@@ -65,6 +65,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 			evs[i], _ = s.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
 				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt, Invalid: o.Invalid}, 0, time.Time{}, false)
 		}
+		conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := conn.Insert(ctx, evs, cfg.OutboxRetention == 0)
 		if err == nil {
 			err = conn.Commit(ctx, 0, len(got) > 0)

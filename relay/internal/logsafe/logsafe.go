@@ -150,6 +150,13 @@ func (w *Writer) scrub(s string) string {
 	return urlRe.ReplaceAllStringFunc(s, URL)
 }
 
+// Text is free text (a response body's start, an error) as the policy
+// lets it be stored or shown: secrets always removed, and URL query
+// strings too unless showPayloads (log_payloads).
+func Text(s string, showPayloads bool) string {
+	return (&Writer{showPayloads: showPayloads}).scrub(s)
+}
+
 // URL is raw without its query string, fragment and user info:
 // scheme://host/path. Unparsable input is cut at the first ? or #.
 func URL(raw string) string {

@@ -187,7 +187,7 @@ func (m *Maintainer) upkeep(ctx context.Context) error {
 		what  string
 		purge func() (int64, error)
 	}{
-		{"latency samples", func() (int64, error) { return st.PurgeSamples(ctx, telemetry.Window) }},
+		{"attempts", func() (int64, error) { return st.PurgeAttempts(ctx, max(cfg.AttemptRetention, telemetry.Window)) }},
 		{"latency histograms", func() (int64, error) { return st.PurgeHistograms(ctx, telemetry.Window) }},
 		{"finished deliveries", func() (int64, error) { return st.PurgeDeliveries(ctx, cfg.DeliveryRetention) }},
 		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention) }},

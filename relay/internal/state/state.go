@@ -85,8 +85,16 @@ type Result struct {
 	// Attempted counts toward max_attempts and sets last_error and the
 	// other last_* columns.
 	Attempted bool
-	// Sampled is true when a request was sent: it records a latency sample.
+	// Sampled is true when a request was sent: it records an attempt, the
+	// source of the latency percentiles.
 	Sampled bool
+	// Attempt is the delivery's attempt number, from 1.
+	Attempt int
+	// Target is where the request went, as scheme://host/path.
+	Target string
+	// ErrorClass groups a failed attempt: http_4xx, http_5xx, body_rule,
+	// timeout, connection, blocked_target ("" on success).
+	ErrorClass string
 	// Signal feeds the endpoint's circuit breaker.
 	Signal Signal
 	// Pause asks that the endpoint get no attempts for this long (a 429).
@@ -94,7 +102,7 @@ type Result struct {
 	LastError          string
 	StatusCode         int // 0 when there was no response
 	ResponseMS         float64
-	Response           string // the start of the response body
+	Response           string // the start of the response body, redacted
 	At                 time.Time
 	CommitToDeliveryMS float64 // -1 when unknown
 }

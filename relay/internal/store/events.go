@@ -56,10 +56,16 @@ WITH input AS (
 ),
 ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
-                              created_at, outbox_id, commit_lsn, committed_at)
-  SELECT event_id, endpoint, url, event_type, payload::jsonb, headers::jsonb,
-         coalesce(created_at, now()), outbox_id, commit_lsn::pg_lsn, committed_at
-  FROM input ORDER BY event_id, endpoint
+                              created_at, outbox_id, commit_lsn, committed_at, search)
+  SELECT event_id, endpoint, url, event_type, p.v, headers::jsonb,
+         coalesce(created_at, now()), outbox_id, commit_lsn::pg_lsn, committed_at,
+         -- the search_keys fields with a scalar value, as text; NULL (no
+         -- index entry) when there are none
+         CASE WHEN cardinality($14::text[]) > 0 THEN (
+           SELECT jsonb_object_agg(k, p.v ->> k) FROM unnest($14::text[]) AS k
+           WHERE jsonb_typeof(p.v -> k) IN ('string', 'number', 'boolean')) END
+  FROM input CROSS JOIN LATERAL (SELECT payload::jsonb AS v) AS p
+  ORDER BY event_id, endpoint
   ON CONFLICT (event_id, endpoint) DO NOTHING
   RETURNING id, event_id, endpoint
 ),
@@ -75,7 +81,7 @@ dl AS (
 SELECT i.ord, dl.id, dl.event_pk
 FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint`
 
-func insertEventsArgs(owner string, evs []NewEvent) []any {
+func insertEventsArgs(owner string, searchKeys []string, evs []NewEvent) []any {
 	n := len(evs)
 	var (
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
@@ -108,7 +114,10 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 			committed[i] = &e.CommittedAt
 		}
 	}
-	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner}
+	if searchKeys == nil {
+		searchKeys = []string{}
+	}
+	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, searchKeys}
 }
 
 // IngestConn writes ingested events on one connection, in transactions
@@ -121,6 +130,8 @@ type IngestConn struct {
 	s     *Store
 	inTx  bool
 	owner string
+	// searchKeys are the payload fields extracted into events.search.
+	searchKeys []string
 	// The session's leadership and server, written with each checkpoint.
 	lead     Leadership
 	systemID string
@@ -150,6 +161,10 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 	return &IngestConn{conn: c, s: s, owner: owner}, nil
 }
 
+// SetSearchKeys sets the payload fields the following inserts extract
+// for search (search_keys).
+func (ic *IngestConn) SetSearchKeys(keys []string) { ic.searchKeys = keys }
+
 // InTx reports whether a transaction is open.
 func (ic *IngestConn) InTx() bool { return ic.inTx }
 
@@ -172,7 +187,7 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	if !ic.inTx {
 		b.Queue("BEGIN")
 	}
-	b.Queue(insertEventsSQL, insertEventsArgs(ic.owner, evs)...)
+	b.Queue(insertEventsSQL, insertEventsArgs(ic.owner, ic.searchKeys, evs)...)
 	if len(outboxIDs) > 0 {
 		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
 	}

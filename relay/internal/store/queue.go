@@ -209,9 +209,34 @@ FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::in
   AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms)
 WHERE d.id = ANY($1) AND d.id = r.id AND d.status = 'in_flight' AND d.lease_owner = $11`
 
-const insertSamplesSQL = `
-INSERT INTO postbox.latency_samples (endpoint, response_ms, status_code, outcome, measured_at)
-SELECT * FROM unnest($1::text[], $2::float4[], $3::int4[], $4::text[], $5::timestamptz[])`
+const insertAttemptsSQL = `
+INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
+                              error_class, error, response, target, instance)
+SELECT id, endpoint, attempt, started_at, duration_ms, nullif(status_code, 0), outcome,
+       nullif(error_class, ''), nullif(error, ''), nullif(response, ''), nullif(target, ''), $12
+FROM unnest($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::float4[], $6::int4[], $7::text[],
+            $8::text[], $9::text[], $10::text[], $11::text[])
+  AS a(id, endpoint, attempt, started_at, duration_ms, status_code, outcome, error_class, error, response, target)`
+
+// attemptRows are the columns of the attempts a batch inserts.
+type attemptRows struct {
+	ids                                                 []int64
+	endpoints, outcomes, classes, errs, bodies, targets []string
+	nums, codes                                         []int32
+	started                                             []time.Time
+	ms                                                  []float32
+}
+
+func (a *attemptRows) add(r state.Result) {
+	a.ids, a.endpoints, a.nums = append(a.ids, r.DeliveryID), append(a.endpoints, r.Endpoint), append(a.nums, int32(r.Attempt))
+	a.started = append(a.started, r.At.Add(-time.Duration(r.ResponseMS*float64(time.Millisecond))))
+	a.ms, a.codes, a.outcomes = append(a.ms, float32(r.ResponseMS)), append(a.codes, int32(r.StatusCode)), append(a.outcomes, string(r.Status))
+	a.classes, a.errs, a.bodies, a.targets = append(a.classes, r.ErrorClass), append(a.errs, r.LastError), append(a.bodies, r.Response), append(a.targets, r.Target)
+}
+
+func (a *attemptRows) args(instance string) []any {
+	return []any{a.ids, a.endpoints, a.nums, a.started, a.ms, a.codes, a.outcomes, a.classes, a.errs, a.bodies, a.targets, instance}
+}
 
 // HealthFunc computes an endpoint's new health from its current row (a
 // closed one when it has none) and the batch's results for it, in order.
@@ -224,7 +249,7 @@ type HealthChange struct {
 
 // RecordResults writes a batch of results in one transaction: the
 // deliveries (only those still leased to owner: a lease lost to another
-// instance is not overwritten), one latency sample per request, and the
+// instance is not overwritten), one attempt row per request, and the
 // health of each endpoint concerned, computed by apply while its row is
 // locked, so instances recording at once see each other's streaks. It
 // returns the health of those endpoints before and after.
@@ -236,18 +261,14 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	ids, statuses, delays := make([]int64, n), make([]string, n), make([]float64, n)
 	attempted, errs, codes := make([]bool, n), make([]string, n), make([]int32, n)
 	ms, bodies, ats, c2d := make([]float32, n), make([]string, n), make([]time.Time, n), make([]float32, n)
-	var sEp []string
-	var sMS []float32
-	var sCode []int32
-	var sOutcome []string
-	var sAt []time.Time
+	var attempts attemptRows
 	byEndpoint := map[string][]state.Result{}
 	for i, r := range rs {
 		ids[i], statuses[i], delays[i] = r.DeliveryID, string(r.Status), r.Delay.Seconds()
 		attempted[i], errs[i], codes[i] = r.Attempted, r.LastError, int32(r.StatusCode)
 		ms[i], bodies[i], ats[i], c2d[i] = float32(r.ResponseMS), r.Response, r.At, float32(r.CommitToDeliveryMS)
 		if r.Sampled {
-			sEp, sMS, sCode, sOutcome, sAt = append(sEp, r.Endpoint), append(sMS, float32(r.ResponseMS)), append(sCode, int32(r.StatusCode)), append(sOutcome, string(r.Status)), append(sAt, r.At)
+			attempts.add(r)
 		}
 		if r.Sampled || r.Attempted || r.Signal != state.SignalNone || r.Pause > 0 {
 			byEndpoint[r.Endpoint] = append(byEndpoint[r.Endpoint], r)
@@ -265,8 +286,8 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
-		if len(sEp) > 0 {
-			b.Queue(insertSamplesSQL, sEp, sMS, sCode, sOutcome, sAt)
+		if len(attempts.ids) > 0 {
+			b.Queue(insertAttemptsSQL, attempts.args(owner)...)
 		}
 		var current map[string]Health
 		if len(names) > 0 {

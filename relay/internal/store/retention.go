@@ -28,12 +28,12 @@ func (s *Store) purge(ctx context.Context, what, sql string, args ...any) (int64
 	return total, nil
 }
 
-// PurgeSamples deletes latency samples older than the window.
-func (s *Store) PurgeSamples(ctx context.Context, window time.Duration) (int64, error) {
-	return s.purge(ctx, "latency samples", `
-		DELETE FROM postbox.latency_samples WHERE ctid = ANY (ARRAY(
-		  SELECT ctid FROM postbox.latency_samples
-		  WHERE measured_at < now() - $1 * interval '1 second' LIMIT $2))`, window.Seconds(), purgeBatch)
+// PurgeAttempts deletes attempts older than retention.
+func (s *Store) PurgeAttempts(ctx context.Context, retention time.Duration) (int64, error) {
+	return s.purge(ctx, "attempts", `
+		DELETE FROM postbox.attempts WHERE ctid = ANY (ARRAY(
+		  SELECT ctid FROM postbox.attempts
+		  WHERE started_at < now() - $1 * interval '1 second' LIMIT $2))`, retention.Seconds(), purgeBatch)
 }
 
 // PurgeHistograms deletes the latency histograms' bins that end before

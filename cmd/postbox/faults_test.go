@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -616,37 +617,102 @@ func TestFailoverToAPromotedStandby(t *testing.T) {
 		recovered.Round(time.Millisecond), res.sent, prod.failed.Load(), res.received, res.duplicated)
 }
 
-// TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP):
-// its lease runs out, the standby takes the slot over, and when the old
-// leader wakes it stands by instead of streaming or moving the checkpoint.
+// TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP) in
+// the middle of an ingest transaction: its lease runs out, the standby
+// takes the slot over and streams the same transaction again, and when the
+// old leader wakes and commits, its checkpoint write is refused under its
+// stale fencing token and its whole transaction rolls back. Nothing is
+// lost.
+//
+// To freeze the leader between its insert and its checkpoint write, the
+// test holds an uncommitted postbox.events row with the event id of one
+// outbox row: the leader's insert of that event waits for it. The test
+// freezes the leader, then rolls its row back, so the leader's insert
+// completes on the server and its transaction stays open, waiting for a
+// COMMIT that the frozen process has not sent yet.
+//
+// The refused write is asserted in the database: the event's row was not
+// written by the old leader's transaction (its xmin is another
+// transaction's), and the checkpoint's fencing token is the new leader's.
+// Without fencing the old leader's commit would succeed and its
+// transaction would be the row's xmin. The old leader's log names the
+// refused commit (ErrFenced from IngestConn.Commit), not only the lost
+// lease.
 func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: 2s\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
+	const leaderLease = 2 * time.Second
+	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: "+leaderLease.String()+"\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
 	startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 30*time.Second, "the standby to register", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE expires_at > now()`) == 2
+	})
+	require.Equal(t, leader.cmd.Process.Pid, queryInt(t, pool, `
+		SELECT i.pid FROM postbox.checkpoints c JOIN postbox.instances i ON i.id = c.leader`), "the first instance leads")
 	oldPID := slotPID(t, pool)
 	prod := produce(t, pool, "p", 10*time.Millisecond)
-	time.Sleep(time.Second)
+	waitForT(t, 30*time.Second, "deliveries under load", func() bool { d, _, _ := rc.snapshot(); return d >= 50 })
+
+	// Hold the leader's ingest of event x.
+	x := outbox.NewEventID()
+	hold, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	var holdPID int
+	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
+	_, err = hold.Exec(ctx, `INSERT INTO postbox.events (event_id, endpoint, payload, created_at) VALUES ($1, 'p', '{}', now())`, x)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, 'p')`, x)
+	require.NoError(t, err)
+	var ingestPID int
+	waitForT(t, 30*time.Second, "the leader's ingest to wait for the held row", func() bool {
+		return pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holdPID).Scan(&ingestPID) == nil
+	})
+
 	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGSTOP))
 	frozenAt := time.Now()
+	require.NoError(t, hold.Rollback(ctx))
+	var oldXID string
+	waitForT(t, 30*time.Second, "the frozen leader's insert to complete, its transaction open", func() bool {
+		return pool.QueryRow(ctx, `SELECT backend_xid::text FROM pg_stat_activity
+			WHERE pid = $1 AND state = 'idle in transaction' AND backend_xid IS NOT NULL`, ingestPID).Scan(&oldXID) == nil
+	})
+
 	waitForT(t, 30*time.Second, "the standby to take over", func() bool {
 		pid := slotPID(t, pool)
 		return pid != 0 && pid != oldPID
 	})
 	takeover := time.Since(frozenAt)
-	time.Sleep(time.Second)
-	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGCONT))
-	time.Sleep(2 * time.Second)
-	prod.finish()
-	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
-	waitForT(t, 60*time.Second, "the old leader to stand by", func() bool {
-		out := leader.out.String()
-		return strings.Contains(out, "standing by") || strings.Contains(out, "took over streaming")
+	waitForT(t, 30*time.Second, "the new leader to stream the held transaction again", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, ingestPID) > 0
 	})
-	t.Logf("streamer frozen: standby streaming %s after SIGSTOP; sent %d, received %d distinct, %d duplicated",
-		takeover.Round(time.Millisecond), res.sent, res.received, res.duplicated)
+	var newToken int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT fencing FROM postbox.checkpoints`).Scan(&newToken))
+
+	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGCONT))
+	waitForT(t, 30*time.Second, "the old leader's transaction to end", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND backend_xid IS NOT NULL`, ingestPID) == 0
+	})
+	prod.finish()
+	res := waitAllReceived(t, append(prod.ids(), x), rc, 90*time.Second)
+
+	var xmin string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT xmin::text FROM postbox.events WHERE event_id = $1`, x).Scan(&xmin))
+	require.NotEqual(t, oldXID, xmin, "the old leader's ingest transaction did not commit")
+	var token int64
+	var pid int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT c.fencing, i.pid FROM postbox.checkpoints c JOIN postbox.instances i ON i.id = c.leader`).Scan(&token, &pid))
+	require.Equal(t, newToken, token, "no write moved the token back")
+	require.NotEqual(t, leader.cmd.Process.Pid, pid, "the old leader did not take the lease back")
+	leader.waitLog(t, 10*time.Second, "commit ingest: fenced off")
+	require.Contains(t, leader.out.String(), "another instance took over streaming")
+	t.Logf("streamer frozen mid-ingest: standby streaming %s after SIGSTOP; the old leader's commit (xid %s) refused; sent %d, received %d distinct, %d duplicated",
+		takeover.Round(time.Millisecond), oldXID, res.sent, res.received, res.duplicated)
+	require.Less(t, takeover, takeoverWithin(leaderLease), "the standby takes over within the leader lease and the stated margin")
 }
 
 // TestDoctor explains the test server: all required settings in place,

@@ -142,6 +142,31 @@ func slotPID(t *testing.T, pool *pgxpool.Pool) int {
 	return pid
 }
 
+// holdIngest holds up the streaming instance's ingest: it holds an
+// uncommitted postbox.events row with a new event id, commits an outbox
+// row with that id, and waits until an ingest waits for the held row (the
+// unique key). It returns the event id, the waiting backend's pid, and
+// release, which rolls the held row back (and is called at cleanup too).
+func holdIngest(t *testing.T, pool *pgxpool.Pool, endpoint string) (id string, waiting int, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	id = outbox.NewEventID()
+	hold, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	release = func() { _ = hold.Rollback(ctx) }
+	t.Cleanup(release)
+	var holder int
+	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
+	_, err = hold.Exec(ctx, `INSERT INTO postbox.events (event_id, endpoint, payload, created_at) VALUES ($1, $2, '{}', now())`, id, endpoint)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, $2)`, id, endpoint)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "an ingest to wait for the held row", func() bool {
+		return pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holder).Scan(&waiting) == nil
+	})
+	return id, waiting, release
+}
+
 // takeoverMargin is what a standby needs beyond the leader lease and its
 // poll for it (a sixth of the lease) before it streams: ending the old
 // walsender, a replication connection and START_REPLICATION, and the
@@ -657,24 +682,10 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	waitForT(t, 30*time.Second, "deliveries under load", func() bool { d, _, _ := rc.snapshot(); return d >= 50 })
 
 	// Hold the leader's ingest of event x.
-	x := outbox.NewEventID()
-	hold, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = hold.Rollback(ctx) }()
-	var holdPID int
-	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID))
-	_, err = hold.Exec(ctx, `INSERT INTO postbox.events (event_id, endpoint, payload, created_at) VALUES ($1, 'p', '{}', now())`, x)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, 'p')`, x)
-	require.NoError(t, err)
-	var ingestPID int
-	waitForT(t, 30*time.Second, "the leader's ingest to wait for the held row", func() bool {
-		return pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holdPID).Scan(&ingestPID) == nil
-	})
-
+	x, ingestPID, release := holdIngest(t, pool, "p")
 	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGSTOP))
 	frozenAt := time.Now()
-	require.NoError(t, hold.Rollback(ctx))
+	release()
 	var oldXID string
 	waitForT(t, 30*time.Second, "the frozen leader's insert to complete, its transaction open", func() bool {
 		return pool.QueryRow(ctx, `SELECT backend_xid::text FROM pg_stat_activity

@@ -42,10 +42,12 @@ func TestStaleFencingTokenIsRefused(t *testing.T) {
 	require.True(t, renewed)
 	var lead store.Leadership
 	require.Eventually(t, func() bool {
-		var err error
-		lead, ok, _, err = s.AcquireLeadership(ctx, "new", time.Minute)
-		require.NoError(t, err)
-		return ok
+		l, ok, _, err := s.AcquireLeadership(ctx, "new", time.Minute)
+		if err != nil || !ok {
+			return false
+		}
+		lead = l
+		return true
 	}, 10*time.Second, 10*time.Millisecond, "the lapsed lease is taken over")
 	require.Greater(t, lead.Token, old.Token)
 	newConn := ingestAs(t, s, lead)

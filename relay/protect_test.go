@@ -192,7 +192,13 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 		return evs
 	}()...)
 	waitUntil(t, 20*time.Second, "the breaker to open", func() bool { s, _ := state(); return s == "open" })
-	time.Sleep(50 * time.Millisecond) // attempts in flight when it opened finish
+	// Attempts in flight when it opened finish and are recorded before the
+	// probes are counted.
+	waitUntil(t, 20*time.Second, "no attempt in flight", func() bool {
+		var n int
+		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'flaky' AND status = 'in_flight'`).Scan(&n))
+		return n == 0
+	})
 	openedAt := time.Now()
 	before := rc.count()
 

@@ -644,7 +644,7 @@ func TestFailoverToAPromotedStandby(t *testing.T) {
 
 // TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP) in
 // the middle of an ingest transaction: its lease runs out, the standby
-// takes the slot over and streams the same transaction again, and when the
+// takes the slot over and brings the same event again, and when the
 // old leader wakes and commits, its checkpoint write is refused under its
 // stale fencing token and its whole transaction rolls back. Nothing is
 // lost.
@@ -697,7 +697,10 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 		return pid != 0 && pid != oldPID
 	})
 	takeover := time.Since(frozenAt)
-	waitForT(t, 30*time.Second, "the new leader to stream the held transaction again", func() bool {
+	// The new leader brings the held event again (its stream, or its
+	// reconciliation of the outbox) and waits for the old leader's
+	// transaction.
+	waitForT(t, 30*time.Second, "the new leader to ingest the held event again", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, ingestPID) > 0
 	})
 	var newToken int64

@@ -108,8 +108,10 @@ func TestPermanentStatusesDeadLetterAfterOneAttempt(t *testing.T) {
 	tb.start(t, relay.Options{})
 	ids := tb.insert(t,
 		outbox.Event{Endpoint: "ep400"}, outbox.Event{Endpoint: "ep401"}, outbox.Event{Endpoint: "ep404"})
+	// A dead letter is final, and it is recorded after its attempt
+	// returned: once all three are, the receiver has seen every request
+	// there will be.
 	tb.waitSettled(t, 3, 20*time.Second)
-	time.Sleep(300 * time.Millisecond) // a wrong retry would show by now
 	require.Equal(t, 3, rc.count(), "no retries")
 	for i, code := range []int{400, 401, 404} {
 		d := tb.delivery(t, ids[i])
@@ -139,8 +141,7 @@ func TestServerErrorsDeadLetterAfterMaxAttempts(t *testing.T) {
 	})
 	tb.start(t, relay.Options{})
 	ids := tb.insert(t, outbox.Event{Endpoint: "down"})
-	tb.waitSettled(t, 1, 30*time.Second)
-	time.Sleep(200 * time.Millisecond)
+	tb.waitSettled(t, 1, 30*time.Second) // final, recorded after the last attempt returned
 	require.Equal(t, 5, rc.count(), "max_attempts defaults to 5")
 	d := tb.delivery(t, ids[0])
 	require.Equal(t, state.DeadLetter, d.Status)
@@ -163,11 +164,13 @@ func TestRolledBackTransactionDeliversNothing(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, tx.Rollback(ctx))
-	// A committed marker after it: once it arrives, the rolled-back rows
-	// would have too.
+	// A committed marker after it: the stream ingests in commit order, so
+	// once the marker is ingested, rows committed before it would be too.
 	ids := tb.insert(t, outbox.Event{Endpoint: "p", Type: "marker"})
 	tb.waitSettled(t, 1, 20*time.Second)
-	time.Sleep(200 * time.Millisecond)
+	var events int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events`).Scan(&events))
+	require.Equal(t, 1, events, "nothing of the rolled-back transaction was ingested, so nothing will be delivered")
 	reqs := rc.requests()
 	require.Len(t, reqs, 1)
 	require.Equal(t, ids[0], reqs[0].ID)
@@ -301,7 +304,9 @@ func TestGracefulStopRecordsAndConfirms(t *testing.T) {
 		defer cancel()
 		stopped <- r.Stop(ctx)
 	}()
-	time.Sleep(200 * time.Millisecond)
+	waitUntil(t, 10*time.Second, "the stop to wait for the attempt in flight", func() bool {
+		return strings.Contains(tb.logs.String(), "waiting for in-flight attempts")
+	})
 	close(release) // the in-flight attempt finishes within the grace period
 	require.NoError(t, <-stopped)
 	d := tb.delivery(t, ids[0])

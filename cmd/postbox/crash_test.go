@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -130,7 +131,13 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	waitForT(t, 30*time.Second, "attempt in flight", func() bool { _, n, _ := rc.snapshot(); return n == 1 })
 	p.signal(t, syscall.SIGTERM)
-	time.Sleep(300 * time.Millisecond)
+	// The first signal has stopped the stream and waits for the attempt.
+	p.waitLog(t, 10*time.Second, "waiting for in-flight attempts")
+	for _, line := range strings.Split(p.out.String(), "\n") {
+		if strings.Contains(line, "waiting for in-flight attempts") {
+			require.Contains(t, line, `"in_flight":1`)
+		}
+	}
 	select {
 	case <-p.exited:
 		t.Fatal("exited before the grace period with an attempt in flight")

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -141,6 +142,47 @@ func slotPID(t *testing.T, pool *pgxpool.Pool) int {
 	return pid
 }
 
+// holdIngest holds up the streaming instance's ingest: it holds an
+// uncommitted postbox.events row with a new event id, commits an outbox
+// row with that id, and waits until an ingest waits for the held row (the
+// unique key). It returns the event id, the waiting backend's pid, and
+// release, which rolls the held row back (and is called at cleanup too).
+func holdIngest(t *testing.T, pool *pgxpool.Pool, endpoint string) (id string, waiting int, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	id = outbox.NewEventID()
+	hold, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	release = func() { _ = hold.Rollback(ctx) }
+	t.Cleanup(release)
+	var holder int
+	require.NoError(t, hold.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
+	_, err = hold.Exec(ctx, `INSERT INTO postbox.events (event_id, endpoint, payload, created_at) VALUES ($1, $2, '{}', now())`, id, endpoint)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, $2)`, id, endpoint)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "an ingest to wait for the held row", func() bool {
+		return pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holder).Scan(&waiting) == nil
+	})
+	return id, waiting, release
+}
+
+// takeoverMargin is what a standby needs beyond the leader lease and its
+// poll for it (a sixth of the lease) before it streams: ending the old
+// walsender, a replication connection and START_REPLICATION, and the
+// test's own 25 ms poll of pg_replication_slots, with room for a loaded
+// machine and the race detector (on an idle one it is under half a
+// second).
+const takeoverMargin = 2 * time.Second
+
+// takeoverWithin is the longest a standby may take to stream after the
+// leader dies or freezes: the lease the leader last renewed runs out
+// within leaderLease, the standby asks every leaderLease/6, and then it
+// needs takeoverMargin.
+func takeoverWithin(leaderLease time.Duration) time.Duration {
+	return leaderLease + leaderLease/6 + takeoverMargin
+}
+
 // TestStreamerKilledStandbyTakesOver kills the streaming instance with
 // SIGKILL under load; the standby takes over and nothing is lost.
 func TestStreamerKilledStandbyTakesOver(t *testing.T) {
@@ -148,7 +190,8 @@ func TestStreamerKilledStandbyTakesOver(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: 3s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
+	const leaderLease = 3 * time.Second
+	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: "+leaderLease.String()+"\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
 	standby := startPostbox(t, nil, "run", "--config", cfg)
 	waitForT(t, 30*time.Second, "the standby to register", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE expires_at > now()`) == 2
@@ -171,7 +214,7 @@ func TestStreamerKilledStandbyTakesOver(t *testing.T) {
 	standby.waitLog(t, 10*time.Second, `"message":"streaming"`)
 	t.Logf("streamer killed: sent %d, received %d distinct, %d duplicated; standby streaming %s after the kill",
 		res.sent, res.received, res.duplicated, takeover.Round(time.Millisecond))
-	require.Less(t, takeover, 15*time.Second, "the standby takes over within the leader lease and a poll, not after wal_sender_timeout")
+	require.Less(t, takeover, takeoverWithin(leaderLease), "the standby takes over within the leader lease and the stated margin, not after wal_sender_timeout")
 }
 
 // TestPostgresRestart restarts PostgreSQL mid-stream, fast and then
@@ -610,37 +653,91 @@ func TestFailoverToAPromotedStandby(t *testing.T) {
 		recovered.Round(time.Millisecond), res.sent, prod.failed.Load(), res.received, res.duplicated)
 }
 
-// TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP):
-// its lease runs out, the standby takes the slot over, and when the old
-// leader wakes it stands by instead of streaming or moving the checkpoint.
+// TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP) in
+// the middle of an ingest transaction: its lease runs out, the standby
+// takes the slot over and brings the same event again, and when the
+// old leader wakes and commits, its checkpoint write is refused under its
+// stale fencing token and its whole transaction rolls back. Nothing is
+// lost.
+//
+// To freeze the leader between its insert and its checkpoint write, the
+// test holds an uncommitted postbox.events row with the event id of one
+// outbox row: the leader's insert of that event waits for it. The test
+// freezes the leader, then rolls its row back, so the leader's insert
+// completes on the server and its transaction stays open, waiting for a
+// COMMIT that the frozen process has not sent yet.
+//
+// The refused write is asserted in the database: the event's row was not
+// written by the old leader's transaction (its xmin is another
+// transaction's), and the checkpoint's fencing token is the new leader's.
+// Without fencing the old leader's commit would succeed and its
+// transaction would be the row's xmin. The old leader's log names the
+// refused commit (ErrFenced from IngestConn.Commit), not only the lost
+// lease.
 func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	dbURL := pgtest.NewDatabase(t)
 	pool := newPool(t, dbURL)
 	rc := newCounter(t)
-	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: 2s\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
+	const leaderLease = 2 * time.Second
+	leader, cfg := streamingRelay(t, dbURL, pool, "leader_lease: "+leaderLease.String()+"\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n")
 	startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 30*time.Second, "the standby to register", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE expires_at > now()`) == 2
+	})
+	require.Equal(t, leader.cmd.Process.Pid, queryInt(t, pool, `
+		SELECT i.pid FROM postbox.checkpoints c JOIN postbox.instances i ON i.id = c.leader`), "the first instance leads")
 	oldPID := slotPID(t, pool)
 	prod := produce(t, pool, "p", 10*time.Millisecond)
-	time.Sleep(time.Second)
+	waitForT(t, 30*time.Second, "deliveries under load", func() bool { d, _, _ := rc.snapshot(); return d >= 50 })
+
+	// Hold the leader's ingest of event x.
+	x, ingestPID, release := holdIngest(t, pool, "p")
 	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGSTOP))
 	frozenAt := time.Now()
+	release()
+	var oldXID string
+	waitForT(t, 30*time.Second, "the frozen leader's insert to complete, its transaction open", func() bool {
+		return pool.QueryRow(ctx, `SELECT backend_xid::text FROM pg_stat_activity
+			WHERE pid = $1 AND state = 'idle in transaction' AND backend_xid IS NOT NULL`, ingestPID).Scan(&oldXID) == nil
+	})
+
 	waitForT(t, 30*time.Second, "the standby to take over", func() bool {
 		pid := slotPID(t, pool)
 		return pid != 0 && pid != oldPID
 	})
 	takeover := time.Since(frozenAt)
-	time.Sleep(time.Second)
-	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGCONT))
-	time.Sleep(2 * time.Second)
-	prod.finish()
-	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
-	waitForT(t, 60*time.Second, "the old leader to stand by", func() bool {
-		out := leader.out.String()
-		return strings.Contains(out, "standing by") || strings.Contains(out, "took over streaming")
+	// The new leader brings the held event again (its stream, or its
+	// reconciliation of the outbox) and waits for the old leader's
+	// transaction.
+	waitForT(t, 30*time.Second, "the new leader to ingest the held event again", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, ingestPID) > 0
 	})
-	t.Logf("streamer frozen: standby streaming %s after SIGSTOP; sent %d, received %d distinct, %d duplicated",
-		takeover.Round(time.Millisecond), res.sent, res.received, res.duplicated)
+	var newToken int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT fencing FROM postbox.checkpoints`).Scan(&newToken))
+
+	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGCONT))
+	waitForT(t, 30*time.Second, "the old leader's transaction to end", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND backend_xid IS NOT NULL`, ingestPID) == 0
+	})
+	prod.finish()
+	res := waitAllReceived(t, append(prod.ids(), x), rc, 90*time.Second)
+
+	var xmin string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT xmin::text FROM postbox.events WHERE event_id = $1`, x).Scan(&xmin))
+	require.NotEqual(t, oldXID, xmin, "the old leader's ingest transaction did not commit")
+	var token int64
+	var pid int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT c.fencing, i.pid FROM postbox.checkpoints c JOIN postbox.instances i ON i.id = c.leader`).Scan(&token, &pid))
+	require.Equal(t, newToken, token, "no write moved the token back")
+	require.NotEqual(t, leader.cmd.Process.Pid, pid, "the old leader did not take the lease back")
+	leader.waitLog(t, 10*time.Second, "commit ingest: fenced off")
+	require.Contains(t, leader.out.String(), "another instance took over streaming")
+	t.Logf("streamer frozen mid-ingest: standby streaming %s after SIGSTOP; the old leader's commit (xid %s) refused; sent %d, received %d distinct, %d duplicated",
+		takeover.Round(time.Millisecond), oldXID, res.sent, res.received, res.duplicated)
+	require.Less(t, takeover, takeoverWithin(leaderLease), "the standby takes over within the leader lease and the stated margin")
 }
 
 // TestDoctor explains the test server: all required settings in place,

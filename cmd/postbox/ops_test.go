@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/pgtest"
@@ -31,6 +33,7 @@ type gate struct {
 	status atomic.Int32
 	mu     sync.Mutex
 	ids    []string
+	at     []time.Time // when each request arrived
 }
 
 func newGate(t *testing.T, status int) *gate {
@@ -39,6 +42,7 @@ func newGate(t *testing.T, status int) *gate {
 	g.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.mu.Lock()
 		g.ids = append(g.ids, r.Header.Get("webhook-id"))
+		g.at = append(g.at, time.Now())
 		g.mu.Unlock()
 		w.WriteHeader(int(g.status.Load()))
 	}))
@@ -110,12 +114,10 @@ func TestReplayFromLSN(t *testing.T) {
 	rc := newGate(t, http.StatusOK)
 	_, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint) VALUES ('p'), ('p')`)
-	require.NoError(t, err)
+	earlier := insertIDs(t, pool, `INSERT INTO postbox.outbox (endpoint) VALUES ('p'), ('p') RETURNING event_id::text`)
 	var lsn string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
-	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, event_type) VALUES ('p', 'later'), ('p', 'later'), ('p', 'later')`)
-	require.NoError(t, err)
+	later := insertIDs(t, pool, `INSERT INTO postbox.outbox (endpoint, event_type) VALUES ('p', 'later'), ('p', 'later'), ('p', 'later') RETURNING event_id::text`)
 	waitForT(t, 30*time.Second, "five deliveries", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == 5
 	})
@@ -132,9 +134,196 @@ func TestReplayFromLSN(t *testing.T) {
 	for _, e := range doc.Events {
 		require.Equal(t, "later", e.EventType)
 	}
+	require.Equal(t, 5, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries`), "a dry run changes nothing")
+
+	// The replay itself: the later events are delivered again, with their
+	// event ids; the earlier ones are not.
+	code, out, errOut = postbox(t, "replay", "--config", cfg, "--from-lsn", lsn)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "enqueued 3 events")
+	waitForT(t, 30*time.Second, "the replay delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == 8
+	})
+	want := map[string]int{}
+	for _, id := range earlier {
+		want[id] = 1
+	}
+	for _, id := range later {
+		want[id] = 2
+	}
+	require.Equal(t, want, rc.seen())
+
 	code, _, errOut = postbox(t, "replay", "--config", cfg, "--from-lsn", "nonsense")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "--from-lsn")
+}
+
+// insertIDs runs an INSERT … RETURNING event_id::text and returns the ids.
+func insertIDs(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), sql, args...)
+	require.NoError(t, err)
+	var ids []string
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	return ids
+}
+
+// replayJSON is what `postbox replay --json` prints.
+type replayJSON struct {
+	DryRun        bool `json:"dry_run"`
+	Selected      int  `json:"selected"`
+	AlreadyQueued int  `json:"already_queued"`
+	Enqueued      int  `json:"enqueued"`
+	Events        []struct {
+		EventID string `json:"event_id"`
+		Queued  bool   `json:"already_queued"`
+	} `json:"events"`
+}
+
+func replay(t *testing.T, args ...string) replayJSON {
+	t.Helper()
+	code, out, errOut := postbox(t, append(append([]string{"replay"}, args...), "--json")...)
+	require.Equal(t, exitOK, code, errOut)
+	var doc replayJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	return doc
+}
+
+// TestReplayByEventIDAndUntil replays chosen events by id (repeated and
+// comma-separated), then the events committed before a time: each is
+// delivered again with its own webhook-id, and nothing else is. An event
+// whose replay is still waiting is not enqueued twice.
+func TestReplayByEventIDAndUntil(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newGate(t, http.StatusOK)
+	_, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	ctx := context.Background()
+	delivered := func(n int) {
+		t.Helper()
+		waitForT(t, 30*time.Second, fmt.Sprintf("%d deliveries", n), func() bool {
+			return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n
+		})
+	}
+	a := insertIDs(t, pool, `INSERT INTO postbox.outbox (endpoint) VALUES ('p'), ('p') RETURNING event_id::text`)
+	delivered(2)
+	// A time after the first transaction's commit and before the second's,
+	// by the server's clock, which stamps the commits.
+	var between time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&between))
+	b := insertIDs(t, pool, `INSERT INTO postbox.outbox (endpoint) VALUES ('p'), ('p'), ('p') RETURNING event_id::text`)
+	delivered(5)
+
+	doc := replay(t, "--config", cfg, "--event-id", a[0], "--event-id", b[1]+","+b[2])
+	require.Equal(t, 3, doc.Selected)
+	require.Equal(t, 3, doc.Enqueued)
+	delivered(8)
+	require.Equal(t, map[string]int{a[0]: 2, a[1]: 1, b[0]: 1, b[1]: 2, b[2]: 2}, rc.seen())
+
+	doc = replay(t, "--config", cfg, "--until", between.Format(time.RFC3339Nano))
+	require.Equal(t, 2, doc.Selected, "the events committed before the time")
+	require.Equal(t, 2, doc.Enqueued)
+	delivered(10)
+	require.Equal(t, map[string]int{a[0]: 3, a[1]: 2, b[0]: 1, b[1]: 2, b[2]: 2}, rc.seen())
+	doc = replay(t, "--config", cfg, "--since", between.Format(time.RFC3339Nano), "--until", "0s", "--dry-run")
+	require.Equal(t, 3, doc.Selected, "--since and --until together: the events committed after the time, until now")
+
+	// While the receiver has paused the endpoint (Retry-After), a replay
+	// waits in the queue; replaying the event again does not double it.
+	_, err := pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, paused_until) VALUES ('p', now() + interval '1 hour')
+		ON CONFLICT (endpoint) DO UPDATE SET paused_until = excluded.paused_until`)
+	require.NoError(t, err)
+	doc = replay(t, "--config", cfg, "--event-id", b[0])
+	require.Equal(t, 1, doc.Enqueued)
+	doc = replay(t, "--config", cfg, "--event-id", b[0])
+	require.Equal(t, 1, doc.Selected)
+	require.Equal(t, 1, doc.AlreadyQueued)
+	require.Zero(t, doc.Enqueued, "one live delivery per event")
+	require.True(t, doc.Events[0].Queued)
+	require.Equal(t, 1, queryInt(t, pool, `
+		SELECT count(*) FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE e.event_id = $1 AND d.status IN ('pending', 'in_flight', 'failed')`, b[0]))
+	_, err = pool.Exec(ctx, `UPDATE postbox.endpoint_health SET paused_until = NULL WHERE endpoint = 'p'`)
+	require.NoError(t, err)
+	delivered(11)
+	require.Equal(t, 2, rc.seen()[b[0]])
+}
+
+// TestReplayRateSpreadsDeliveries: `replay --rate 5` makes the replayed
+// deliveries fall due 200 ms apart, and none is delivered before it is
+// due, so the last arrives no sooner than (n-1)/rate after the replay
+// began. How much later it arrives is the machine's business: the test
+// sets no upper bound.
+func TestReplayRateSpreadsDeliveries(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newGate(t, http.StatusOK)
+	_, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	const n, rate = 6, 5.0
+	ids := insertIDs(t, pool, `INSERT INTO postbox.outbox (endpoint) SELECT 'p' FROM generate_series(1, $1) RETURNING event_id::text`, n)
+	waitForT(t, 30*time.Second, "the first deliveries", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n
+	})
+	before := queryInt(t, pool, `SELECT max(id) FROM postbox.deliveries`)
+
+	began := time.Now()
+	code, out, errOut := postbox(t, "replay", "--config", cfg, "--endpoint", "p", "--rate", "5")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "enqueued 6 events")
+	require.Contains(t, out, "spread out at 5 a second: the last falls due in 1s")
+
+	type due struct {
+		eventID string
+		at      time.Time
+	}
+	var dues []due
+	rows, err := pool.Query(context.Background(), `
+		SELECT e.event_id::text, d.next_attempt_at FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE d.id > $1 ORDER BY d.next_attempt_at`, before)
+	require.NoError(t, err)
+	for rows.Next() {
+		var d due
+		require.NoError(t, rows.Scan(&d.eventID, &d.at))
+		dues = append(dues, d)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, dues, n)
+	step := time.Duration(float64(time.Second) / rate)
+	for i := 1; i < n; i++ {
+		require.InDelta(t, step, dues[i].at.Sub(dues[i-1].at), float64(time.Millisecond), "deliveries %d and %d fall due 1/rate apart", i-1, i)
+	}
+
+	waitForT(t, 30*time.Second, "the replay delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == 2*n
+	})
+	dueAt := map[string]time.Time{}
+	for _, d := range dues {
+		dueAt[d.eventID] = d.at
+	}
+	rc.mu.Lock()
+	var last time.Time
+	replayed := 0
+	seen := map[string]int{}
+	for i, id := range rc.ids {
+		if seen[id]++; seen[id] == 2 {
+			replayed++
+			require.False(t, rc.at[i].Before(dueAt[id].Add(-time.Millisecond)), "event %s arrived %s before it was due", id, dueAt[id].Sub(rc.at[i]))
+			last = rc.at[i]
+		}
+	}
+	rc.mu.Unlock()
+	require.Equal(t, n, replayed)
+	require.Len(t, seen, len(ids))
+	spread := last.Sub(began)
+	t.Logf("%d events replayed at %g a second: the last arrived %s after the replay began", n, rate, spread.Round(time.Millisecond))
+	require.GreaterOrEqual(t, spread, time.Duration(n-1)*step, "no faster than the rate")
 }
 
 func TestStatusCheckAndJSON(t *testing.T) {

@@ -19,7 +19,9 @@ type harness struct {
 	outcomes []dispatch.Outcome
 	running  map[string]*atomic.Int32
 	peak     map[string]*atomic.Int32
-	release  chan struct{}
+	// Across all endpoints.
+	total, totalPeak atomic.Int32
+	release          chan struct{}
 }
 
 func newHarness(caps map[string]int) *harness {
@@ -42,19 +44,25 @@ func newHarness(caps map[string]int) *harness {
 
 func hExecute(h *harness) func(ctx context.Context, j *dispatch.Job) state.Result {
 	return func(ctx context.Context, j *dispatch.Job) state.Result {
-		n := h.running[j.Endpoint].Add(1)
-		for {
-			p := h.peak[j.Endpoint].Load()
-			if n <= p || h.peak[j.Endpoint].CompareAndSwap(p, n) {
-				break
-			}
-		}
+		raise(h.peak[j.Endpoint], h.running[j.Endpoint].Add(1))
+		raise(&h.totalPeak, h.total.Add(1))
 		defer h.running[j.Endpoint].Add(-1)
+		defer h.total.Add(-1)
 		select {
 		case <-h.release:
 			return state.Result{DeliveryID: j.DeliveryID, Status: state.Delivered}
 		case <-ctx.Done():
 			return dispatch.Released(j)
+		}
+	}
+}
+
+// raise makes peak at least n.
+func raise(peak *atomic.Int32, n int32) {
+	for {
+		p := peak.Load()
+		if n <= p || peak.CompareAndSwap(p, n) {
+			return
 		}
 	}
 }
@@ -138,9 +146,10 @@ func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
 			h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: ep}, false)
 		}
 	}
-	require.Eventually(t, func() bool { return h.d.InFlight() == 10 }, 5*time.Second, time.Millisecond)
-	time.Sleep(20 * time.Millisecond)
-	require.Equal(t, 10, h.d.InFlight(), "never more than the global cap")
+	// Submit starts what the caps allow at once: ten attempts, all waiting.
+	require.Equal(t, 10, h.d.InFlight())
+	require.Eventually(t, func() bool { return h.total.Load() == 10 }, 5*time.Second, time.Millisecond)
 	close(h.release)
 	require.Eventually(t, func() bool { return h.count(state.Delivered) == 60 }, 5*time.Second, time.Millisecond)
+	require.EqualValues(t, 10, h.totalPeak.Load(), "never more than the global cap running at once, from the first job to the last")
 }

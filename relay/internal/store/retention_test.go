@@ -1,0 +1,245 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+)
+
+const week = 7 * 24 * time.Hour
+
+// ingested is an event ingest wrote, with its first delivery.
+type ingested struct {
+	eventID    string
+	eventPK    int64
+	deliveryID int64
+}
+
+// ingest writes one pending event for endpoint per id ("" for a new id).
+func ingest(t *testing.T, s *store.Store, endpoint string, ids ...string) []ingested {
+	t.Helper()
+	ctx := context.Background()
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	defer ic.Release()
+	evs := make([]store.NewEvent, len(ids))
+	for i, id := range ids {
+		if id == "" {
+			id = outbox.NewEventID()
+		}
+		evs[i] = store.NewEvent{EventID: id, Endpoint: endpoint, Payload: []byte(`{}`),
+			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
+	}
+	got, err := ic.Insert(ctx, evs, false)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+	require.Len(t, got, len(evs))
+	out := make([]ingested, len(evs))
+	for _, g := range got {
+		out[g.Index] = ingested{eventID: evs[g.Index].EventID, eventPK: g.EventPK, deliveryID: g.DeliveryID}
+	}
+	return out
+}
+
+// set gives a delivery a status, as if it were finished (or not) long ago
+// (age) or just now (age 0).
+func set(t *testing.T, s *store.Store, deliveryID int64, status state.Delivery, age time.Duration) {
+	t.Helper()
+	_, err := s.Pool.Exec(context.Background(), `
+		UPDATE postbox.deliveries SET status = $2,
+		  lease_owner = CASE WHEN $2 = 'in_flight' THEN 'me' END,
+		  delivered_at = CASE WHEN $2 = 'delivered' THEN now() - $3 * interval '1 second' END,
+		  created_at = now() - $3 * interval '1 second', updated_at = now() - $3 * interval '1 second',
+		  next_attempt_at = now() - $3 * interval '1 second'
+		WHERE id = $1`, deliveryID, status, age.Seconds())
+	require.NoError(t, err)
+}
+
+// replayDelivery adds a delivery of an event that replays deliveryID.
+func replayDelivery(t *testing.T, s *store.Store, ev ingested, status state.Delivery, age time.Duration) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, s.Pool.QueryRow(context.Background(), `
+		INSERT INTO postbox.deliveries (event_pk, endpoint, status, replay_of)
+		SELECT event_pk, endpoint, 'pending', id FROM postbox.deliveries WHERE id = $1 RETURNING id`, ev.deliveryID).Scan(&id))
+	set(t, s, id, status, age)
+	return id
+}
+
+func ageEvents(t *testing.T, s *store.Store, age time.Duration, evs ...ingested) {
+	t.Helper()
+	pks := make([]int64, len(evs))
+	for i, e := range evs {
+		pks[i] = e.eventPK
+	}
+	_, err := s.Pool.Exec(context.Background(), `UPDATE postbox.events SET ingested_at = now() - $2 * interval '1 second' WHERE id = ANY($1)`, pks, age.Seconds())
+	require.NoError(t, err)
+}
+
+func exists(t *testing.T, s *store.Store, table string, id int64) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, s.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM postbox.`+table+` WHERE id = $1)`, id).Scan(&ok))
+	return ok
+}
+
+// TestPurgeEventsKeepsEventsWithALiveDelivery: past event_retention an
+// event goes with its finished deliveries, unless a delivery of it is
+// still pending, in flight or awaiting a retry; an event kept for less
+// than the retention stays whatever its state.
+func TestPurgeEventsKeepsEventsWithALiveDelivery(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	evs := ingest(t, s, "ep", "", "", "", "", "", "", "", "")
+	pending, failed, inFlight, delivered, dead, replayedLive, replayedDone, young := evs[0], evs[1], evs[2], evs[3], evs[4], evs[5], evs[6], evs[7]
+	old := 8 * 24 * time.Hour
+	ageEvents(t, s, old, evs[:7]...)
+	set(t, s, pending.deliveryID, state.Pending, old)
+	set(t, s, failed.deliveryID, state.Failed, old)
+	set(t, s, inFlight.deliveryID, state.InFlight, old)
+	set(t, s, delivered.deliveryID, state.Delivered, old)
+	set(t, s, dead.deliveryID, state.DeadLetter, old)
+	// Dead letters an operator replayed: one replay still waiting, one done.
+	set(t, s, replayedLive.deliveryID, state.Replayed, old)
+	liveReplay := replayDelivery(t, s, replayedLive, state.Failed, old)
+	set(t, s, replayedDone.deliveryID, state.Replayed, old)
+	doneReplay := replayDelivery(t, s, replayedDone, state.Delivered, old)
+	set(t, s, young.deliveryID, state.Delivered, old) // its event is young
+
+	n, err := s.PurgeEvents(ctx, week)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "the old events whose deliveries are all finished")
+	for _, e := range []ingested{delivered, dead, replayedDone} {
+		require.False(t, exists(t, s, "events", e.eventPK), "event %s is past retention and finished", e.eventID)
+		require.False(t, exists(t, s, "deliveries", e.deliveryID), "its deliveries go with it")
+	}
+	require.False(t, exists(t, s, "deliveries", doneReplay))
+	for _, e := range []ingested{pending, failed, inFlight, replayedLive, young} {
+		require.True(t, exists(t, s, "events", e.eventPK), "event %s has a live delivery or is young", e.eventID)
+		require.True(t, exists(t, s, "deliveries", e.deliveryID))
+	}
+	require.True(t, exists(t, s, "deliveries", liveReplay), "a replay waiting for its retry keeps its event")
+
+	// Past retention an event can no longer be replayed; a kept one can.
+	items, _, err := s.Replay(ctx, store.ReplayFilter{EventIDs: []string{delivered.eventID, young.eventID}}, true, 0)
+	require.NoError(t, err)
+	require.Len(t, items, 1)
+	require.Equal(t, young.eventID, items[0].EventID)
+
+	n, err = s.PurgeEvents(ctx, week)
+	require.NoError(t, err)
+	require.Zero(t, n, "a second purge finds nothing")
+}
+
+// TestPurgeDeliveriesKeepsUnfinishedOnes: past delivery_retention
+// delivered, dead-lettered and replayed deliveries go, by when they
+// finished; pending, failed and in-flight ones stay however old, and so do
+// the events.
+func TestPurgeDeliveriesKeepsUnfinishedOnes(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	evs := ingest(t, s, "ep", "", "", "", "", "", "", "", "")
+	old := 8 * 24 * time.Hour
+	gone := map[state.Delivery]ingested{
+		state.Delivered: evs[0], state.DeadLetter: evs[1], state.Replayed: evs[2],
+	}
+	kept := map[state.Delivery]ingested{
+		state.Pending: evs[3], state.Failed: evs[4], state.InFlight: evs[5],
+	}
+	for status, e := range gone {
+		set(t, s, e.deliveryID, status, old)
+	}
+	for status, e := range kept {
+		set(t, s, e.deliveryID, status, old)
+	}
+	youngDelivered, youngDead := evs[6], evs[7]
+	set(t, s, youngDelivered.deliveryID, state.Delivered, time.Hour)
+	set(t, s, youngDead.deliveryID, state.DeadLetter, time.Hour)
+
+	n, err := s.PurgeDeliveries(ctx, week)
+	require.NoError(t, err)
+	require.EqualValues(t, len(gone), n)
+	for status, e := range gone {
+		require.False(t, exists(t, s, "deliveries", e.deliveryID), "an old %s delivery goes", status)
+	}
+	for status, e := range kept {
+		require.True(t, exists(t, s, "deliveries", e.deliveryID), "an old %s delivery is not finished: it stays", status)
+	}
+	require.True(t, exists(t, s, "deliveries", youngDelivered.deliveryID))
+	require.True(t, exists(t, s, "deliveries", youngDead.deliveryID))
+	for _, e := range evs {
+		require.True(t, exists(t, s, "events", e.eventPK), "events have their own retention")
+	}
+}
+
+// TestPurgeIngestedOutboxKeepsWhatIsNotIngested: outbox rows older than
+// outbox_retention go once they are ingested (their event id and endpoint
+// are in postbox.events); a row not ingested stays for reconciliation,
+// however old.
+func TestPurgeIngestedOutboxKeepsWhatIsNotIngested(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	row := func(endpoint, age string) (id int64, eventID string) {
+		require.NoError(t, s.Pool.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint, created_at) VALUES ($1, now() - $2::interval)
+			RETURNING id, event_id::text`, endpoint, age).Scan(&id, &eventID))
+		return id, eventID
+	}
+	oldIngested, oldIngestedEvent := row("ep", "2 hours")
+	young, youngEvent := row("ep", "0 seconds")
+	oldNotIngested, _ := row("ep", "2 hours")
+	otherEndpoint, otherEndpointEvent := row("other", "2 hours")
+	ingest(t, s, "ep", oldIngestedEvent, youngEvent, otherEndpointEvent) // the last under another endpoint
+
+	n, err := s.PurgeIngestedOutbox(ctx, time.Hour, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	left := map[int64]bool{}
+	rows, err := s.Pool.Query(ctx, `SELECT id FROM postbox.outbox`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		left[id] = true
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[int64]bool{young: true, oldNotIngested: true, otherEndpoint: true}, left,
+		"gone: only the old row that is ingested (%d)", oldIngested)
+}
+
+// TestPurgeAttemptsAndHistograms: attempts older than their retention and
+// histogram bins older than the window go; the newer stay.
+func TestPurgeAttemptsAndHistograms(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.attempts (endpoint, duration_ms, outcome, started_at)
+		VALUES ('ep', 12, 'delivered', now() - interval '25 hours'), ('ep', 15, 'delivered', now())`)
+	require.NoError(t, err)
+	count := func(sql string) int {
+		var n int
+		require.NoError(t, s.Pool.QueryRow(ctx, sql).Scan(&n))
+		return n
+	}
+	require.Equal(t, 2, count(`SELECT count(*) FROM postbox.latency_histogram`), "one bin each")
+
+	n, err := s.PurgeAttempts(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, 1, count(`SELECT count(*) FROM postbox.attempts WHERE started_at > now() - interval '1 hour'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM postbox.attempts`))
+
+	n, err = s.PurgeHistograms(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, 1, count(`SELECT count(*) FROM postbox.latency_histogram WHERE bin > now() - interval '1 hour'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM postbox.latency_histogram`))
+}

@@ -391,3 +391,33 @@ func TestPreflightNamesTheFix(t *testing.T) {
 	require.Contains(t, err.Error(), `ALTER ROLE "`+role+`" WITH REPLICATION`)
 	require.NoError(t, store.Preflight(ctx, tb.pool), "a superuser on wal_level=logical passes")
 }
+
+// The configured search keys' top-level scalar fields are extracted at
+// ingest, as text; other fields, nested values and unconfigured keys are
+// not, and without search keys nothing is.
+func TestSearchKeysAreExtractedAtIngest(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "aff", rc.URL, nil)
+	tb.cfg.SearchKeys = []string{"click_id", "payout", "order_id"}
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "aff", Payload: []byte(`{"click_id":"c_8812","payout":12.5,"order_id":{"nested":1},"sub1":"x"}`)},
+		outbox.Event{Endpoint: "aff", Payload: []byte(`{"sub1":"only unconfigured"}`)},
+		outbox.Event{Endpoint: "aff", Payload: []byte(`["not an object"]`)})
+	tb.waitSettled(t, 3, 20*time.Second)
+	search := func(id string) *string {
+		var s *string
+		require.NoError(t, tb.pool.QueryRow(context.Background(),
+			`SELECT search::text FROM postbox.events WHERE event_id = $1`, id).Scan(&s))
+		return s
+	}
+	require.Equal(t, `{"payout": "12.5", "click_id": "c_8812"}`, *search(ids[0]))
+	require.Nil(t, search(ids[1]), "no configured field: no index entry")
+	require.Nil(t, search(ids[2]))
+	var found string
+	require.NoError(t, tb.pool.QueryRow(context.Background(),
+		`SELECT event_id::text FROM postbox.events WHERE search @> '{"click_id":"c_8812"}'`).Scan(&found))
+	require.Equal(t, ids[0], found)
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -111,4 +112,35 @@ func TestStartWaitsForAnUnreachableDatabaseNotReady(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Start did not return when its context ended")
 	}
+}
+
+// An application hands the relay its own pool: the relay uses it, sizes
+// nothing, and leaves it open at Stop.
+func TestApplicationsOwnPool(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "ep", rc.URL, nil)
+	pc, err := pgxpool.ParseConfig(tb.dbURL)
+	require.NoError(t, err)
+	relay.ConfigurePool(pc)
+	pc.MaxConns = relay.PoolSize(tb.resolved(t))
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	r, err := relay.New(tb.resolved(t), relay.Options{Logger: zerolog.New(tb.logs), Pool: pool})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	waitUntil(t, 30*time.Second, "streaming", r.Streaming)
+	tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{}`)})
+	tb.waitSettled(t, 1, 20*time.Second)
+	var app string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT current_setting('application_name')`).Scan(&app))
+	require.Equal(t, "postbox", app, "ConfigurePool's session settings")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, r.Stop(ctx))
+	require.NoError(t, pool.Ping(context.Background()), "the application's pool stays open")
 }

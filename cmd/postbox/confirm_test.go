@@ -94,44 +94,22 @@ type notingProducer struct {
 }
 
 func produceNoted(t *testing.T, pool *pgxpool.Pool, endpoint string, every time.Duration) *notingProducer {
-	np := &notingProducer{producer: &producer{stop: make(chan struct{}), done: make(chan struct{})}}
-	p := np.producer
-	go func() {
-		defer close(p.done)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-p.stop:
-				return
-			case <-tick.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			var id, pos string
-			err := pool.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ($1, jsonb_build_object('i', $2::int)) RETURNING event_id::text`, endpoint, i).Scan(&id)
-			if err == nil {
-				// After the commit: the insert position is at or past its end.
-				err = pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&pos)
-			}
-			cancel()
-			if err != nil {
-				p.failed.Add(1)
-				continue
-			}
-			lsn, err := pglogrepl.ParseLSN(pos)
-			if err != nil {
-				p.failed.Add(1)
-				continue
-			}
-			p.mu.Lock()
-			p.committed = append(p.committed, id)
-			p.mu.Unlock()
-			np.mu.Lock()
-			np.noted = append(np.noted, noted{id, lsn})
-			np.mu.Unlock()
+	np := &notingProducer{}
+	np.producer = produceWith(t, pool, endpoint, every, func(ctx context.Context, id string) error {
+		// After the commit: the insert position is at or past its end.
+		var pos string
+		if err := pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&pos); err != nil {
+			return err
 		}
-	}()
-	t.Cleanup(p.finish)
+		lsn, err := pglogrepl.ParseLSN(pos)
+		if err != nil {
+			return err
+		}
+		np.mu.Lock()
+		np.noted = append(np.noted, noted{id, lsn})
+		np.mu.Unlock()
+		return nil
+	})
 	return np
 }
 

@@ -34,6 +34,12 @@ type producer struct {
 }
 
 func produce(t *testing.T, pool *pgxpool.Pool, endpoint string, every time.Duration) *producer {
+	return produceWith(t, pool, endpoint, every, nil)
+}
+
+// produceWith is produce with afterCommit run on each committed insert's
+// id (its error counts the insert as failed).
+func produceWith(t *testing.T, pool *pgxpool.Pool, endpoint string, every time.Duration, afterCommit func(ctx context.Context, id string) error) *producer {
 	p := &producer{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
@@ -48,6 +54,9 @@ func produce(t *testing.T, pool *pgxpool.Pool, endpoint string, every time.Durat
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			var id string
 			err := pool.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ($1, jsonb_build_object('i', $2::int)) RETURNING event_id::text`, endpoint, i).Scan(&id)
+			if err == nil && afterCommit != nil {
+				err = afterCommit(ctx, id)
+			}
 			cancel()
 			if err != nil {
 				p.failed.Add(1)

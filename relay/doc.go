@@ -54,10 +54,15 @@
 // # Leases
 //
 // A delivery in flight belongs to the instance named in lease_owner for as
-// long as that instance's registration in postbox.instances is current; it
-// heartbeats every third of the lease. A dead or frozen instance's
-// deliveries return to the queue; its late results are not written, as the
-// owner no longer matches.
+// long as that instance is alive. It heartbeats every second on a
+// connection it holds for its whole life and registers that connection's
+// backend: when the process dies (kill -9, OOM), the connection ends with
+// it and any other instance returns its deliveries to the queue at its next
+// heartbeat; a host that vanishes is noticed by the server's TCP keepalives
+// within seconds. A frozen instance keeps its connection, so its deliveries
+// return when its registration's lease runs out. A late result of an
+// instance whose deliveries were returned is not written: the owner no
+// longer matches.
 //
 // # Endpoint protection
 //

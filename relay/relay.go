@@ -259,7 +259,7 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	if err := env.Store.Heartbeat(ctx, env.Instance(false), cfg.Lease); err != nil {
+	if err := env.Store.Heartbeat(ctx, pool, env.Instance(false), cfg.Lease, false); err != nil {
 		return nil, fmt.Errorf("register this instance: %w", err)
 	}
 	return env, nil

@@ -156,3 +156,50 @@ func TestConfigErrorExitsTwoNamingTheKey(t *testing.T) {
 	require.Equal(t, exitUsage, p.wait(t, 10*time.Second))
 	require.Contains(t, p.out.String(), "endpoints.p.timeout")
 }
+
+// TestKilledInstancesClaimsReturnAtOnce kills the instance that holds
+// deliveries in flight while another runs beside it. Its lease is a
+// minute, but its connection ended with it: the other instance returns
+// its claims and delivers them long before the lease could have run out.
+func TestKilledInstancesClaimsReturnAtOnce(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	rc.delay = 300 * time.Millisecond // attempts stay in flight a while
+	cfg := writeConfig(t, dbURL, "lease: 60s\nendpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 8\n")
+	victim := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 30*time.Second, "two instances registered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE backend_pid IS NOT NULL`) == 2
+	})
+	const n = 200
+	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint, payload)
+		SELECT 'p', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+	victimID := ""
+	waitForT(t, 30*time.Second, "the streaming instance holding claims", func() bool {
+		_ = pool.QueryRow(context.Background(), `
+			SELECT i.id FROM postbox.instances i JOIN postbox.deliveries d ON d.lease_owner = i.id
+			WHERE i.pid = $1 AND d.status = 'in_flight' LIMIT 1`, victim.cmd.Process.Pid).Scan(&victimID)
+		return victimID != ""
+	})
+	victim.kill(t)
+	killedAt := time.Now()
+	held := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1`, victimID)
+	require.Positive(t, held)
+
+	waitForT(t, 30*time.Second, "the killed instance's claims returned (its lease is 60 s)", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1`, victimID) == 0
+	})
+	returned := time.Since(killedAt)
+	waitForT(t, 60*time.Second, "every event delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n
+	})
+	distinct, total, dups := rc.snapshot()
+	require.Equal(t, n, distinct, "nothing lost")
+	require.LessOrEqual(t, len(dups), held, "only attempts in flight at the kill repeat")
+	t.Logf("%d claims of the killed instance returned %s after the kill; %d delivered in %d requests, %d repeated",
+		held, returned.Round(time.Millisecond), distinct, total, len(dups))
+}

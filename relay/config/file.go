@@ -38,7 +38,7 @@ const (
 	AttemptRetentionDefault      = 168 * time.Hour
 	MaxBodyDefault               = 1 << 20
 	ShutdownGraceDefault         = 20 * time.Second
-	LeaseDefault                 = 60 * time.Second
+	LeaseDefault                 = 15 * time.Second
 	SweepIntervalDefault         = 5 * time.Second
 	StatusIntervalDefault        = wal.StatusIntervalDefault
 	StallTimeoutDefault          = wal.StallTimeoutDefault
@@ -97,8 +97,9 @@ type File struct {
 	// ShutdownGrace bounds how long SIGTERM waits for in-flight attempts.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
 	// Lease is how long an instance's claims outlive its last heartbeat (it
-	// heartbeats every third of it): a crashed or frozen instance's claims
-	// return to the queue after it.
+	// heartbeats every second): a frozen instance's claims, or those of one
+	// cut off from the database, return to the queue after it. A crashed or
+	// killed instance's return at once: its connection ends with it.
 	Lease Duration `yaml:"lease"`
 	// SweepInterval is the safety-net poll of the queue; the hot path never
 	// waits for it.

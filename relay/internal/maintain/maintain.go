@@ -18,6 +18,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/postbox-relay/postbox/relay/config"
@@ -27,8 +28,14 @@ import (
 
 // Cadences and bounds.
 const (
-	// HeartbeatMin is the shortest heartbeat interval (a third of lease).
-	HeartbeatMin = 100 * time.Millisecond
+	// HeartbeatDefault is how often an instance heartbeats and releases
+	// dead instances' claims; HeartbeatMin the shortest (a third of a very
+	// short lease).
+	HeartbeatDefault = time.Second
+	HeartbeatMin     = 100 * time.Millisecond
+	// OutboxPurgeIntervalDefault is how often ingested outbox rows are
+	// purged.
+	OutboxPurgeIntervalDefault = 10 * time.Second
 	// ReleaseBatchDefault and PurgeBatchDefault bound one statement.
 	ReleaseBatchDefault = 5000
 	PurgeBatchDefault   = 5000
@@ -78,16 +85,40 @@ func (m *Maintainer) Start(ctx context.Context) error {
 // Stop ends the loops and waits for them.
 func (m *Maintainer) Stop() { m.loops.Stop() }
 
-// heartbeatLoop keeps this instance registered, returns deliveries of
-// instances that died to the queue, and purges ingested outbox rows.
+// heartbeatLoop keeps this instance registered on a connection it holds
+// for its whole life (its liveness: see store.Heartbeat), returns
+// deliveries of instances that died to the queue, and purges ingested
+// outbox rows.
 func (m *Maintainer) heartbeatLoop(ctx context.Context) {
-	cfg := m.env.Config()
-	tick := time.NewTicker(max(cfg.Lease/3, HeartbeatMin))
+	var live *pgx.Conn
+	defer func() {
+		if live != nil {
+			_ = live.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	tick := time.NewTicker(HeartbeatInterval(m.env.Config().Lease))
 	defer tick.Stop()
+	var lastPurge time.Time
 	for {
-		cfg = m.env.Config()
+		cfg := m.env.Config()
 		st := m.env.Store
-		if err := st.Heartbeat(ctx, m.env.Instance(m.deps.Streaming()), cfg.Lease); err != nil && ctx.Err() == nil {
+		if live == nil {
+			live = m.liveConn(ctx)
+		}
+		var err error
+		if live != nil {
+			err = st.Heartbeat(ctx, live, m.env.Instance(m.deps.Streaming()), cfg.Lease, true)
+			if err != nil {
+				_ = live.Close(context.WithoutCancel(ctx))
+				live = nil
+			}
+		}
+		if live == nil {
+			// Without its connection the instance still renews its
+			// registration (the lease), from the pool.
+			err = st.Heartbeat(ctx, m.env.Pool(), m.env.Instance(m.deps.Streaming()), cfg.Lease, false)
+		}
+		if err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("heartbeat failed")
 		}
 		if n, err := st.ReleaseAbandoned(ctx, ReleaseBatchDefault); err != nil && ctx.Err() == nil {
@@ -100,8 +131,11 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		// but an application's commit can be streamed a moment before it
 		// becomes visible to other sessions, and the delete then misses
 		// its row: the purge picks such rows up.
-		if _, err := st.PurgeIngestedOutbox(ctx, cfg.OutboxRetention, PurgeBatchDefault); err != nil && ctx.Err() == nil {
-			m.log.Warn().Err(err).Msg("purging the outbox failed")
+		if time.Since(lastPurge) >= OutboxPurgeIntervalDefault {
+			lastPurge = time.Now()
+			if _, err := st.PurgeIngestedOutbox(ctx, cfg.OutboxRetention, PurgeBatchDefault); err != nil && ctx.Err() == nil {
+				m.log.Warn().Err(err).Msg("purging the outbox failed")
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -109,6 +143,34 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// HeartbeatInterval is how often an instance heartbeats and looks for
+// dead instances' claims: every second, or a third of a shorter lease.
+func HeartbeatInterval(lease time.Duration) time.Duration {
+	return max(min(HeartbeatDefault, lease/3), HeartbeatMin)
+}
+
+// liveConn opens the connection whose backend stands for this instance's
+// life, taken out of the pool so that no idle timeout closes it. The
+// server is asked to probe it often (where it is TCP), so a host that
+// vanishes without closing it is noticed within seconds too.
+func (m *Maintainer) liveConn(ctx context.Context) *pgx.Conn {
+	c, err := m.env.Pool().Acquire(ctx)
+	if err != nil {
+		return nil
+	}
+	conn := c.Hijack()
+	for _, set := range []string{
+		"SET application_name = 'postbox liveness'",
+		"SET tcp_keepalives_idle = 2", "SET tcp_keepalives_interval = 1", "SET tcp_keepalives_count = 2",
+		"SET tcp_user_timeout = 5000",
+	} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			m.log.Debug().Err(err).Str("statement", set).Msg("liveness connection setting refused")
+		}
+	}
+	return conn
 }
 
 // telemetryLoop keeps the gauges current and runs the upkeep where this

@@ -329,13 +329,20 @@ type Instance struct {
 }
 
 // Heartbeat registers the instance (or renews its registration) for
-// lease: its deliveries in flight stay its own until then.
-func (s *Store) Heartbeat(ctx context.Context, in Instance, lease time.Duration) error {
-	_, err := s.Pool.Exec(ctx, `
-		INSERT INTO postbox.instances (id, hostname, pid, version, expires_at, streaming)
-		VALUES ($1, $2, $3, $4, now() + $5 * interval '1 second', $6)
-		ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at, streaming = excluded.streaming`,
-		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds(), in.Streaming)
+// lease: its deliveries in flight stay its own until then. With live set,
+// q is the connection the instance holds for its whole life, and its
+// backend is registered too: the instance counts as dead as soon as that
+// backend is gone (see ReleaseAbandoned).
+func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease time.Duration, live bool) error {
+	_, err := q.Exec(ctx, `
+		INSERT INTO postbox.instances AS i (id, hostname, pid, version, expires_at, streaming, backend_pid, backend_start)
+		SELECT $1, $2, $3, $4, now() + $5 * interval '1 second', $6, a.pid, a.backend_start
+		FROM (SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() AND $7
+		      UNION ALL SELECT NULL, NULL WHERE NOT $7) AS a
+		ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at, streaming = excluded.streaming,
+		  backend_pid = CASE WHEN $7 THEN excluded.backend_pid ELSE i.backend_pid END,
+		  backend_start = CASE WHEN $7 THEN excluded.backend_start ELSE i.backend_start END`,
+		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds(), in.Streaming, live)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
@@ -349,8 +356,10 @@ func (s *Store) Deregister(ctx context.Context, id string) error {
 }
 
 // ReleaseAbandoned returns to the queue, due at once, up to limit
-// deliveries in flight whose owner is no longer registered (it crashed, was
-// killed, or froze past its lease), and forgets expired registrations. The
+// deliveries in flight whose owner is gone: its registered connection has
+// ended on this server (it crashed or was killed), or its registration has
+// expired (it froze, or lost the database, past its lease). It also forgets
+// registrations expired an hour ago. The
 // interrupted attempt is not counted: it may or may not have reached the
 // receiver.
 func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) {
@@ -366,7 +375,12 @@ func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) 
 		dead AS (
 		  SELECT lease_owner FROM owners
 		  WHERE lease_owner IS NOT NULL
-		    AND NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = owners.lease_owner AND i.expires_at > now())
+		    AND NOT EXISTS (SELECT 1 FROM postbox.instances i
+		                    WHERE i.id = owners.lease_owner AND i.expires_at > now()
+		                      AND (i.backend_pid IS NULL
+		                           OR i.backend_start < pg_postmaster_start_time()
+		                           OR EXISTS (SELECT 1 FROM pg_stat_activity a
+		                                      WHERE a.pid = i.backend_pid AND a.backend_start = i.backend_start)))
 		)
 		UPDATE postbox.deliveries
 		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,

@@ -26,7 +26,7 @@ func setup(t testing.TB) *store.Store {
 	table, _ := outbox.ParseTable(outbox.DefaultTable)
 	require.NoError(t, store.Migrate(ctx, pool, table))
 	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
-	require.NoError(t, s.Heartbeat(ctx, store.Instance{ID: "me"}, time.Minute))
+	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "me"}, time.Minute, false))
 	return s
 }
 
@@ -121,7 +121,7 @@ func TestOneProbeWins(t *testing.T) {
 	wins := make(chan win, 8)
 	for i := range 8 {
 		owner := fmt.Sprintf("inst-%d", i)
-		require.NoError(t, s.Heartbeat(ctx, store.Instance{ID: owner}, time.Minute))
+		require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: owner}, time.Minute, false))
 		go func() {
 			_, ok, err := s.ClaimProbe(ctx, owner, "ep", false, false)
 			wins <- win{ok, err}
@@ -176,7 +176,7 @@ func TestReleaseAbandonedReturnsADeadInstancesClaims(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	queue(t, s, "ep", 4)
-	require.NoError(t, s.Heartbeat(ctx, store.Instance{ID: "ghost"}, time.Second))
+	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "ghost"}, time.Second, false))
 	claimed, err := s.Claim(ctx, "ghost", 2, nil, 2, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 2)
@@ -193,6 +193,34 @@ func TestReleaseAbandonedReturnsADeadInstancesClaims(t *testing.T) {
 	n, err = s.ReleaseAbandoned(ctx, 100)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n, "only the dead instance's claims return")
+}
+
+// An instance registered with its connection is dead when that connection
+// ends, whatever its lease says; alive while it lasts.
+func TestReleaseAbandonedWhenTheLiveConnectionEnds(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "ep", 4)
+	c, err := s.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	live := c.Hijack()
+	require.NoError(t, s.Heartbeat(ctx, live, store.Instance{ID: "mortal"}, time.Hour, true))
+	claimed, err := s.Claim(ctx, "mortal", 3, nil, 3, nil)
+	require.NoError(t, err)
+	require.Len(t, claimed, 3)
+	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "mortal"}, time.Hour, false),
+		"a heartbeat from the pool keeps the registered connection")
+	n, err := s.ReleaseAbandoned(ctx, 100)
+	require.NoError(t, err)
+	require.Zero(t, n, "its connection lives")
+
+	require.NoError(t, live.Close(ctx)) // as a killed process's would
+	require.Eventually(t, func() bool {
+		n, err = s.ReleaseAbandoned(ctx, 100)
+		require.NoError(t, err)
+		return n == 3
+	}, 10*time.Second, 20*time.Millisecond, "its claims return with an hour of lease left")
 }
 
 // TestSessionSettings: the pool plans every execution afresh and never

@@ -496,7 +496,12 @@ func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
 		}
 	}
 	row.EventID = text("event_id")
-	row.Endpoint = text("endpoint")
+	if v, _, null, ok := r.value(t, "endpoint"); ok && !null {
+		row.Endpoint = string(v)
+	} else {
+		// NULL breaks the contract (NOT NULL) as a missing column does.
+		missing = append(missing, "endpoint")
+	}
 	row.URL = text("url")
 	row.EventType = text("event_type")
 	var badTime error

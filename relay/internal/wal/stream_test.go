@@ -120,3 +120,18 @@ func TestDecodeCreatedAt(t *testing.T) {
 		require.Equal(t, "invalid_row: column created_at missing or unreadable in public.outbox", row.Invalid)
 	})
 }
+
+func TestDecodeNullEndpoint(t *testing.T) {
+	t.Parallel()
+
+	table, err := outbox.ParseTable("public.outbox")
+	require.NoError(t, err)
+	rel := newRelation(outboxRelation(pgtype.TimestamptzOID), table, pgtype.NewMap())
+	tuple := insertTuple(textCol("2026-03-01 12:34:56+00"))
+	tuple.Columns[2] = nullCol // endpoint: a table whose NOT NULL was dropped
+
+	row := rel.decode(tuple, pglogrepl.LSN(0x16B3748))
+	require.Equal(t, "invalid_row: column endpoint missing or unreadable in public.outbox", row.Invalid)
+	require.Empty(t, row.Endpoint)
+	require.Equal(t, "0190f3a4-5b6c-7d8e-9f01-23456789abcd", row.EventID, "the rest of the row is still decoded")
+}

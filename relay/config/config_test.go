@@ -142,6 +142,26 @@ func TestSecretsNeverInErrors(t *testing.T) {
 	_, err := config.Parse([]byte("signing:\n  secrets: [whsec_%%%supersecretvalue%%%]"))
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "supersecretvalue")
+
+	// A secret pasted where it does not belong is not repeated either.
+	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	for _, doc := range []string{
+		"slot: " + secret,
+		"log_level: " + secret,
+		"defaults:\n  timeout: " + secret,
+		"defaults:\n  rate_limit: " + secret,
+		"defaults:\n  max_attempts: " + secret,
+		"signing:\n  " + secret + ": 1",
+		"signing:\n  secrets_file: " + secret,
+		"endpoints:\n  p:\n    headers: {\"" + secret + ":\": x}",
+		"*" + secret, // an alias the YAML parser cannot resolve
+	} {
+		_, err := config.Parse([]byte(doc))
+		var ce *config.Error
+		require.ErrorAs(t, err, &ce, doc)
+		require.NotContains(t, err.Error(), secret[:12], doc)
+		require.Contains(t, err.Error(), "whsec_[redacted]", doc)
+	}
 }
 
 func TestEnvironmentOverridesTheFile(t *testing.T) {

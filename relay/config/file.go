@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -196,8 +197,15 @@ func (e *Error) Error() string {
 	return "config: " + e.Key + ": " + e.Msg
 }
 
+// secretLike is a signing secret ("whsec_…") written where it does not
+// belong: a slot name, a duration, a key, a secrets file's path.
+var secretLike = regexp.MustCompile("whsec_[^\\s\"'`]+")
+
+// keyErr returns an *Error about key; neither the key nor the message
+// repeats a secret-looking value of the file.
 func keyErr(key, format string, args ...any) error {
-	return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
+	redact := func(s string) string { return secretLike.ReplaceAllString(s, "whsec_[redacted]") }
+	return &Error{Key: redact(key), Msg: redact(fmt.Sprintf(format, args...))}
 }
 
 // Default returns the file with every default filled in.
@@ -249,7 +257,7 @@ func LoadFile(path string, getenv func(string) string) (*File, error) {
 	if path != "" {
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return nil, &Error{Msg: fmt.Sprintf("read %s: %v", path, err)}
+			return nil, keyErr("", "read %s: %v", path, err)
 		}
 		if err := f.decode(data); err != nil {
 			return nil, err
@@ -274,7 +282,7 @@ func Parse(data []byte) (*Config, error) {
 func (c *File) decode(data []byte) error {
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
-		return &Error{Msg: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}
+		return keyErr("", "not valid YAML: %s", strings.TrimPrefix(err.Error(), "yaml: "))
 	}
 	if len(root.Content) == 0 {
 		return nil // empty file

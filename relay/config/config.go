@@ -415,6 +415,11 @@ func readSecretsFile(key, path string) ([]outbox.Secret, error) {
 	if err != nil {
 		return nil, keyErr(key, "cannot read %s: %v", path, errors.Unwrap(err))
 	}
+	return parseSecretsFile(key, path, data)
+}
+
+// parseSecretsFile parses the content of the secrets file at path.
+func parseSecretsFile(key, path string, data []byte) ([]outbox.Secret, error) {
 	var lines []string
 	for _, line := range strings.Split(string(data), "\n") {
 		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {

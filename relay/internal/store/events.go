@@ -465,19 +465,36 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 	var out []OutboxRow
 	for rows.Next() {
 		var r OutboxRow
-		var payload string
-		var headers *string
+		var endpoint, eventType, payload, headers *string
 		var created pgtype.Timestamptz
-		if err := rows.Scan(&r.ID, &r.EventID, &r.Endpoint, &r.URL, &r.EventType, &payload, &headers, &created); err != nil {
+		if err := rows.Scan(&r.ID, &r.EventID, &endpoint, &r.URL, &eventType, &payload, &headers, &created); err != nil {
 			return nil, fmt.Errorf("read outbox: %w", err)
 		}
+		// A NULL where the contract wants a value (a table made by hand)
+		// makes the row a dead letter, as the stream does; it never stops
+		// reconciliation.
+		for _, c := range []struct {
+			name string
+			v    *string
+			dst  *string
+		}{{"endpoint", endpoint, &r.Endpoint}, {"payload", payload, nil}, {"event_type", eventType, &r.EventType}} {
+			switch {
+			case c.v == nil && c.name != "event_type":
+				r.Invalid = "invalid_row: column " + c.name + " missing or unreadable"
+			case c.v != nil && c.dst != nil:
+				*c.dst = *c.v
+			}
+		}
 		switch {
+		case r.Invalid != "":
 		case created.Valid && created.InfinityModifier == pgtype.Finite:
 			r.CreatedAt = created.Time
 		case created.Valid:
 			r.Invalid = "invalid_row: column created_at in " + s.Table.String() + " is not a time: " + created.InfinityModifier.String()
 		}
-		r.Payload = []byte(payload)
+		if payload != nil {
+			r.Payload = []byte(*payload)
+		}
 		if headers != nil {
 			r.Headers = []byte(*headers)
 		}

@@ -232,3 +232,23 @@ func TestSessionSettings(t *testing.T) {
 	require.NoError(t, s.Pool.QueryRow(context.Background(), `SELECT current_setting('plan_cache_mode'), current_setting('jit')`).Scan(&planCache, &jit))
 	require.Equal(t, []string{"force_custom_plan", "off"}, []string{planCache, jit})
 }
+
+// Reconciliation reads a row its table lets be NULL where the contract
+// wants a value as a dead letter to be, and goes on past it.
+func TestUningestedOutboxNullsAreInvalidRows(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	_, err := s.Pool.Exec(ctx, `ALTER TABLE postbox.outbox ALTER COLUMN endpoint DROP NOT NULL, ALTER COLUMN payload DROP NOT NULL`)
+	require.NoError(t, err)
+	_, err = s.Pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES (NULL, '{}'), ('ep', NULL), ('ep', '{"ok":1}')`)
+	require.NoError(t, err)
+	rows, err := s.UningestedOutbox(ctx, 0, 10, "")
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+	require.Equal(t, "invalid_row: column endpoint missing or unreadable", rows[0].Invalid)
+	require.Equal(t, "invalid_row: column payload missing or unreadable", rows[1].Invalid)
+	require.Empty(t, rows[2].Invalid)
+	require.Equal(t, "ep", rows[2].Endpoint)
+	require.JSONEq(t, `{"ok":1}`, string(rows[2].Payload))
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,6 +32,7 @@ type opsEnv struct {
 	pool *pgxpool.Pool
 	json bool
 	out  io.Writer
+	args []string // the arguments that are not flags, in order
 }
 
 // openOps parses the common flags (and fs's own), loads the configuration
@@ -40,7 +42,8 @@ func openOps(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stder
 	fs.SetOutput(stderr)
 	fs.StringVar(&cf.config, "config", "", "configuration file (YAML); env "+config.EnvConfig)
 	jsonOut := fs.Bool("json", false, "print one JSON document")
-	if err := fs.Parse(args); err != nil {
+	positional, err := parseInterspersed(fs, args)
+	if err != nil {
 		return nil, nil, exitUsage
 	}
 	if cf.config == "" {
@@ -67,7 +70,28 @@ func openOps(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stder
 		fmt.Fprintln(stderr, "postbox: database unreachable:", err)
 		return nil, nil, exitFailure
 	}
-	return &opsEnv{cfg: cfg, pool: pool, json: *jsonOut, out: stdout}, pool.Close, exitOK
+	return &opsEnv{cfg: cfg, pool: pool, json: *jsonOut, out: stdout, args: positional}, pool.Close, exitOK
+}
+
+// parseInterspersed parses args with fs, flags before and after the other
+// arguments (postbox event ID --json), and returns those others. After
+// "--" every argument is one of them.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
 }
 
 func (e *opsEnv) printJSON(v any) {
@@ -213,9 +237,9 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 		return code
 	}
 	defer closeEnv()
-	for _, a := range fs.Args() {
+	for _, a := range env.args {
 		if a != "analyze" {
-			fmt.Fprintf(stderr, "postbox: dead-letters: unexpected %q (the one subcommand is analyze)\n", a)
+			fmt.Fprintf(stderr, "postbox: dead-letters: unexpected %q (the one subcommand is analyze)\n", printable(a))
 			return exitUsage
 		}
 		analyze = true
@@ -272,6 +296,17 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	_ = tw.Flush()
 	return exitOK
+}
+
+// printable drops control characters, so names and messages from the
+// database cannot rewrite the operator's terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, s)
 }
 
 // eventIDs collects repeated --event-id flags (commas allowed).

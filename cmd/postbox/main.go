@@ -37,7 +37,12 @@ Commands:
   run           stream the outbox and deliver until SIGTERM
   migrate       create or upgrade the outbox table and postbox's schema
   status        the health summary and firing alerts (--check: exit 1 while any fires)
-  endpoints     per endpoint: breaker state, p50/p95/p99 over 24 h, samples, failures
+  endpoints     per endpoint: breaker state, pause, p50/p95/p99 over 24 h, samples, failures
+  endpoints pause NAME [--for D]
+                hold an endpoint's deliveries on every instance until resumed (or for D);
+                its events wait in the queue, nothing is dropped
+  endpoints resume NAME
+                end an endpoint's pause (an operator's or the receiver's)
   dead-letters  recent dead letters (--endpoint, --since); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
                 --since/--until, --from-lsn, --event-id, --dry-run, --rate)

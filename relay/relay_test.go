@@ -17,6 +17,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/ops"
 )
 
 func TestDeliversOnceSignedWithExactBody(t *testing.T) {
@@ -260,6 +261,16 @@ func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
 	}
 	require.Equal(t, state.Delivered, tb.delivery(t, ids[4]).Status)
 	require.Equal(t, 1, rc.count())
+	var stored string
+	var dropped int
+	require.NoError(t, tb.pool.QueryRow(context.Background(),
+		`SELECT payload::text, payload_dropped FROM postbox.events WHERE event_id = $1`, ids[3]).Scan(&stored, &dropped))
+	require.Equal(t, "null", stored, "a payload above max_body is never stored")
+	require.Greater(t, dropped, 100, "the size it had (as PostgreSQL printed it)")
+	items, n, err := ops.Replay(context.Background(), tb.pool, tb.resolved(t), ops.ReplayFilter{DeadLetters: true, Endpoint: "good"}, false, 0)
+	require.NoError(t, err)
+	require.Empty(t, items, "with its payload gone it cannot be replayed")
+	require.Zero(t, n)
 	// The stream went on: a later event is delivered too.
 	later := tb.insert(t, outbox.Event{Endpoint: "good"})
 	tb.waitSettled(t, 6, 20*time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -11,6 +12,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/execute"
+	"github.com/postbox-relay/postbox/relay/internal/policy"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
@@ -196,6 +198,10 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 	t := execute.Resolve(cfg, execute.Event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid})
 	switch {
+	case strings.HasPrefix(t.Reason, policy.ReasonPayloadTooLarge):
+		// Refused before it is stored: the payload is not copied.
+		ev.Status, ev.LastError = state.DeadLetter, t.Reason
+		ev.Payload, ev.PayloadDropped = []byte("null"), len(row.Payload)
 	case t.Reason != "":
 		ev.Status, ev.LastError = state.DeadLetter, t.Reason
 	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(row.Endpoint, s.env.Now()) && s.deps.Fast.Reserve(row.Endpoint):

@@ -33,6 +33,9 @@ type NewEvent struct {
 	CommittedAt time.Time     // zero when unknown
 	Status      state.Delivery
 	LastError   string
+	// PayloadDropped is the size of a payload not stored (above max_body);
+	// Payload is then JSON null.
+	PayloadDropped int
 }
 
 // Ingested identifies the delivery created for NewEvent number Index of an
@@ -50,20 +53,21 @@ type Ingested struct {
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[])
+                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $15::int4[])
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
-                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, ord)
+                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, ord)
 ),
 ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
-                              created_at, outbox_id, commit_lsn, committed_at, search)
+                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped)
   SELECT event_id, endpoint, url, event_type, p.v, headers::jsonb,
          coalesce(created_at, now()), outbox_id, commit_lsn::pg_lsn, committed_at,
          -- the search_keys fields with a scalar value, as text; NULL (no
          -- index entry) when there are none
          CASE WHEN cardinality($14::text[]) > 0 THEN (
            SELECT jsonb_object_agg(k, p.v ->> k) FROM unnest($14::text[]) AS k
-           WHERE jsonb_typeof(p.v -> k) IN ('string', 'number', 'boolean')) END
+           WHERE jsonb_typeof(p.v -> k) IN ('string', 'number', 'boolean')) END,
+         nullif(payload_dropped, 0)
   FROM input CROSS JOIN LATERAL (SELECT payload::jsonb AS v) AS p
   ORDER BY event_id, endpoint
   ON CONFLICT (event_id, endpoint) DO NOTHING
@@ -86,13 +90,14 @@ func insertEventsArgs(owner string, searchKeys []string, evs []NewEvent) []any {
 	var (
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
 		lsns, statuses, errs                           = make([]*string, n), make([]string, n), make([]string, n)
+		dropped                                        = make([]int32, n)
 		outboxIDs                                      = make([]*int64, n)
 		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
 	)
 	for i := range evs {
 		e := &evs[i]
 		ids[i], endpoints[i], types[i], payloads[i] = e.EventID, e.Endpoint, e.EventType, string(e.Payload)
-		statuses[i], errs[i] = string(e.Status), e.LastError
+		statuses[i], errs[i], dropped[i] = string(e.Status), e.LastError, int32(e.PayloadDropped)
 		if !e.CreatedAt.IsZero() {
 			created[i] = &e.CreatedAt
 		}
@@ -117,7 +122,7 @@ func insertEventsArgs(owner string, searchKeys []string, evs []NewEvent) []any {
 	if searchKeys == nil {
 		searchKeys = []string{}
 	}
-	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, searchKeys}
+	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, searchKeys, dropped}
 }
 
 // IngestConn writes ingested events on one connection, in transactions

@@ -38,7 +38,7 @@ type ReplayItem struct {
 }
 
 // replayCandidatesSQL selects the events of a replay with their latest
-// delivery. $1 dead letters only, $2 endpoint, $3 since, $4 until, $5 from
+// delivery, leaving out those whose payload was too large to store. $1 dead letters only, $2 endpoint, $3 since, $4 until, $5 from
 // LSN, $6 event ids, $7 limit.
 const replayCandidatesSQL = `
 SELECT e.id, e.event_id::text, e.endpoint, e.event_type, coalesce(e.commit_lsn::text, ''),
@@ -53,6 +53,7 @@ WHERE ($2 = '' OR e.endpoint = $2)
   AND ($5::pg_lsn IS NULL OR e.commit_lsn >= $5)
   AND (cardinality($6::uuid[]) = 0 OR e.event_id = ANY($6))
   AND (NOT $1 OR last.status = 'dead_letter')
+  AND e.payload_dropped IS NULL -- its payload was never stored: nothing to send
 ORDER BY coalesce(e.commit_lsn, '0/0'), e.id
 LIMIT CASE WHEN $7 > 0 THEN $7 END`
 

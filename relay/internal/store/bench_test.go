@@ -12,35 +12,43 @@ import (
 )
 
 // BenchmarkIngest writes batches of events and their checkpoint in one
-// transaction each, as the ingester does for each group of commits.
+// transaction each, as the ingester does for each group of commits, with
+// and without search keys to extract and index.
 func BenchmarkIngest(b *testing.B) {
-	for _, n := range []int{1, 100, 2000} {
-		b.Run(fmt.Sprintf("rows=%d", n), func(b *testing.B) {
-			s := setup(b)
-			ctx := context.Background()
-			ic, err := s.AcquireIngest(ctx, "me")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ic.Release()
-			payload := []byte(`{"click_id":"clk_7Hq2","payout":"12.50","currency":"EUR"}`)
-			evs := make([]store.NewEvent, n)
-			b.ResetTimer()
-			for b.Loop() {
-				for i := range evs {
-					evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
-						CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
-				}
-				if _, err := ic.Insert(ctx, evs, false); err != nil {
-					b.Fatal(err)
-				}
-				if err := ic.Commit(ctx, 0, true); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
-		})
+	for _, keys := range [][]string{nil, {"click_id", "payout"}} {
+		for _, n := range []int{1, 100, 2000} {
+			b.Run(fmt.Sprintf("search_keys=%d/rows=%d", len(keys), n), func(b *testing.B) {
+				benchmarkIngest(b, n, keys)
+			})
+		}
 	}
+}
+
+func benchmarkIngest(b *testing.B, n int, keys []string) {
+	s := setup(b)
+	ctx := context.Background()
+	ic, err := s.AcquireIngest(ctx, "me")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ic.Release()
+	ic.SetSearchKeys(keys)
+	payload := []byte(`{"click_id":"clk_7Hq2","payout":"12.50","currency":"EUR"}`)
+	evs := make([]store.NewEvent, n)
+	b.ResetTimer()
+	for b.Loop() {
+		for i := range evs {
+			evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
+				CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
+		}
+		if _, err := ic.Insert(ctx, evs, false); err != nil {
+			b.Fatal(err)
+		}
+		if err := ic.Commit(ctx, 0, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
 // BenchmarkClaimAndRecord claims a batch of 100 queued deliveries across

@@ -53,7 +53,7 @@ type Ingested struct {
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $15::int4[])
+                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[])
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
                          created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, ord)
 ),
@@ -62,11 +62,7 @@ ev AS (
                               created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped)
   SELECT event_id, endpoint, url, event_type, p.v, headers::jsonb,
          coalesce(created_at, now()), outbox_id, commit_lsn::pg_lsn, committed_at,
-         -- the search_keys fields with a scalar value, as text; NULL (no
-         -- index entry) when there are none
-         CASE WHEN cardinality($14::text[]) > 0 THEN (
-           SELECT jsonb_object_agg(k, p.v ->> k) FROM unnest($14::text[]) AS k
-           WHERE jsonb_typeof(p.v -> k) IN ('string', 'number', 'boolean')) END,
+         {{search}},
          nullif(payload_dropped, 0)
   FROM input CROSS JOIN LATERAL (SELECT payload::jsonb AS v) AS p
   ORDER BY event_id, endpoint
@@ -85,7 +81,7 @@ dl AS (
 SELECT i.ord, dl.id, dl.event_pk
 FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint`
 
-func insertEventsArgs(owner string, searchKeys []string, evs []NewEvent) []any {
+func insertEventsArgs(owner string, evs []NewEvent) []any {
 	n := len(evs)
 	var (
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
@@ -119,10 +115,7 @@ func insertEventsArgs(owner string, searchKeys []string, evs []NewEvent) []any {
 			committed[i] = &e.CommittedAt
 		}
 	}
-	if searchKeys == nil {
-		searchKeys = []string{}
-	}
-	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, searchKeys, dropped}
+	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped}
 }
 
 // IngestConn writes ingested events on one connection, in transactions
@@ -135,8 +128,10 @@ type IngestConn struct {
 	s     *Store
 	inTx  bool
 	owner string
-	// searchKeys are the payload fields extracted into events.search.
+	// searchKeys are the payload fields extracted into events.search, and
+	// insertSQL the insert statement that extracts them.
 	searchKeys []string
+	insertSQL  string
 	// The session's leadership and server, written with each checkpoint.
 	lead     Leadership
 	systemID string
@@ -163,12 +158,39 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 		c.Release()
 		return nil, err
 	}
-	return &IngestConn{conn: c, s: s, owner: owner}, nil
+	return &IngestConn{conn: c, s: s, owner: owner, insertSQL: insertEventsStatement(nil)}, nil
 }
 
 // SetSearchKeys sets the payload fields the following inserts extract
 // for search (search_keys).
-func (ic *IngestConn) SetSearchKeys(keys []string) { ic.searchKeys = keys }
+func (ic *IngestConn) SetSearchKeys(keys []string) {
+	if ic.insertSQL != "" && slices.Equal(keys, ic.searchKeys) {
+		return
+	}
+	ic.searchKeys, ic.insertSQL = slices.Clone(keys), insertEventsStatement(keys)
+}
+
+// insertEventsStatement is insertEventsSQL extracting keys: each key's
+// value when it is a scalar, as text, written into the statement (keys are
+// validated names, and quoted) so that a row costs one jsonb_build_object,
+// not a subquery; NULL (no index entry) when none is there.
+func insertEventsStatement(keys []string) string {
+	search := "NULL::jsonb"
+	if len(keys) > 0 {
+		var b strings.Builder
+		b.WriteString("nullif(jsonb_strip_nulls(jsonb_build_object(")
+		for i, k := range keys {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			lit := "'" + strings.ReplaceAll(k, "'", "''") + "'"
+			fmt.Fprintf(&b, "%s, CASE WHEN jsonb_typeof(p.v -> %s) IN ('string', 'number', 'boolean') THEN p.v ->> %s END", lit, lit, lit)
+		}
+		b.WriteString(")), '{}'::jsonb)")
+		search = b.String()
+	}
+	return strings.Replace(insertEventsSQL, "{{search}}", search, 1)
+}
 
 // InTx reports whether a transaction is open.
 func (ic *IngestConn) InTx() bool { return ic.inTx }
@@ -192,7 +214,7 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	if !ic.inTx {
 		b.Queue("BEGIN")
 	}
-	b.Queue(insertEventsSQL, insertEventsArgs(ic.owner, ic.searchKeys, evs)...)
+	b.Queue(ic.insertSQL, insertEventsArgs(ic.owner, evs)...)
 	if len(outboxIDs) > 0 {
 		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
 	}

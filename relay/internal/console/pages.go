@@ -87,7 +87,7 @@ type endpointsPage struct {
 
 // endpoints is the table of `postbox endpoints`.
 func (c *Console) endpoints(rq *request) error {
-	eps, err := telemetry.LoadEndpoints(rq.ctx, rq.pool, "")
+	eps, err := telemetry.LoadEndpointsRefreshed(rq.ctx, rq.pool, "")
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func (c *Console) endpoint(rq *request) error {
 	name := rq.r.PathValue("name")
 	p := endpointPage{Name: name, AttemptLimit: ListLimitDefault}
 	_, p.Configured = rq.cfg.Endpoints[name]
-	eps, err := telemetry.LoadEndpoints(rq.ctx, rq.pool, name)
+	eps, err := telemetry.LoadEndpointsRefreshed(rq.ctx, rq.pool, name)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,565 @@
+package telemetry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+)
+
+// Event search limits.
+const (
+	// EventLimitDefault is how many events a search returns when its
+	// filter sets no limit.
+	EventLimitDefault = 50
+	// EventLimitMax is the most events one search returns.
+	EventLimitMax = 1000
+)
+
+var (
+	// ErrSearchKeyNotConfigured is the error of a payload search by a key
+	// that search_keys does not list: such fields are not indexed.
+	ErrSearchKeyNotConfigured = errors.New("payload key is not a configured search key")
+	// ErrUnknownStatus is the error of a search by a status no delivery has.
+	ErrUnknownStatus = errors.New("unknown delivery status")
+	// ErrEventNotFound is the error of a story asked for an event id that
+	// postbox has not ingested (or has purged after event_retention).
+	ErrEventNotFound = errors.New("no event")
+)
+
+// EventStatuses are the delivery states a search can filter by.
+var EventStatuses = []string{
+	string(state.Pending), string(state.InFlight), string(state.Failed),
+	string(state.Delivered), string(state.DeadLetter), string(state.Replayed),
+}
+
+// EventFilter selects events. Zero fields do not filter.
+type EventFilter struct {
+	Endpoint string
+	// Status is the state of the event's latest delivery (one of
+	// EventStatuses).
+	Status string
+	// Since and Until bound the event's commit time (its ingest time when
+	// the commit time is unknown): Since <= t < Until.
+	Since, Until time.Time
+	// Payload are search_keys fields and the values they must have (as
+	// text: a number 42 matches "42"). See CheckSearchKeys.
+	Payload map[string]string
+	// Limit caps the answer: EventLimitDefault when 0, at most
+	// EventLimitMax.
+	Limit int
+}
+
+// EventSummary is one event found by SearchEvents.
+type EventSummary struct {
+	EventID   string `json:"event_id"`
+	Endpoint  string `json:"endpoint"`
+	EventType string `json:"event_type"`
+	// Status is its latest delivery's state.
+	Status string `json:"status"`
+	// Attempts counts the attempts of all its deliveries (a replay's too).
+	Attempts    int        `json:"attempts"`
+	CommittedAt *time.Time `json:"committed_at"`
+}
+
+// CheckSearchKeys returns an error wrapping ErrSearchKeyNotConfigured when
+// payload names a field that cfgKeys (the configuration's search_keys)
+// does not list, saying how to add it.
+func CheckSearchKeys(cfgKeys []string, payload map[string]string) error {
+	var missing []string
+	for k := range payload {
+		if !slices.Contains(cfgKeys, k) {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	for _, k := range missing {
+		if !validSearchKey(k) {
+			return fmt.Errorf("%w: %q cannot be one: search_keys are top-level payload field names (letters, digits, _ and -, at most 64)",
+				ErrSearchKeyNotConfigured, k)
+		}
+	}
+	quoted := make([]string, len(missing))
+	for i, k := range missing {
+		quoted[i] = fmt.Sprintf("%q", k)
+	}
+	return fmt.Errorf("%w: %s; add it to the configuration (search_keys: [%s]) and reload or restart postbox. "+
+		"Only events ingested after that can be found by it: events ingested before the key was added are not indexed",
+		ErrSearchKeyNotConfigured, strings.Join(quoted, ", "), strings.Join(append(slices.Clone(cfgKeys), missing...), ", "))
+}
+
+// validSearchKey is the configuration's rule for search_keys.
+func validSearchKey(k string) bool {
+	if k == "" || len(k) > 64 {
+		return false
+	}
+	for _, r := range k {
+		ok := r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// eventTimeSQL is an event's time in searches: its commit time, its
+// ingest time when found by reconciliation (no commit known).
+const eventTimeSQL = `coalesce(e.committed_at, e.ingested_at)`
+
+// latestStatusSQL is the state of an event's latest delivery.
+const latestStatusSQL = `(SELECT d.status FROM postbox.deliveries d WHERE d.event_pk = e.id ORDER BY d.id DESC LIMIT 1)`
+
+// Searches order events by commit time, and no index does: the commit
+// time is not known for every event (reconciliation finds some without),
+// and a second index on events would slow every ingest. events_ingested_at
+// orders them by ingest instead, and an event is ingested after it commits
+// (both times from the database's clock). So a search runs in two steps.
+// searchBoundSQL takes the $1 matching events ingested last: none of the
+// events ingested before the earliest commit time among them can be in
+// the answer. searchEventsSQL then reads only the events ingested since
+// that bound, as many as were ingested since (normally about $1), and
+// orders those. Both read the conditions %[1]s (on e); a payload filter
+// finds its events through events_search instead.
+const searchBoundSQL = `
+SELECT min(h.t) FROM (
+  SELECT ` + eventTimeSQL + ` AS t FROM postbox.events e
+  WHERE %[1]s
+  ORDER BY e.ingested_at DESC LIMIT $1) h`
+
+// searchEventsSQL: the bound is the last argument, %[2]s.
+const searchEventsSQL = `
+SELECT e.event_id::text, e.endpoint, e.event_type, coalesce(d.status, ''), coalesce(d.attempts, 0), e.committed_at
+FROM (
+  SELECT e.id, e.event_id, e.endpoint, e.event_type, e.committed_at, e.ingested_at FROM postbox.events e
+  WHERE e.ingested_at >= %[2]s AND %[1]s
+  ORDER BY ` + eventTimeSQL + ` DESC, e.id DESC
+  LIMIT $1
+) e
+LEFT JOIN LATERAL (
+  SELECT (array_agg(status ORDER BY id DESC))[1] AS status, sum(attempt_count)::int AS attempts
+  FROM postbox.deliveries WHERE event_pk = e.id
+) d ON true
+ORDER BY ` + eventTimeSQL + ` DESC, e.id DESC`
+
+// searchEventsQuery returns the two statements of f and their arguments
+// (the second takes one more: the first's answer).
+func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = EventLimitDefault
+	}
+	limit = min(limit, EventLimitMax)
+	args = []any{limit}
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	var conds []string
+	if f.Endpoint != "" {
+		conds = append(conds, "e.endpoint = "+arg(f.Endpoint))
+	}
+	if f.Status != "" {
+		if !slices.Contains(EventStatuses, f.Status) {
+			return "", "", nil, fmt.Errorf("%w %q: want one of %s", ErrUnknownStatus, f.Status, strings.Join(EventStatuses, ", "))
+		}
+		conds = append(conds, latestStatusSQL+" = "+arg(f.Status))
+	}
+	if !f.Since.IsZero() {
+		p := arg(f.Since)
+		// Ingested no earlier than committed: the ingest time bounds the
+		// index range.
+		conds = append(conds, "e.ingested_at >= "+p, eventTimeSQL+" >= "+p)
+	}
+	if !f.Until.IsZero() {
+		conds = append(conds, eventTimeSQL+" < "+arg(f.Until))
+	}
+	if len(f.Payload) > 0 {
+		doc, err := json.Marshal(f.Payload)
+		if err != nil {
+			return "", "", nil, fmt.Errorf("payload filter: %w", err)
+		}
+		// Containment, the one operator events_search (jsonb_path_ops)
+		// serves; the partial index's predicate is spelled out.
+		conds = append(conds, "e.search IS NOT NULL", "e.search @> "+arg(string(doc))+"::jsonb")
+	}
+	where := "true"
+	if len(conds) > 0 {
+		where = strings.Join(conds, " AND ")
+	}
+	return fmt.Sprintf(searchBoundSQL, where), fmt.Sprintf(searchEventsSQL, where, fmt.Sprintf("$%d", len(args)+1)), args, nil
+}
+
+// SearchEvents returns the events f selects, the newest first (by commit
+// time, by ingest time when the commit is unknown). It returns an error
+// wrapping ErrUnknownStatus for a status no delivery has; check payload
+// keys against the configuration with CheckSearchKeys first.
+func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]EventSummary, error) {
+	boundSQL, listSQL, args, err := searchEventsQuery(f)
+	if err != nil {
+		return nil, err
+	}
+	out := []EventSummary{}
+	var bound *time.Time
+	if err := q.QueryRow(ctx, boundSQL, args...).Scan(&bound); err != nil {
+		return nil, fmt.Errorf("search events: %w", err)
+	}
+	if bound == nil {
+		return out, nil // nothing matches
+	}
+	rows, err := q.Query(ctx, listSQL, append(args, *bound)...)
+	if err != nil {
+		return nil, fmt.Errorf("search events: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var e EventSummary
+		if err := rows.Scan(&e.EventID, &e.Endpoint, &e.EventType, &e.Status, &e.Attempts, &e.CommittedAt); err != nil {
+			return nil, fmt.Errorf("search events: %w", err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("search events: %w", err)
+	}
+	return out, nil
+}
+
+// EventStory is everything postbox knows of one event for one endpoint:
+// its commit, its ingest, and every delivery (a replay adds one) with every
+// attempt.
+type EventStory struct {
+	EventID     string          `json:"event_id"`
+	Endpoint    string          `json:"endpoint"`
+	EventType   string          `json:"event_type"`
+	CommitLSN   string          `json:"commit_lsn"` // "" when found by reconciliation
+	CommittedAt *time.Time      `json:"committed_at"`
+	CreatedAt   time.Time       `json:"created_at"`
+	IngestedAt  time.Time       `json:"ingested_at"`
+	Deliveries  []DeliveryStory `json:"deliveries"`
+}
+
+// DeliveryStory is one delivery of an event and its attempts.
+type DeliveryStory struct {
+	ID     int64  `json:"id"`
+	Status string `json:"status"`
+	// ReplayOf is the delivery this one replays.
+	ReplayOf    *int64          `json:"replay_of,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	DeliveredAt *time.Time      `json:"delivered_at"`
+	LastError   string          `json:"last_error"`
+	Attempts    []AttemptRecord `json:"attempts"`
+}
+
+// AttemptRecord is one HTTP attempt, as postbox.attempts keeps it.
+type AttemptRecord struct {
+	// Attempt is the delivery's attempt number, from 1 (0: unknown, for
+	// samples carried over from before attempts were kept).
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at"`
+	StatusCode *int      `json:"status_code"` // nil when no response came
+	DurationMS float64   `json:"duration_ms"`
+	Error      string    `json:"error"`
+	ErrorClass string    `json:"error_class"`
+	// Response is the start of the response body, redacted.
+	Response string `json:"response"`
+	// Target is where it went: scheme://host/path, never the query.
+	Target   string `json:"target"`
+	Instance string `json:"instance"`
+}
+
+// canonicalUUID returns s as PostgreSQL's canonical text of a uuid, or
+// false when s is not one (hyphens anywhere and braces around are
+// accepted, as PostgreSQL does).
+func canonicalUUID(s string) (string, bool) {
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")
+	s = strings.ToLower(strings.ReplaceAll(s, "-", ""))
+	if len(s) != 32 {
+		return "", false
+	}
+	for _, r := range s {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return "", false
+		}
+	}
+	return s[:8] + "-" + s[8:12] + "-" + s[12:16] + "-" + s[16:20] + "-" + s[20:], true
+}
+
+// printable drops control characters, so an id from the command line
+// cannot rewrite the operator's terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// LoadEvent returns the stories of eventID, one per endpoint it went to
+// (in endpoint order), each with its deliveries in id order and their
+// attempts in order. For an id postbox does not hold it returns an empty
+// slice and an error wrapping ErrEventNotFound.
+func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventStory, error) {
+	stories := []EventStory{}
+	id, ok := canonicalUUID(eventID)
+	if !ok {
+		return stories, fmt.Errorf("%w %s (an event id is a UUID)", ErrEventNotFound, printable(eventID))
+	}
+	rows, err := q.Query(ctx, `
+		SELECT id, event_id::text, endpoint, event_type, coalesce(commit_lsn::text, ''), committed_at, created_at, ingested_at
+		FROM postbox.events WHERE event_id = $1::uuid ORDER BY endpoint`, id)
+	if err != nil {
+		return stories, fmt.Errorf("event %s: %w", id, err)
+	}
+	var pks []int64
+	byPK := map[int64]int{}
+	for rows.Next() {
+		var s EventStory
+		var pk int64
+		if err := rows.Scan(&pk, &s.EventID, &s.Endpoint, &s.EventType, &s.CommitLSN, &s.CommittedAt, &s.CreatedAt, &s.IngestedAt); err != nil {
+			rows.Close()
+			return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+		}
+		s.Deliveries = []DeliveryStory{}
+		byPK[pk] = len(stories)
+		pks = append(pks, pk)
+		stories = append(stories, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+	}
+	if len(stories) == 0 {
+		return stories, fmt.Errorf("%w %s", ErrEventNotFound, id)
+	}
+
+	rows, err = q.Query(ctx, `
+		SELECT id, event_pk, status, replay_of, created_at, updated_at, delivered_at, coalesce(last_error, '')
+		FROM postbox.deliveries WHERE event_pk = ANY($1) ORDER BY id`, pks)
+	if err != nil {
+		return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+	}
+	type ref struct{ story, delivery int }
+	var ids []int64
+	byID := map[int64]ref{}
+	for rows.Next() {
+		var d DeliveryStory
+		var pk int64
+		if err := rows.Scan(&d.ID, &pk, &d.Status, &d.ReplayOf, &d.CreatedAt, &d.UpdatedAt, &d.DeliveredAt, &d.LastError); err != nil {
+			rows.Close()
+			return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+		}
+		d.Attempts = []AttemptRecord{}
+		s := &stories[byPK[pk]]
+		byID[d.ID] = ref{byPK[pk], len(s.Deliveries)}
+		ids = append(ids, d.ID)
+		s.Deliveries = append(s.Deliveries, d)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+	}
+	if len(ids) == 0 {
+		return stories, nil
+	}
+
+	rows, err = q.Query(ctx, `
+		SELECT delivery_id, `+attemptColumns+`
+		FROM postbox.attempts a WHERE a.delivery_id = ANY($1) ORDER BY a.delivery_id, a.attempt, a.started_at`, ids)
+	if err != nil {
+		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var a AttemptRecord
+		var deliveryID int64
+		if err := rows.Scan(append([]any{&deliveryID}, a.scanTargets()...)...); err != nil {
+			return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+		}
+		roundMS(&a.DurationMS)
+		r := byID[deliveryID]
+		d := &stories[r.story].Deliveries[r.delivery]
+		d.Attempts = append(d.Attempts, a)
+	}
+	if err := rows.Err(); err != nil {
+		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+	}
+	return stories, nil
+}
+
+// attemptColumns are an AttemptRecord's columns of postbox.attempts a, in
+// scanTargets order.
+const attemptColumns = `a.attempt, a.started_at, a.status_code, a.duration_ms::float8, coalesce(a.error, ''),
+       coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance`
+
+func (a *AttemptRecord) scanTargets() []any {
+	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance}
+}
+
+// AttemptRow is an attempt with the delivery and event it was made for.
+type AttemptRow struct {
+	AttemptRecord
+	// EventID is "" for samples carried over from before attempts were
+	// kept, and for attempts whose delivery has been purged.
+	EventID    string `json:"event_id"`
+	Endpoint   string `json:"endpoint"`
+	DeliveryID int64  `json:"delivery_id"` // 0 when unknown
+}
+
+// RecentAttempts returns endpoint's latest attempts, the newest first, at
+// most limit (EventLimitDefault when 0, at most EventLimitMax).
+func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit int) ([]AttemptRow, error) {
+	if endpoint == "" {
+		return nil, errors.New("recent attempts: no endpoint given")
+	}
+	if limit <= 0 {
+		limit = EventLimitDefault
+	}
+	limit = min(limit, EventLimitMax)
+	rows, err := q.Query(ctx, `
+		SELECT a.delivery_id, a.endpoint, coalesce(e.event_id::text, ''), `+attemptColumns+`
+		FROM postbox.attempts a
+		LEFT JOIN postbox.deliveries d ON d.id = a.delivery_id
+		LEFT JOIN postbox.events e ON e.id = d.event_pk
+		WHERE a.endpoint = $1
+		ORDER BY a.started_at DESC
+		LIMIT $2`, endpoint, limit)
+	if err != nil {
+		return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
+	}
+	defer rows.Close()
+	out := []AttemptRow{}
+	for rows.Next() {
+		var a AttemptRow
+		if err := rows.Scan(append([]any{&a.DeliveryID, &a.Endpoint, &a.EventID}, a.scanTargets()...)...); err != nil {
+			return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
+		}
+		roundMS(&a.DurationMS)
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
+	}
+	return out, nil
+}
+
+// MinuteCount is one minute's attempts: those that delivered their event
+// and those that did not (to be retried, or dead letters).
+type MinuteCount struct {
+	Minute    time.Time `json:"minute"`
+	Delivered int       `json:"delivered"`
+	Failed    int       `json:"failed"`
+}
+
+// PerMinuteDefault is the range DeliveriesPerMinute covers when asked for
+// none; PerMinuteMax the longest it covers.
+const (
+	PerMinuteDefault = time.Hour
+	PerMinuteMax     = 7 * 24 * time.Hour
+)
+
+// DeliveriesPerMinute counts the attempts of every minute from since ago
+// to now (PerMinuteDefault when 0, at most PerMinuteMax), oldest first,
+// every minute present (zero when nothing was attempted in it).
+func DeliveriesPerMinute(ctx context.Context, q store.Querier, since time.Duration) ([]MinuteCount, error) {
+	if since <= 0 {
+		since = PerMinuteDefault
+	}
+	since = min(since, PerMinuteMax)
+	rows, err := q.Query(ctx, `
+		WITH r AS (
+		  SELECT date_bin('1 minute', now() - $1 * interval '1 second', timestamptz '2000-01-01 00:00:00+00') AS first,
+		         date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00') AS last
+		),
+		c AS (
+		  SELECT date_bin('1 minute', a.started_at, timestamptz '2000-01-01 00:00:00+00') AS minute,
+		         count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
+		         count(*) FILTER (WHERE a.outcome <> 'delivered') AS failed
+		  FROM postbox.attempts a, r
+		  WHERE a.started_at >= r.first
+		  GROUP BY 1
+		)
+		SELECT m.minute, coalesce(c.delivered, 0)::int, coalesce(c.failed, 0)::int
+		FROM r, generate_series(r.first, r.last, interval '1 minute') AS m(minute)
+		LEFT JOIN c ON c.minute = m.minute
+		ORDER BY m.minute`, since.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("deliveries per minute: %w", err)
+	}
+	defer rows.Close()
+	out := []MinuteCount{}
+	for rows.Next() {
+		var m MinuteCount
+		if err := rows.Scan(&m.Minute, &m.Delivered, &m.Failed); err != nil {
+			return nil, fmt.Errorf("deliveries per minute: %w", err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("deliveries per minute: %w", err)
+	}
+	return out, nil
+}
+
+// LatencyPoint is an endpoint's attempt latency in one five-minute bin.
+type LatencyPoint struct {
+	Bin   time.Time `json:"bin"` // the start of its five minutes
+	P50MS float64   `json:"p50_ms"`
+	P95MS float64   `json:"p95_ms"`
+	P99MS float64   `json:"p99_ms"`
+	Count int64     `json:"count"`
+}
+
+// latencySeriesSQL finds, per bin, the first bucket whose cumulative count
+// reaches each fraction: the rule of histogramPercentilesSQL, bin by bin.
+const latencySeriesSQL = `
+WITH c AS (
+  SELECT bin, bucket,
+         sum(count) OVER (PARTITION BY bin ORDER BY bucket) AS upto,
+         sum(count) OVER (PARTITION BY bin) AS total
+  FROM postbox.latency_histogram
+  WHERE endpoint = $1 AND bin >= postbox.latency_bin(now() - $2 * interval '1 second')
+)
+SELECT bin, max(total)::int8,
+       postbox.latency_bucket_ms(min(bucket) FILTER (WHERE upto >= 0.50 * total))::float8,
+       postbox.latency_bucket_ms(min(bucket) FILTER (WHERE upto >= 0.95 * total))::float8,
+       postbox.latency_bucket_ms(min(bucket) FILTER (WHERE upto >= 0.99 * total))::float8
+FROM c
+GROUP BY bin
+ORDER BY bin`
+
+// LatencySeries returns endpoint's p50/p95/p99 per five-minute bin over
+// the rolling window (Window), oldest first, from the latency histograms
+// (each within 2 % of the exact percentile). Bins without attempts are
+// absent.
+func LatencySeries(ctx context.Context, q store.Querier, endpoint string) ([]LatencyPoint, error) {
+	rows, err := q.Query(ctx, latencySeriesSQL, endpoint, Window.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("latency series of %s: %w", endpoint, err)
+	}
+	defer rows.Close()
+	out := []LatencyPoint{}
+	for rows.Next() {
+		var p LatencyPoint
+		if err := rows.Scan(&p.Bin, &p.Count, &p.P50MS, &p.P95MS, &p.P99MS); err != nil {
+			return nil, fmt.Errorf("latency series of %s: %w", endpoint, err)
+		}
+		roundMS(&p.P50MS, &p.P95MS, &p.P99MS)
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("latency series of %s: %w", endpoint, err)
+	}
+	return out, nil
+}

@@ -45,7 +45,7 @@ type setupOpts struct {
 	logPayloads bool
 }
 
-func setup(t *testing.T, o setupOpts) *testBundle {
+func setup(t testing.TB, o setupOpts) *testBundle {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 4)

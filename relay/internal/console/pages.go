@@ -48,7 +48,7 @@ func (c *Console) overview(rq *request) error {
 	for _, a := range p.Alerts {
 		p.SlotFiring = p.SlotFiring || a.Name == telemetry.AlertSlotLag
 	}
-	counts, err := c.q.DeliveriesPerMinute(rq.ctx, rq.pool, OverviewWindow)
+	counts, err := telemetry.DeliveriesPerMinute(rq.ctx, rq.pool, OverviewWindow)
 	if err != nil {
 		return err
 	}
@@ -107,15 +107,16 @@ type endpointPage struct {
 	Configured   bool
 	Stats        *telemetry.EndpointStats
 	Chart        template.HTML
-	Attempts     []AttemptRow
+	Attempts     []telemetry.AttemptRow
 	AttemptLimit int
+	CanPause     bool
 }
 
 // endpoint is one endpoint: its figures, its latency over 24 hours per
 // five minutes, its last attempts, and pause or resume.
 func (c *Console) endpoint(rq *request) error {
 	name := rq.r.PathValue("name")
-	p := endpointPage{Name: name, AttemptLimit: ListLimitDefault}
+	p := endpointPage{Name: name, AttemptLimit: ListLimitDefault, CanPause: c.pauser != nil}
 	_, p.Configured = rq.cfg.Endpoints[name]
 	eps, err := telemetry.LoadEndpointsRefreshed(rq.ctx, rq.pool, name)
 	if err != nil {
@@ -127,12 +128,12 @@ func (c *Console) endpoint(rq *request) error {
 	} else if !p.Configured {
 		return errNotFound
 	}
-	series, err := c.q.LatencySeries(rq.ctx, rq.pool, name)
+	series, err := telemetry.LatencySeries(rq.ctx, rq.pool, name)
 	if err != nil {
 		return err
 	}
 	p.Chart = latencyChart(series, c.now())
-	if p.Attempts, err = c.q.RecentAttempts(rq.ctx, rq.pool, name, ListLimitDefault); err != nil {
+	if p.Attempts, err = telemetry.RecentAttempts(rq.ctx, rq.pool, name, ListLimitDefault); err != nil {
 		return err
 	}
 	for i := range p.Attempts {
@@ -145,7 +146,7 @@ func (c *Console) endpoint(rq *request) error {
 
 // latencyChart draws p50/p95/p99 per five-minute bin over the last 24
 // hours; bins without attempts are gaps.
-func latencyChart(points []LatencyPoint, now time.Time) template.HTML {
+func latencyChart(points []telemetry.LatencyPoint, now time.Time) template.HTML {
 	end := now.UTC().Truncate(LatencyBin)
 	n := int(telemetry.Window / LatencyBin)
 	bins := make([]time.Time, n)
@@ -217,15 +218,11 @@ type eventsPage struct {
 	Keys                                        []string
 	Statuses                                    []string
 	Searched, Capped                            bool
-	Results                                     []EventSummary
+	Results                                     []telemetry.EventSummary
 	Error                                       string
 }
 
 var uuidRe = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-
-// searchStatuses are the statuses an event search filters by.
-var searchStatuses = []string{string(state.Pending), string(state.InFlight), string(state.Failed),
-	string(state.Delivered), string(state.DeadLetter), string(state.Replayed)}
 
 // events searches events by payload key, endpoint, status and time.
 func (c *Console) events(rq *request) error {
@@ -233,7 +230,7 @@ func (c *Console) events(rq *request) error {
 	p := eventsPage{ID: strings.TrimSpace(q.Get("id")), Payload: strings.TrimSpace(q.Get("payload")),
 		Endpoint: strings.TrimSpace(q.Get("endpoint")), Status: q.Get("status"),
 		Since: strings.TrimSpace(q.Get("since")), Until: strings.TrimSpace(q.Get("until")),
-		Keys: rq.cfg.SearchKeys, Statuses: searchStatuses}
+		Keys: rq.cfg.SearchKeys, Statuses: telemetry.EventStatuses}
 	if p.ID != "" {
 		if !uuidRe.MatchString(p.ID) {
 			p.Error = "An event id is a UUID, such as 0b9c5f0e-5d3c-4e59-9f8e-2f4b8f1c6a10."
@@ -243,8 +240,8 @@ func (c *Console) events(rq *request) error {
 		http.Redirect(rq.w, rq.r, "/events/"+strings.ToLower(p.ID), http.StatusSeeOther)
 		return nil
 	}
-	f := EventFilter{Endpoint: p.Endpoint, Limit: ListLimitDefault + 1}
-	if p.Status != "" && !slices.Contains(searchStatuses, p.Status) {
+	f := telemetry.EventFilter{Endpoint: p.Endpoint, Limit: ListLimitDefault + 1}
+	if p.Status != "" && !slices.Contains(telemetry.EventStatuses, p.Status) {
 		p.Status = ""
 	}
 	f.Status = p.Status
@@ -264,7 +261,7 @@ func (c *Console) events(rq *request) error {
 		f.Payload[strings.TrimSpace(k)] = strings.TrimSpace(v)
 	}
 	if len(f.Payload) > 0 {
-		if err := c.q.CheckSearchKeys(rq.cfg.SearchKeys, f.Payload); err != nil {
+		if err := telemetry.CheckSearchKeys(rq.cfg.SearchKeys, f.Payload); err != nil {
 			problems = append(problems, err.Error())
 		}
 	}
@@ -291,7 +288,7 @@ func (c *Console) events(rq *request) error {
 	}
 	// An empty form lists the newest events.
 	p.Searched = true
-	res, err := c.q.SearchEvents(rq.ctx, rq.pool, f)
+	res, err := telemetry.SearchEvents(rq.ctx, rq.pool, f)
 	if err != nil {
 		return err
 	}
@@ -329,12 +326,12 @@ type eventPage struct {
 }
 
 type storyView struct {
-	EventStory
+	telemetry.EventStory
 	Deliveries []deliveryView
 }
 
 type deliveryView struct {
-	DeliveryStory
+	telemetry.DeliveryStory
 	Steps []step
 }
 
@@ -351,8 +348,8 @@ func (c *Console) event(rq *request) error {
 	if !uuidRe.MatchString(id) {
 		return errNotFound
 	}
-	stories, err := c.q.LoadEvent(rq.ctx, rq.pool, id)
-	if errors.Is(err, ErrEventNotFound) {
+	stories, err := telemetry.LoadEvent(rq.ctx, rq.pool, id)
+	if errors.Is(err, telemetry.ErrEventNotFound) {
 		return &httpError{http.StatusNotFound, "Event not found", "No event has this id (or it is older than event_retention)."}
 	}
 	if err != nil {
@@ -372,7 +369,7 @@ func (c *Console) event(rq *request) error {
 
 // steps tells a delivery's story: queued (or replayed), each attempt, and
 // how it ended.
-func (c *Console) steps(rq *request, d DeliveryStory) []step {
+func (c *Console) steps(rq *request, d telemetry.DeliveryStory) []step {
 	first := step{When: d.CreatedAt, What: "Queued for delivery"}
 	if d.ReplayOf != nil {
 		first.What = "Queued again by a replay"
@@ -473,13 +470,19 @@ func (c *Console) replay(rq *request) (string, error) {
 // pauseChoices are the pause form's durations.
 var pauseChoices = map[string]time.Duration{"15m": 15 * time.Minute, "1h": time.Hour, "4h": 4 * time.Hour, "24h": 24 * time.Hour}
 
+// errNoPauser answers pause and resume when the console has no Pauser.
+var errNoPauser = &httpError{http.StatusNotImplemented, "Not available", "This build cannot pause endpoints from the console; use postbox endpoints pause NAME."}
+
 func (c *Console) pause(rq *request) (string, error) {
+	if c.pauser == nil {
+		return "", errNoPauser
+	}
 	name := rq.r.PathValue("name")
 	d, ok := pauseChoices[rq.r.PostFormValue("for")]
 	if !ok {
 		return "", badRequest("Pause for 15m, 1h, 4h or 24h.")
 	}
-	if err := c.q.Pause(rq.ctx, rq.pool, name, c.now().Add(d)); err != nil {
+	if err := c.pauser.Pause(rq.ctx, rq.pool, name, c.now().Add(d)); err != nil {
 		return "", err
 	}
 	c.log.Info().Str("endpoint", name).Dur("for", d).Str("by", rq.s.by()).Msg("console pause")
@@ -487,8 +490,11 @@ func (c *Console) pause(rq *request) (string, error) {
 }
 
 func (c *Console) resume(rq *request) (string, error) {
+	if c.pauser == nil {
+		return "", errNoPauser
+	}
 	name := rq.r.PathValue("name")
-	if err := c.q.Resume(rq.ctx, rq.pool, name); err != nil {
+	if err := c.pauser.Resume(rq.ctx, rq.pool, name); err != nil {
 		return "", err
 	}
 	c.log.Info().Str("endpoint", name).Str("by", rq.s.by()).Msg("console resume")

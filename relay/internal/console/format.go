@@ -22,9 +22,11 @@ var funcs = template.FuncMap{
 	"bytes":     telemetry.FormatBytes,
 	"ts":        formatTime,
 	"tsp":       formatTimePtr,
+	"tsms":      formatTimeMS,
 	"ago":       formatAgo,
 	"agop":      formatAgoPtr,
 	"age":       formatAgeSeconds,
+	"since":     formatSince,
 	"code":      formatCode,
 	"pathesc":   url.PathEscape,
 	"queryesc":  url.QueryEscape,
@@ -116,6 +118,14 @@ func formatTime(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05")
 }
 
+// formatTimeMS prints a time in UTC to the millisecond, for timelines.
+func formatTimeMS(t time.Time) string {
+	if t.IsZero() {
+		return "–"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000")
+}
+
 func formatTimePtr(t *time.Time) string {
 	if t == nil {
 		return "–"
@@ -129,10 +139,18 @@ func formatAgo(now, t time.Time) string {
 		return "–"
 	}
 	d := now.Sub(t)
-	if d < 0 {
+	switch {
+	case d < -time.Second:
 		return "in " + formatSpan(-d)
+	case d < time.Second:
+		return "just now"
 	}
-	return formatSpan(d) + " ago"
+	return formatSpan(d.Truncate(time.Second)) + " ago"
+}
+
+// formatSince prints how long t is before now: "4 s", "3 h 5 min".
+func formatSince(now, t time.Time) string {
+	return formatSpan(max(0, now.Sub(t)).Truncate(time.Second))
 }
 
 func formatAgoPtr(now time.Time, t *time.Time) string {
@@ -149,11 +167,14 @@ func formatAgeSeconds(s *float64) string {
 	return formatSpan(time.Duration(*s * float64(time.Second)))
 }
 
-// formatSpan prints a duration coarsely: 850 ms, 12 s, 3 min, 2 h 5 min, 3 d.
+// formatSpan prints a duration coarsely: 0.42 ms, 850 ms, 4.2 s, 12 s,
+// 3 min, 2 h 5 min, 3 d.
 func formatSpan(d time.Duration) string {
 	switch {
 	case d < time.Second:
-		return fmt.Sprintf("%d ms", d.Milliseconds())
+		return formatMS(float64(d) / float64(time.Millisecond))
+	case d < 10*time.Second:
+		return fmt.Sprintf("%.1f s", d.Seconds())
 	case d < time.Minute:
 		return fmt.Sprintf("%d s", int(d.Seconds()))
 	case d < time.Hour:

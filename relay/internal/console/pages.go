@@ -110,6 +110,8 @@ type endpointPage struct {
 	Attempts     []telemetry.AttemptRow
 	AttemptLimit int
 	CanPause     bool
+	// FailingNow: the last attempt failed (no success since).
+	FailingNow bool
 }
 
 // endpoint is one endpoint: its figures, its latency over 24 hours per
@@ -125,6 +127,8 @@ func (c *Console) endpoint(rq *request) error {
 	if len(eps) == 1 {
 		p.Stats = &eps[0]
 		p.Stats.LastError = c.text(rq, p.Stats.LastError)
+		f, ok := p.Stats.LastFailureAt, p.Stats.LastSuccessAt
+		p.FailingNow = f != nil && (ok == nil || f.After(*ok))
 	} else if !p.Configured {
 		return errNotFound
 	}
@@ -174,25 +178,35 @@ func latencyChart(points []telemetry.LatencyPoint, now time.Time) template.HTML 
 
 type deadLettersPage struct {
 	Endpoint, Window string
-	Windows          []string
+	Windows          []window
+	WindowLabel      string
 	Since            time.Time
 	Analysis         []telemetry.Analysis
 	List             []telemetry.DeadLetter
 	Capped           bool
 }
 
+// window is a choice of how far back a page looks.
+type window struct {
+	Key, Label string
+	D          time.Duration
+}
+
 // deadLetterWindows are the dead-letter page's windows.
-var deadLetterWindows = map[string]time.Duration{"1h": time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour, "30d": 30 * 24 * time.Hour}
+var deadLetterWindows = []window{{"1h", "the last hour", time.Hour}, {"24h", "the last 24 hours", 24 * time.Hour},
+	{"7d", "the last 7 days", 7 * 24 * time.Hour}, {"30d", "the last 30 days", 30 * 24 * time.Hour}}
 
 // deadLetters is the analysis with its advice and the newest dead letters.
 func (c *Console) deadLetters(rq *request) error {
 	q := rq.r.URL.Query()
-	p := deadLettersPage{Endpoint: strings.TrimSpace(q.Get("endpoint")), Window: q.Get("since"),
-		Windows: []string{"1h", "24h", "7d", "30d"}}
-	if _, ok := deadLetterWindows[p.Window]; !ok {
-		p.Window = "7d"
+	p := deadLettersPage{Endpoint: strings.TrimSpace(q.Get("endpoint")), Window: "7d", Windows: deadLetterWindows}
+	w := deadLetterWindows[2]
+	for _, c := range deadLetterWindows {
+		if c.Key == q.Get("since") {
+			w = c
+		}
 	}
-	p.Since = c.now().Add(-deadLetterWindows[p.Window])
+	p.Window, p.WindowLabel, p.Since = w.Key, w.Label, c.now().Add(-w.D)
 	var err error
 	if p.Analysis, err = telemetry.AnalyzeDeadLetters(rq.ctx, rq.pool, p.Endpoint, p.Since); err != nil {
 		return err
@@ -217,7 +231,7 @@ type eventsPage struct {
 	ID, Payload, Endpoint, Status, Since, Until string
 	Keys                                        []string
 	Statuses                                    []string
-	Searched, Capped                            bool
+	Searched, Capped, Filtered                  bool
 	Results                                     []telemetry.EventSummary
 	Error                                       string
 }
@@ -288,6 +302,7 @@ func (c *Console) events(rq *request) error {
 	}
 	// An empty form lists the newest events.
 	p.Searched = true
+	p.Filtered = f.Endpoint != "" || f.Status != "" || len(f.Payload) > 0 || !f.Since.IsZero() || !f.Until.IsZero()
 	res, err := telemetry.SearchEvents(rq.ctx, rq.pool, f)
 	if err != nil {
 		return err
@@ -337,7 +352,10 @@ type deliveryView struct {
 
 // step is one line of a delivery's timeline.
 type step struct {
-	When                   time.Time
+	When time.Time
+	// After is how long after the event's commit (its write, when the
+	// commit is unknown).
+	After                  string
 	Class                  string // ok, bad, warn or ""
 	What, Detail, Response string
 }
@@ -359,7 +377,15 @@ func (c *Console) event(rq *request) error {
 	for _, st := range stories {
 		sv := storyView{EventStory: st}
 		for _, d := range st.Deliveries {
-			sv.Deliveries = append(sv.Deliveries, deliveryView{DeliveryStory: d, Steps: c.steps(rq, d)})
+			steps := c.steps(rq, d)
+			from := st.CreatedAt
+			if st.CommittedAt != nil {
+				from = *st.CommittedAt
+			}
+			for i := range steps {
+				steps[i].After = "+" + formatSpan(max(0, steps[i].When.Sub(from)))
+			}
+			sv.Deliveries = append(sv.Deliveries, deliveryView{DeliveryStory: d, Steps: steps})
 		}
 		p.Stories = append(p.Stories, sv)
 	}
@@ -383,10 +409,10 @@ func (c *Console) steps(rq *request, d telemetry.DeliveryStory) []step {
 			s.Class = "ok"
 		case a.StatusCode != nil:
 			s.What += " → HTTP " + itoa(*a.StatusCode)
-			s.Class = "bad"
+			s.Class = "warn"
 		default:
 			s.What += " → no response"
-			s.Class = "bad"
+			s.Class = "warn"
 		}
 		s.What += " in " + formatMS(a.DurationMS)
 		var detail []string
@@ -419,7 +445,7 @@ func (c *Console) steps(rq *request, d telemetry.DeliveryStory) []step {
 	case state.DeadLetter:
 		out = append(out, step{When: d.UpdatedAt, Class: "bad", What: "Dead-lettered", Detail: c.text(rq, d.LastError)})
 	case state.Replayed:
-		out = append(out, step{When: d.UpdatedAt, Class: "warn", What: "Dead-lettered, then replayed", Detail: c.text(rq, d.LastError)})
+		out = append(out, step{When: d.UpdatedAt, Class: "bad", What: "Dead-lettered (replayed later)", Detail: c.text(rq, d.LastError)})
 	case state.Failed:
 		out = append(out, step{When: d.UpdatedAt, Class: "warn", What: "Waiting to retry", Detail: c.text(rq, d.LastError)})
 	case state.InFlight:

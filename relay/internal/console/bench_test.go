@@ -15,7 +15,7 @@ import (
 
 // BenchmarkPages times each page with a million deliveries (and their
 // events and attempts) in the last 24 hours over ten endpoints: one in 199
-// dead-lettered, one in 307 awaiting a retry. Seeding takes a minute or
+// dead-lettered, one in 307 of the last ten minutes awaiting a retry. Seeding takes a minute or
 // two; then each page is requested b.N times through the console's
 // handler, queries included.
 //

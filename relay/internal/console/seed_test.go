@@ -12,8 +12,8 @@ import (
 // seedHistorySQL writes n events spread evenly over the window $3 before
 // now, to the endpoints $2 in turn, each with one delivery and its
 // attempts, as the relay would have recorded them: one in $4 dead-lettered
-// after three attempts answered 503, one in $5 waiting to retry, the rest
-// delivered at the first attempt. Latencies follow a long-tailed spread
+// after three attempts answered 503, one in $5 of the last ten minutes'
+// waiting to retry, the rest delivered at the first attempt. Latencies follow a long-tailed spread
 // that swells and ebbs over the day, so the charts have a shape. The
 // attempts' insert fills the latency histograms (its trigger).
 const seedHistorySQL = `
@@ -27,16 +27,18 @@ WITH ev AS (
 ), d AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, status, attempt_count, created_at, updated_at, delivered_at,
                                   commit_to_delivery_ms, last_response_ms, last_status_code, last_error, next_attempt_at)
-  SELECT id, endpoint,
-         CASE WHEN id % $4 = 0 THEN 'dead_letter' WHEN id % $5 = 1 THEN 'failed' ELSE 'delivered' END,
-         CASE WHEN id % $4 = 0 THEN 3 ELSE 1 END,
+  SELECT id, endpoint, st, CASE WHEN st = 'dead_letter' THEN 3 ELSE 1 END,
          created_at, created_at + interval '5 ms',
-         CASE WHEN id % $4 <> 0 AND id % $5 <> 1 THEN created_at + interval '4 ms' END,
-         CASE WHEN id % $4 <> 0 AND id % $5 <> 1 THEN 2 + 3 * random() END,
-         3, CASE WHEN id % $4 = 0 OR id % $5 = 1 THEN 503 ELSE 200 END,
-         CASE WHEN id % $4 = 0 THEN 'max_attempts (3) exhausted: http 503' WHEN id % $5 = 1 THEN 'http 503' END,
+         CASE WHEN st = 'delivered' THEN created_at + interval '4 ms' END,
+         CASE WHEN st = 'delivered' THEN 2 + 3 * random() END,
+         3, CASE WHEN st = 'delivered' THEN 200 ELSE 503 END,
+         CASE WHEN st = 'dead_letter' THEN 'max_attempts (3) exhausted: http 503' WHEN st = 'failed' THEN 'http 503' END,
          now() + interval '1 hour'
-  FROM ev
+  FROM (SELECT id, endpoint, created_at,
+               CASE WHEN id % $4 = 0 THEN 'dead_letter'
+                    WHEN id % $5 = 0 AND created_at > now() - interval '10 minutes' THEN 'failed'
+                    ELSE 'delivered' END AS st
+        FROM ev) s
   RETURNING id, endpoint, status, created_at, attempt_count
 )
 INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,

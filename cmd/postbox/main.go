@@ -37,10 +37,21 @@ Commands:
   run           stream the outbox and deliver until SIGTERM
   migrate       create or upgrade the outbox table and postbox's schema
   status        the health summary and firing alerts (--check: exit 1 while any fires)
-  endpoints     per endpoint: breaker state, p50/p95/p99 over 24 h, samples, failures
+  endpoints     per endpoint: breaker state, pause, p50/p95/p99 over 24 h, samples, failures
+  endpoints pause NAME [--for D]
+                hold an endpoint's deliveries on every instance until resumed (or for D);
+                its events wait in the queue, nothing is dropped
+  endpoints resume NAME
+                end an endpoint's pause (an operator's or the receiver's)
   dead-letters  recent dead letters (--endpoint, --since); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
                 --since/--until, --from-lsn, --event-id, --dry-run, --rate)
+  events        search events, newest commit first: --endpoint, --status (of the latest
+                delivery), --since/--until, --payload KEY=VALUE (a search_keys field;
+                repeat), --limit
+  event ID      one event's story: commit (LSN, time), ingest, every delivery and
+                attempt, replays; --json prints the story, or a list of stories when
+                the id went to several endpoints
   doctor        check the database for postbox and explain what to fix (exit 1 on errors)
   secret new    print a fresh signing secret (whsec_…)
   demo          run postbox against a throwaway PostgreSQL and local receivers
@@ -48,8 +59,9 @@ Commands:
   version       print the version
 
 Every command takes --config (or POSTBOX_CONFIG) and honours
-POSTBOX_DATABASE_URL; status, endpoints, dead-letters and replay take --json
-and read the database directly, so they work while no relay runs.
+POSTBOX_DATABASE_URL; status, endpoints, dead-letters, replay, events and
+event take --json and read the database directly, so they work while no
+relay runs.
 Run 'postbox <command> -h' for a command's flags.
 `
 
@@ -70,6 +82,8 @@ var commands = []command{
 	{"endpoints", cmdEndpoints},
 	{"dead-letters", cmdDeadLetters},
 	{"replay", cmdReplay},
+	{"events", cmdEvents},
+	{"event", cmdEvent},
 	{"doctor", cmdDoctor},
 	{"secret", cmdSecret},
 	{"demo", cmdDemo},

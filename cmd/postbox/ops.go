@@ -11,6 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,6 +32,7 @@ type opsEnv struct {
 	pool *pgxpool.Pool
 	json bool
 	out  io.Writer
+	args []string // the arguments that are not flags, in order
 }
 
 // openOps parses the common flags (and fs's own), loads the configuration
@@ -40,7 +42,8 @@ func openOps(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stder
 	fs.SetOutput(stderr)
 	fs.StringVar(&cf.config, "config", "", "configuration file (YAML); env "+config.EnvConfig)
 	jsonOut := fs.Bool("json", false, "print one JSON document")
-	if err := fs.Parse(args); err != nil {
+	positional, err := parseInterspersed(fs, args)
+	if err != nil {
 		return nil, nil, exitUsage
 	}
 	if cf.config == "" {
@@ -67,7 +70,28 @@ func openOps(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stder
 		fmt.Fprintln(stderr, "postbox: database unreachable:", err)
 		return nil, nil, exitFailure
 	}
-	return &opsEnv{cfg: cfg, pool: pool, json: *jsonOut, out: stdout}, pool.Close, exitOK
+	return &opsEnv{cfg: cfg, pool: pool, json: *jsonOut, out: stdout, args: positional}, pool.Close, exitOK
+}
+
+// parseInterspersed parses args with fs, flags before and after the other
+// arguments (postbox event ID --json), and returns those others. After
+// "--" every argument is one of them.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
 }
 
 func (e *opsEnv) printJSON(v any) {
@@ -143,13 +167,15 @@ func printStatus(w io.Writer, s telemetry.Summary) {
 		fmt.Fprintln(w, "\nheld back:")
 		for _, b := range s.Breakers {
 			switch {
+			case b.PausedUntil != nil && !b.PausedUntil.Before(ops.PauseIndefinite):
+				fmt.Fprintf(w, "  %s  paused until resumed (postbox endpoints resume %s)\n", printable(b.Endpoint), shellQuote(b.Endpoint))
 			case b.PausedUntil != nil:
-				fmt.Fprintf(w, "  %s  paused by the receiver until %s\n", b.Endpoint, b.PausedUntil.UTC().Format(time.RFC3339))
+				fmt.Fprintf(w, "  %s  paused until %s\n", printable(b.Endpoint), b.PausedUntil.UTC().Format(time.RFC3339))
 			case b.State == telemetry.BreakerOpen:
-				fmt.Fprintf(w, "  %s  breaker open since %s, probes at %s; %d consecutive failures, last: %s\n", b.Endpoint,
-					b.OpenedAt.UTC().Format(time.RFC3339), b.ReopensAt.UTC().Format(time.RFC3339), b.ConsecutiveFailures, b.LastError)
+				fmt.Fprintf(w, "  %s  breaker open since %s, probes at %s; %d consecutive failures, last: %s\n", printable(b.Endpoint),
+					b.OpenedAt.UTC().Format(time.RFC3339), b.ReopensAt.UTC().Format(time.RFC3339), b.ConsecutiveFailures, printable(b.LastError))
 			default:
-				fmt.Fprintf(w, "  %s  breaker %s\n", b.Endpoint, b.State)
+				fmt.Fprintf(w, "  %s  breaker %s\n", printable(b.Endpoint), b.State)
 			}
 		}
 	}
@@ -165,6 +191,14 @@ func printStatus(w io.Writer, s telemetry.Summary) {
 }
 
 func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "pause":
+			return cmdPause(ctx, args[1:], stdout, stderr)
+		case "resume":
+			return cmdResume(ctx, args[1:], stdout, stderr)
+		}
+	}
 	fs := flag.NewFlagSet("postbox endpoints", flag.ContinueOnError)
 	only := fs.String("endpoint", "", "only this endpoint")
 	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
@@ -172,6 +206,10 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return code
 	}
 	defer closeEnv()
+	if len(env.args) > 0 {
+		fmt.Fprintf(stderr, "postbox: endpoints: unexpected %q (the subcommands are pause and resume)\n", printable(env.args[0]))
+		return exitUsage
+	}
 	eps, err := telemetry.LoadEndpoints(ctx, env.pool, *only)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
@@ -192,11 +230,188 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ENDPOINT\tSTATE\tP50\tP95\tP99\tSAMPLES\tFAIL STREAK\tPENDING\tRETRY\tDEAD\tLAST ERROR")
 	for _, e := range eps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", e.Endpoint, e.State, ms(e.P50MS), ms(e.P95MS), ms(e.P99MS),
-			e.SampleCount, e.ConsecutiveFailures, e.Pending, e.AwaitingRetry, e.DeadLetter, e.LastError)
+		st := string(e.State)
+		if e.PausedUntil != nil {
+			st = "paused " + pausedUntil(*e.PausedUntil)
+			if e.State != telemetry.BreakerClosed {
+				st = string(e.State) + ", " + st
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", printable(e.Endpoint), st, ms(e.P50MS), ms(e.P95MS), ms(e.P99MS),
+			e.SampleCount, e.ConsecutiveFailures, e.Pending, e.AwaitingRetry, e.DeadLetter, printable(e.LastError))
 	}
 	_ = tw.Flush()
 	return exitOK
+}
+
+// pausedUntil says until when a pause lasts.
+func pausedUntil(t time.Time) string {
+	if !t.Before(ops.PauseIndefinite) {
+		return "until resumed"
+	}
+	return "until " + t.UTC().Format(time.RFC3339)
+}
+
+// knownEndpoint reports whether name is configured, or has deliveries or
+// health of its own (rows that carry their own url name endpoints the
+// configuration does not list).
+func knownEndpoint(ctx context.Context, env *opsEnv, name string) (telemetry.EndpointStats, bool, error) {
+	eps, err := telemetry.LoadEndpoints(ctx, env.pool, name)
+	if err != nil {
+		return telemetry.EndpointStats{}, false, err
+	}
+	for _, e := range eps {
+		if e.Endpoint == name {
+			return e, true, nil
+		}
+	}
+	_, configured := env.cfg.Endpoints[name]
+	return telemetry.EndpointStats{Endpoint: name}, configured, nil
+}
+
+// endpointArg returns the one endpoint name a pause or resume takes.
+func endpointArg(env *opsEnv, verb string, stderr io.Writer) (string, bool) {
+	if len(env.args) != 1 || env.args[0] == "" {
+		fmt.Fprintf(stderr, "usage: postbox endpoints %s NAME\n", verb)
+		return "", false
+	}
+	return env.args[0], true
+}
+
+func cmdPause(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("postbox endpoints pause", flag.ContinueOnError)
+	forText := fs.String("for", "", "pause for this long (90m, 2h, 7d); without it, until resumed")
+	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
+	if env == nil {
+		return code
+	}
+	defer closeEnv()
+	name, ok := endpointArg(env, "pause", stderr)
+	if !ok {
+		return exitUsage
+	}
+	var until time.Time
+	if *forText != "" {
+		d, err := parseDuration(*forText)
+		if err != nil || d <= 0 {
+			fmt.Fprintln(stderr, "postbox: --for: want a positive duration such as 90m, 2h or 7d")
+			return exitUsage
+		}
+		until = time.Now().Add(d)
+	}
+	_, known, err := knownEndpoint(ctx, env, name)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	if !known {
+		fmt.Fprintf(stderr, "postbox: no endpoint %s is configured or has had deliveries\n", shellQuote(name))
+		return exitUsage
+	}
+	if err := ops.Pause(ctx, env.pool, name, until); err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	if until.IsZero() {
+		until = ops.PauseIndefinite
+	}
+	if env.json {
+		env.printJSON(map[string]any{"endpoint": name, "paused_until": until.UTC()})
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "paused %s %s on every instance: its events wait in the queue, nothing is dropped\n", printable(name), pausedUntil(until))
+	fmt.Fprintf(stdout, "resume with: postbox endpoints resume %s\n", shellQuote(name))
+	return exitOK
+}
+
+func cmdResume(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("postbox endpoints resume", flag.ContinueOnError)
+	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
+	if env == nil {
+		return code
+	}
+	defer closeEnv()
+	name, ok := endpointArg(env, "resume", stderr)
+	if !ok {
+		return exitUsage
+	}
+	e, known, err := knownEndpoint(ctx, env, name)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	if !known {
+		fmt.Fprintf(stderr, "postbox: no endpoint %s is configured or has had deliveries\n", shellQuote(name))
+		return exitUsage
+	}
+	if err := ops.Resume(ctx, env.pool, name); err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	if env.json {
+		env.printJSON(map[string]any{"endpoint": name, "was_paused": e.PausedUntil != nil, "queued": e.Pending + e.AwaitingRetry})
+		return exitOK
+	}
+	if e.PausedUntil == nil {
+		fmt.Fprintf(stdout, "%s was not paused\n", printable(name))
+		return exitOK
+	}
+	switch n := e.Pending + e.AwaitingRetry; n {
+	case 1:
+		fmt.Fprintf(stdout, "resumed %s: its 1 queued delivery goes out now\n", printable(name))
+	default:
+		fmt.Fprintf(stdout, "resumed %s: its %d queued deliveries go out now\n", printable(name), n)
+	}
+	return exitOK
+}
+
+// printable drops control characters, so names and messages from the
+// database cannot rewrite the operator's terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, s)
+}
+
+// shellQuote quotes s for a command the operator may paste: as is when it
+// is plain, in single quotes otherwise, and with ANSI-C quoting ($'…')
+// when it holds control characters.
+func shellQuote(s string) string {
+	plain := s != ""
+	control := false
+	for _, r := range s {
+		switch {
+		case unicode.IsControl(r):
+			control, plain = true, false
+		case !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.,:/@%+=", r)):
+			plain = false
+		}
+	}
+	switch {
+	case plain:
+		return s
+	case !control:
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	}
+	var b strings.Builder
+	b.WriteString("$'")
+	for _, r := range s {
+		switch {
+		case r == '\'' || r == '\\':
+			b.WriteString(`\` + string(r))
+		case unicode.IsControl(r) && r < 0x80:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case unicode.IsControl(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteString("'")
+	return b.String()
 }
 
 func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -213,9 +428,9 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 		return code
 	}
 	defer closeEnv()
-	for _, a := range fs.Args() {
+	for _, a := range env.args {
 		if a != "analyze" {
-			fmt.Fprintf(stderr, "postbox: dead-letters: unexpected %q (the one subcommand is analyze)\n", a)
+			fmt.Fprintf(stderr, "postbox: dead-letters: unexpected %q (the one subcommand is analyze)\n", printable(a))
 			return exitUsage
 		}
 		analyze = true
@@ -379,16 +594,21 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
 		return t, nil
 	}
-	if d, ok := strings.CutSuffix(s, "d"); ok {
-		var n int
-		if _, err := fmt.Sscanf(d, "%d", &n); err == nil && n >= 0 {
-			return now.Add(-time.Duration(n) * 24 * time.Hour), nil
-		}
-	}
-	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+	if d, err := parseDuration(s); err == nil && d >= 0 {
 		return now.Add(-d), nil
 	}
 	return time.Time{}, errors.New("want a duration such as 24h or 7d, or an RFC 3339 time")
+}
+
+// parseDuration reads a Go duration (90m, 2h) or a number of days (7d).
+func parseDuration(s string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		var n int
+		if _, err := fmt.Sscanf(d, "%d", &n); err == nil && n >= 0 {
+			return time.Duration(n) * 24 * time.Hour, nil
+		}
+	}
+	return time.ParseDuration(s)
 }
 
 func ms(v *float64) string {

@@ -1,10 +1,12 @@
 // Package ops holds what operators do to a running deployment from outside
-// the relay: replaying events. Every action works on the database alone, so
-// it answers while no relay runs, and every relay sees its effect.
+// the relay: replaying events, pausing and resuming endpoints. Every action
+// works on the database alone, so it answers while no relay runs, and
+// every relay sees its effect.
 package ops
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -25,4 +27,26 @@ type ReplayItem = store.ReplayItem
 func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f ReplayFilter, dryRun bool, rate float64) ([]ReplayItem, int, error) {
 	s := &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	return s.Replay(ctx, f, dryRun, rate)
+}
+
+// PauseIndefinite is the paused_until of a pause without an end (Pause
+// with a zero until): it lasts until Resume.
+var PauseIndefinite = store.PauseIndefinite
+
+// Pause holds endpoint's deliveries until until, or until Resume when until
+// is zero, on every instance. Nothing is dropped: its events are ingested
+// and wait in the queue without spending attempts. It replaces any pause
+// the endpoint has; a receiver's Retry-After while it lasts can extend it,
+// never shorten it. Instances hear of it at once; an attempt one of them
+// had already started finishes.
+func Pause(ctx context.Context, pool *pgxpool.Pool, endpoint string, until time.Time) error {
+	s := &store.Store{Pool: pool}
+	return s.Pause(ctx, endpoint, until)
+}
+
+// Resume ends endpoint's pause (an operator's or a receiver's), and the
+// instances claim its deliveries at once.
+func Resume(ctx context.Context, pool *pgxpool.Pool, endpoint string) error {
+	s := &store.Store{Pool: pool}
+	return s.Resume(ctx, endpoint)
 }

@@ -99,11 +99,12 @@ func explain(t *testing.T, pool *pgxpool.Pool, noSeqScan bool, sql string, args 
 	return strings.Join(plan, "\n")
 }
 
-// TestSearchEventsByPayloadUsesTheIndex: a payload key finds its event
-// among many through events_search, several keys must all match, and a
-// search without filters reads the newest events through an index rather
-// than scanning the table.
-func TestSearchEventsByPayloadUsesTheIndex(t *testing.T) {
+// TestSearchEventsUseIndexes: a payload key finds its event among many
+// through events_search, several keys must all match; a search without
+// filters reads the newest events through an index rather than scanning
+// the table, and a search for a rare status starts from that status's
+// partial index.
+func TestSearchEventsUseIndexes(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
@@ -112,7 +113,10 @@ func TestSearchEventsByPayloadUsesTheIndex(t *testing.T) {
 		SELECT gen_random_uuid(), 'aff', '{}', now(), now() - i * interval '1 second', now() - i * interval '1 second',
 		       CASE WHEN i % 10 <> 0 THEN jsonb_build_object('click_id', 'c_' || i, 'sub', 's_' || (i % 7)) END
 		FROM generate_series(1, 20000) i`)
+	exec(t, pool, `INSERT INTO postbox.deliveries (event_pk, endpoint, status, attempt_count)
+		SELECT id, endpoint, CASE WHEN id % 4000 = 0 THEN 'dead_letter' ELSE 'delivered' END, 1 FROM postbox.events`)
 	exec(t, pool, `ANALYZE postbox.events`)
+	exec(t, pool, `ANALYZE postbox.deliveries`)
 	var want string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT event_id::text FROM postbox.events WHERE search->>'click_id' = 'c_8812'`).Scan(&want))
 
@@ -134,6 +138,13 @@ func TestSearchEventsByPayloadUsesTheIndex(t *testing.T) {
 	plan = searchPlan(t, pool, telemetry.EventFilter{})
 	require.NotContains(t, plan, "Seq Scan on events", plan)
 	require.Contains(t, plan, "events_ingested_at", plan)
+
+	dead, err := telemetry.SearchEvents(ctx, pool, telemetry.EventFilter{Status: "dead_letter"})
+	require.NoError(t, err)
+	require.Len(t, dead, 5)
+	plan = searchPlan(t, pool, telemetry.EventFilter{Status: "dead_letter"})
+	require.NotContains(t, plan, "Seq Scan", plan)
+	require.Contains(t, plan, "deliveries_dead", plan)
 }
 
 // searchPlan returns the plans of both statements of a search by f (the

@@ -1,8 +1,9 @@
 // Package telemetry answers the operator's questions from postbox's own
 // tables: the health summary (the seed's query, plus slot lag and
 // commit-to-delivery latency), per-endpoint latency percentiles over the
-// rolling 24 hours, dead letters and their analysis, and the alerts. It
-// also holds the Prometheus metrics.
+// rolling 24 hours, dead letters and their analysis, the alerts, event
+// search and each event's story, and the console's series. It also holds
+// the Prometheus metrics.
 //
 // Every query reads through partial or time indexes, never a scan of the
 // delivered rows, so the answers stay fast with millions of them.

@@ -203,3 +203,50 @@ func (s *Store) TakeTokens(ctx context.Context, endpoint string, want int, perSe
 	}
 	return granted, wait, nil
 }
+
+// PauseIndefinite is paused_until for a pause without an end: one that
+// lasts until it is resumed. A date rather than 'infinity', which time.Time
+// cannot hold.
+var PauseIndefinite = time.Date(9999, time.January, 1, 0, 0, 0, 0, time.UTC)
+
+// Pause holds endpoint's deliveries until until (PauseIndefinite when
+// zero), on every instance: claims skip the endpoint and attempts already
+// claimed go back to the queue unspent. It replaces any pause the endpoint
+// has, longer or shorter; a receiver's Retry-After later only extends it
+// (see protect.Apply). Instances hear of it at once (NOTIFY).
+func (s *Store) Pause(ctx context.Context, endpoint string, until time.Time) error {
+	if until.IsZero() {
+		until = PauseIndefinite
+	}
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO postbox.endpoint_health (endpoint, paused_until) VALUES ($1, $2)
+			ON CONFLICT (endpoint) DO UPDATE SET paused_until = excluded.paused_until`, endpoint, until); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pause %s: %w", endpoint, err)
+	}
+	return nil
+}
+
+// Resume ends endpoint's pause, an operator's or a receiver's, and wakes
+// every instance to claim its deliveries.
+func (s *Store) Resume(ctx context.Context, endpoint string) error {
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `
+			UPDATE postbox.endpoint_health SET paused_until = NULL
+			WHERE endpoint = $1 AND paused_until IS NOT NULL`, endpoint); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("resume %s: %w", endpoint, err)
+	}
+	return nil
+}

@@ -119,8 +119,8 @@ type browserBundle struct {
 // TestConsoleInBrowser drives every page in Chromium against a running
 // relay: each loads without a console message, shows what the database
 // holds, the search finds an event by a payload key, the timeline lists
-// its attempts, and the replay button re-delivers a dead letter with the
-// same webhook-id.
+// its attempts, the replay button re-delivers a dead letter with the same
+// webhook-id, and pause and resume reach the database.
 func TestConsoleInBrowser(t *testing.T) {
 	t.Parallel()
 	chromium := chromiumPath(t)
@@ -237,7 +237,7 @@ func TestConsoleInBrowser(t *testing.T) {
 			b.text(t, `tr[data-endpoint="crm"] td.dead`))
 	})
 	t.Run("endpoint", func(t *testing.T) {
-		b.visit(t, "/endpoints/crm", "endpoint")
+		b.visit(t, "/endpoints/crm", "")
 		for _, p := range []string{"c-p50", "c-p95", "c-p99"} {
 			require.Positive(t, b.count(t, "svg.chart .line."+p), "%s drawn", p)
 		}
@@ -284,6 +284,25 @@ func TestConsoleInBrowser(t *testing.T) {
 		require.Equal(t, 2, b.count(t, "section.delivery"))
 		require.Equal(t, 1, b.count(t, `section.delivery[data-status="replayed"]`))
 		require.Contains(t, b.text(t, "main"), "Queued again by a replay")
+	})
+	t.Run("pause and resume", func(t *testing.T) {
+		pausedUntil := func() *time.Time {
+			var at *time.Time
+			_ = pool.QueryRow(ctx, `SELECT paused_until FROM postbox.endpoint_health WHERE endpoint = 'crm' AND paused_until > now()`).Scan(&at)
+			return at
+		}
+		b.visit(t, "/endpoints/crm", "endpoint")
+		require.NoError(t, chromedp.Do(b.ctx, chromedp.SetValue(chromedp.CSS(`select[name="for"]`), "4h")))
+		b.submit(t, chromedp.Click(chromedp.CSS(`form[action$="/pause"] button`)))
+		require.Contains(t, b.text(t, ".banner.ok"), "Paused")
+		require.Contains(t, b.text(t, ".head"), "paused until")
+		at := pausedUntil()
+		require.NotNil(t, at, "the pause is in the database")
+		require.WithinDuration(t, time.Now().Add(4*time.Hour), *at, time.Minute)
+		b.submit(t, chromedp.Click(chromedp.CSS(`form[action$="/resume"] button`)))
+		require.Contains(t, b.text(t, ".banner.ok"), "Resumed")
+		require.Nil(t, pausedUntil())
+		require.Equal(t, 1, b.count(t, `form[action$="/pause"]`))
 	})
 	b.noConsoleMessages(t)
 }

@@ -59,9 +59,6 @@ type Options struct {
 	// Loopback: the listener is bound to a loopback address, so pages may
 	// be read without the token by requests addressed to localhost.
 	Loopback bool
-	// Pauser pauses and resumes endpoints; without one the endpoint page
-	// offers neither.
-	Pauser Pauser
 	// Version is shown in the footer.
 	Version string
 	Log     zerolog.Logger
@@ -75,7 +72,6 @@ type Console struct {
 	pool     func() *pgxpool.Pool
 	cfg      func() *config.Config
 	loopback bool
-	pauser   Pauser
 	version  string
 	log      zerolog.Logger
 	now      func() time.Time
@@ -87,7 +83,7 @@ type Console struct {
 
 // New returns the console.
 func New(o Options) *Console {
-	c := &Console{pool: o.Pool, cfg: o.Config, loopback: o.Loopback, pauser: o.Pauser, version: o.Version,
+	c := &Console{pool: o.Pool, cfg: o.Config, loopback: o.Loopback, version: o.Version,
 		log: o.Log.With().Str("component", "console").Logger(), now: o.Now, busy: make(chan struct{}, ConcurrentPagesDefault)}
 	if c.now == nil {
 		c.now = time.Now

@@ -363,3 +363,29 @@ func TestConnectingUntilThePoolExists(t *testing.T) {
 	tb.connected.Store(true)
 	require.Equal(t, http.StatusOK, tb.get(t, tb.client(t), "/endpoints").status)
 }
+
+func TestPauseAndResume(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{token: token})
+	c := tb.client(t)
+	csrf := tb.signIn(t, c)
+	pausedUntil := func() *time.Time {
+		var at *time.Time
+		_ = tb.pool.QueryRow(context.Background(), `SELECT paused_until FROM postbox.endpoint_health WHERE endpoint = 'shop' AND paused_until > now()`).Scan(&at)
+		return at
+	}
+	a := tb.post(t, c, "/endpoints/shop/pause", url.Values{"csrf": {csrf}, "for": {"forever"}})
+	require.Equal(t, http.StatusBadRequest, a.status)
+	require.Nil(t, pausedUntil())
+
+	a = tb.post(t, c, "/endpoints/shop/pause", url.Values{"csrf": {csrf}, "for": {"resume"}})
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Equal(t, "/endpoints/shop?done=paused", a.header.Get("Location"))
+	require.NotNil(t, pausedUntil())
+	require.Contains(t, tb.get(t, c, "/endpoints/shop").body, "paused until resumed")
+
+	a = tb.post(t, c, "/endpoints/shop/resume", url.Values{"csrf": {csrf}})
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Nil(t, pausedUntil())
+	require.Equal(t, http.StatusForbidden, tb.post(t, c, "/endpoints/shop/pause", url.Values{"for": {"1h"}}).status, "no form token")
+}

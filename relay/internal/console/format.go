@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -27,6 +28,7 @@ var funcs = template.FuncMap{
 	"agop":      formatAgoPtr,
 	"age":       formatAgeSeconds,
 	"since":     formatSince,
+	"paused":    formatPaused,
 	"code":      formatCode,
 	"pathesc":   url.PathEscape,
 	"queryesc":  url.QueryEscape,
@@ -187,6 +189,18 @@ func formatSpan(d time.Duration) string {
 		return fmt.Sprintf("%d h", h)
 	}
 	return fmt.Sprintf("%d d", int(d.Hours()/24))
+}
+
+// formatPaused prints how long a pause lasts: "until 2025-01-02 15:04:05",
+// or "until resumed" for one without an end (ops.PauseIndefinite).
+func formatPaused(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	if !t.Before(ops.PauseIndefinite) {
+		return "until resumed"
+	}
+	return "until " + formatTime(*t)
 }
 
 func formatCode(c *int) string {

@@ -109,7 +109,6 @@ type endpointPage struct {
 	Chart        template.HTML
 	Attempts     []telemetry.AttemptRow
 	AttemptLimit int
-	CanPause     bool
 	// FailingNow: the last attempt failed (no success since).
 	FailingNow bool
 }
@@ -118,7 +117,7 @@ type endpointPage struct {
 // five minutes, its last attempts, and pause or resume.
 func (c *Console) endpoint(rq *request) error {
 	name := rq.r.PathValue("name")
-	p := endpointPage{Name: name, AttemptLimit: ListLimitDefault, CanPause: c.pauser != nil}
+	p := endpointPage{Name: name, AttemptLimit: ListLimitDefault}
 	_, p.Configured = rq.cfg.Endpoints[name]
 	eps, err := telemetry.LoadEndpointsRefreshed(rq.ctx, rq.pool, name)
 	if err != nil {
@@ -493,22 +492,20 @@ func (c *Console) replay(rq *request) (string, error) {
 	return withFlash(rq.r.PostFormValue("back"), "replayed", n), nil
 }
 
-// pauseChoices are the pause form's durations.
-var pauseChoices = map[string]time.Duration{"15m": 15 * time.Minute, "1h": time.Hour, "4h": 4 * time.Hour, "24h": 24 * time.Hour}
-
-// errNoPauser answers pause and resume when the console has no Pauser.
-var errNoPauser = &httpError{http.StatusNotImplemented, "Not available", "This build cannot pause endpoints from the console; use postbox endpoints pause NAME."}
+// pauseChoices are the pause form's durations (0: until resumed).
+var pauseChoices = map[string]time.Duration{"15m": 15 * time.Minute, "1h": time.Hour, "4h": 4 * time.Hour, "24h": 24 * time.Hour, "resume": 0}
 
 func (c *Console) pause(rq *request) (string, error) {
-	if c.pauser == nil {
-		return "", errNoPauser
-	}
 	name := rq.r.PathValue("name")
 	d, ok := pauseChoices[rq.r.PostFormValue("for")]
 	if !ok {
-		return "", badRequest("Pause for 15m, 1h, 4h or 24h.")
+		return "", badRequest("Pause for 15m, 1h, 4h, 24h, or until resumed.")
 	}
-	if err := c.pauser.Pause(rq.ctx, rq.pool, name, c.now().Add(d)); err != nil {
+	var until time.Time // zero: until resumed
+	if d > 0 {
+		until = c.now().Add(d)
+	}
+	if err := ops.Pause(rq.ctx, rq.pool, name, until); err != nil {
 		return "", err
 	}
 	c.log.Info().Str("endpoint", name).Dur("for", d).Str("by", rq.s.by()).Msg("console pause")
@@ -516,11 +513,8 @@ func (c *Console) pause(rq *request) (string, error) {
 }
 
 func (c *Console) resume(rq *request) (string, error) {
-	if c.pauser == nil {
-		return "", errNoPauser
-	}
 	name := rq.r.PathValue("name")
-	if err := c.pauser.Resume(rq.ctx, rq.pool, name); err != nil {
+	if err := ops.Resume(rq.ctx, rq.pool, name); err != nil {
 		return "", err
 	}
 	c.log.Info().Str("endpoint", name).Str("by", rq.s.by()).Msg("console resume")

@@ -350,6 +350,10 @@ func TestEndpointNamesAreEscaped(t *testing.T) {
 	require.Contains(t, body, `href="/endpoints/a%20b%2F%3Ci%3Ex%3C%2Fi%3E"`)
 	require.Contains(t, body, `a b/&lt;i&gt;x&lt;/i&gt;`)
 	require.NotContains(t, body, "<i>x</i>")
+	a := tb.get(t, tb.client(t), "/endpoints/a%20b%2F%3Ci%3Ex%3C%2Fi%3E")
+	require.Equal(t, http.StatusOK, a.status, "the escaped name reaches its page")
+	require.Contains(t, a.body, `<h1>a b/&lt;i&gt;x&lt;/i&gt;</h1>`)
+	require.Equal(t, http.StatusNotFound, tb.get(t, tb.client(t), "/endpoints/nobody").status)
 }
 
 func TestConnectingUntilThePoolExists(t *testing.T) {
@@ -388,4 +392,41 @@ func TestPauseAndResume(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, a.status, a.body)
 	require.Nil(t, pausedUntil())
 	require.Equal(t, http.StatusForbidden, tb.post(t, c, "/endpoints/shop/pause", url.Values{"for": {"1h"}}).status, "no form token")
+}
+
+// TestTimelineHidesResponsesAndQueriesUnlessLogPayloads: an attempt's
+// response body and a target's query string reach the timeline only with
+// log_payloads; secrets never.
+func TestTimelineHidesResponsesAndQueriesUnlessLogPayloads(t *testing.T) {
+	t.Parallel()
+	for _, show := range []bool{false, true} {
+		tb := setup(t, setupOpts{loopback: true, logPayloads: show})
+		var id string
+		require.NoError(t, tb.pool.QueryRow(context.Background(), `
+			WITH ev AS (
+			  INSERT INTO postbox.events (event_id, endpoint, payload, created_at, committed_at)
+			  VALUES (gen_random_uuid(), 'shop', '{}', now(), now()) RETURNING id, event_id
+			), d AS (
+			  INSERT INTO postbox.deliveries (event_pk, endpoint, status, attempt_count, delivered_at)
+			  SELECT id, 'shop', 'delivered', 1, now() FROM ev RETURNING id
+			), a AS (
+			  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, duration_ms, status_code, outcome, response, target)
+			  SELECT id, 'shop', 1, 3.5, 200, 'delivered', 'success=true&click_id=RESPCLICK whsec_c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0',
+			         'https://partner.example/pb?click_id=TARGETCLICK' FROM d
+			)
+			SELECT event_id::text FROM ev`).Scan(&id))
+		a := tb.get(t, tb.client(t), "/events/"+id)
+		require.Equal(t, http.StatusOK, a.status)
+		require.Contains(t, a.body, "Attempt 1 → HTTP 200 in 3.50 ms")
+		require.Contains(t, a.body, "to https://partner.example/pb")
+		require.NotContains(t, a.body, "whsec_c2Vj")
+		if show {
+			require.Contains(t, a.body, "RESPCLICK")
+			require.Contains(t, a.body, "TARGETCLICK")
+		} else {
+			require.NotContains(t, a.body, "RESPCLICK")
+			require.NotContains(t, a.body, "TARGETCLICK")
+			require.Contains(t, a.body, "Response bodies are hidden")
+		}
+	}
 }

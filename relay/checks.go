@@ -5,12 +5,22 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/postbox-relay/postbox/relay/internal/maintain"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 var errNotConnected = errors.New("database not connected yet")
+
+// pool is the relay's pool for the console: nil until Start connected.
+func (r *Relay) pool() *pgxpool.Pool {
+	if s := r.svc.Load(); s != nil {
+		return s.pool
+	}
+	return nil
+}
 
 // ready is the admin listener's readiness check: the database answers, and
 // some instance streams the slot without lagging past the alert threshold.

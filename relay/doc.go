@@ -7,7 +7,8 @@
 // when all of its goroutines have.
 //
 //	service                 goroutines it owns
-//	admin listener          Serve (joined after Shutdown)
+//	admin listener          Serve (joined after Shutdown); the console's
+//	                        pages run on its request goroutines
 //	internal/record         the recording loop
 //	internal/claim          the claim loop, the LISTEN loop
 //	internal/dispatch       one per attempt in flight

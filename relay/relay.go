@@ -20,6 +20,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/admin"
 	"github.com/postbox-relay/postbox/relay/internal/claim"
+	"github.com/postbox-relay/postbox/relay/internal/console"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/execute"
@@ -168,14 +169,16 @@ func (r *Relay) Start(ctx context.Context) error {
 func (r *Relay) start(ctx context.Context) error {
 	cfg := r.cfg.Load()
 	if cfg.AdminListen != "" {
+		pages := console.New(console.Options{Pool: r.pool, Config: r.cfg.Load, Loopback: admin.LoopbackAddr(cfg.AdminListen),
+			Version: Version, Log: r.opts.Logger, Now: r.opts.Now})
 		srv, err := admin.Listen(cfg.AdminListen, cfg.AdminToken, r.metrics.Registry,
-			admin.Checks{Ready: r.ready, Status: r.status}, r.log)
+			admin.Checks{Ready: r.ready, Status: r.status}, pages, r.log)
 		if err != nil {
 			return fmt.Errorf("admin listener on %s: %w", cfg.AdminListen, err)
 		}
 		r.admin.Store(srv)
 		r.serve.Go(srv.Serve)
-		r.log.Info().Str("addr", srv.Addr()).Msg("admin listener (metrics, healthz, readyz, status)")
+		r.log.Info().Str("addr", srv.Addr()).Msg("admin listener (console, metrics, healthz, readyz, status)")
 	}
 	pool, own := r.opts.Pool, false
 	if pool == nil {
@@ -294,10 +297,10 @@ const PingTimeoutDefault = 10 * time.Second
 // PoolSize is how many connections the relay's services hold at most at
 // once under cfg: the ingester and reconciliation (one each), the LISTEN,
 // the claimer, the recorder, maintenance (two), the admin checks (two),
-// and a share of max_concurrency for the token buckets that rate-limited
-// attempts take from.
+// the console (two), and a share of max_concurrency for the token buckets
+// that rate-limited attempts take from.
 func PoolSize(cfg *config.Config) int32 {
-	const fixed = 9
+	const fixed = 9 + console.ConcurrentPagesDefault
 	return fixed + int32(min(max(cfg.MaxConcurrency/32, 2), 8))
 }
 

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -113,6 +115,9 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 	file.DatabaseURL = dbURL
 	file.AllowPrivateTargets = true // the receivers listen on loopback
 	file.AdminListen = "127.0.0.1:0"
+	// The console's actions (replay, pause, resume) need a token.
+	file.AdminToken = demoToken()
+	file.SearchKeys = []string{"click_id"}
 	file.Signing.Secrets = []string{secret}
 	file.ShutdownGrace = config.Duration(5 * time.Second)
 	base := config.Duration(300 * time.Millisecond)
@@ -196,8 +201,13 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 	if err := demoReport(ctx, stdout, pool); err != nil {
 		return err
 	}
+	fmt.Fprintln(stdout)
+	fmt.Fprintf(stdout, "Console: http://%s/  (admin token for replay, pause and resume: %s)\n", r.AdminAddr(), file.AdminToken)
+	if !keep {
+		fmt.Fprintln(stdout, "Run `postbox demo --keep` to keep it up and browse the demo's data there.")
+	}
 	if keep {
-		fmt.Fprintf(stdout, "PostgreSQL and the relay keep running; in another shell try:\n\n")
+		fmt.Fprintf(stdout, "\nPostgreSQL, the receivers and the relay keep running; open the console, or in another shell try:\n\n")
 		fmt.Fprintf(stdout, "  export POSTBOX_DATABASE_URL='%s'\n", dbURL)
 		fmt.Fprintf(stdout, "  postbox status\n  postbox endpoints\n  postbox dead-letters analyze\n  postbox replay --dead-letters --endpoint legacy --dry-run\n\n")
 		fmt.Fprintln(stdout, "Interrupt (Ctrl-C) to stop and clean up.")
@@ -252,6 +262,13 @@ func demoReport(ctx context.Context, w io.Writer, pool *pgxpool.Pool) error {
 	fmt.Fprintln(w, "$ postbox dead-letters analyze")
 	printAnalysis(w, an)
 	return nil
+}
+
+// demoToken is a fresh admin token for the demo's console.
+func demoToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func waitFor(ctx context.Context, limit time.Duration, cond func() (bool, error)) error {

@@ -1,8 +1,11 @@
 // Package admin is postbox's admin listener: Prometheus metrics, liveness
-// and readiness probes, and the health summary as JSON.
+// and readiness probes, the health summary as JSON, and the console's
+// pages at every other path.
 //
-// It binds to loopback by default. Bound elsewhere it needs a token, and
-// then every path but /healthz requires "Authorization: Bearer <token>".
+// It binds to loopback by default. Bound elsewhere it needs a token. With a
+// token, /metrics, /readyz and /status require "Authorization: Bearer
+// <token>"; /healthz never does; the console checks its own requests (see
+// package console).
 package admin
 
 import (
@@ -40,12 +43,12 @@ type Server struct {
 var ErrTokenRequired = errors.New("admin: admin_token is required when admin_listen is not a loopback address")
 
 // Listen binds addr now, so a taken port fails at start, not later.
-func Listen(addr, token string, reg *prometheus.Registry, checks Checks, log zerolog.Logger) (*Server, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+// console, when not nil, serves every path the listener does not.
+func Listen(addr, token string, reg *prometheus.Registry, checks Checks, console http.Handler, log zerolog.Logger) (*Server, error) {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, err
 	}
-	if token == "" && !loopback(host) {
+	if token == "" && !LoopbackAddr(addr) {
 		return nil, ErrTokenRequired
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -86,6 +89,17 @@ func Listen(addr, token string, reg *prometheus.Registry, checks Checks, log zer
 	if token != "" {
 		h = requireToken(token, mux)
 	}
+	if console != nil {
+		probes := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/metrics", "/healthz", "/readyz", "/status":
+				probes.ServeHTTP(w, r)
+			default:
+				console.ServeHTTP(w, r)
+			}
+		})
+	}
 	s.srv = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	return s, nil
@@ -123,6 +137,13 @@ func requireToken(token string, next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// LoopbackAddr reports whether a listen address (host:port) is on
+// loopback: localhost, 127.0.0.0/8 or ::1.
+func LoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && loopback(host)
 }
 
 func loopback(host string) bool {

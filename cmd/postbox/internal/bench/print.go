@@ -35,6 +35,19 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  %.0f deliveries/s from relay start (%.1f s); %.0f/s first to last delivery (%.1f s)\n", c.Rate, c.Seconds, c.DrainRate, c.DrainSeconds)
 		fmt.Fprintf(w, "  lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", c.Lost, c.Dups, anomalies(c.Unacknowledged, c.BadSignatures), c.RSSMB)
 	}
+	if c := r.Chaos; c != nil {
+		fmt.Fprintf(w, "\nchaos (seed %d): %d relays, %d events/s over %d endpoints (one flapping) for %.0f s, %d faults:\n", c.Seed, c.Relays, c.Rate, c.Endpoints, c.Seconds, len(c.Faults))
+		for _, f := range c.Faults {
+			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, errSuffix(f.Error))
+		}
+		within := "within"
+		if !c.DupsWithin {
+			within = "ABOVE"
+		}
+		fmt.Fprintf(w, "  sent %d (%d inserts failed or skipped), received %d, lost %d%s\n", c.Sent, c.FailedInserts, c.Received, c.Lost, anomalies(c.Unacknowledged, c.BadSignatures))
+		fmt.Fprintf(w, "  duplicates %d, %s the bound of %d (deliveries in flight at the faults)\n", c.Dups, within, c.DupBound)
+		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms; drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.DrainSeconds, c.RSSMB)
+	}
 }
 
 // anomalies are the figures that should be zero: bad signatures always,

@@ -33,6 +33,10 @@ const (
 	chaosInsertTimeout = 5 * time.Second
 	// flapTimeout is the flapping endpoint's timeout: below flapHang.
 	flapTimeout = 2 * time.Second
+	// chaosRecovery is the time a fault is given to recover before the
+	// producers stop: the longest fault (a freeze or read-only spell of
+	// up to 5 s, or a restart) and a margin.
+	chaosRecovery = 8 * time.Second
 )
 
 // The faults the chaos scenario injects.
@@ -57,6 +61,7 @@ type ChaosResult struct {
 	Faults         []Fault `json:"faults"`
 	Sent           int     `json:"sent"`
 	FailedInserts  int     `json:"failed_inserts"`
+	SkippedInserts int     `json:"skipped_inserts"`
 	Received       int     `json:"received"`
 	Lost           int     `json:"lost"`
 	Dups           int     `json:"duplicates"`
@@ -67,7 +72,10 @@ type ChaosResult struct {
 	DrainSeconds   float64 `json:"drain_seconds_after_load"`
 	Maxms          float64 `json:"max_commit_to_delivery_ms"`
 	P99ms          float64 `json:"p99_ms"`
-	RSSMB          float64 `json:"relay_peak_rss_mb"`
+	// LostWhere counts the lost events by where postbox has them: their
+	// delivery's status, still in the outbox, or nowhere.
+	LostWhere map[string]int `json:"lost_where,omitempty"`
+	RSSMB     float64        `json:"relay_peak_rss_mb"`
 }
 
 // Fault is one fault the chaos scenario injected.
@@ -198,21 +206,23 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	}()
 
 	began := time.Now()
-	var failed int
+	var failed, skipped int
 	var producing sync.WaitGroup
 	produceCtx, stopProducing := context.WithCancel(ctx)
 	defer stopProducing()
-	producing.Go(func() { failed = e.produceChaos(produceCtx, led, rate, o.Endpoints, o.Duration) })
+	producing.Go(func() { failed, skipped = e.produceChaos(produceCtx, led, rate, o.Endpoints, o.Duration) })
 
 	deadline := began.Add(o.Duration)
 	var kinds []string
 	for ctx.Err() == nil {
-		// A fault, then a recovery pause of 2 to 5 s, while at least the
-		// pause is left before the producers stop.
+		// A fault at a moment 2 to 5 s after the last one recovered, while
+		// the fault has time to recover (chaosRecovery) before the
+		// producers stop.
 		pause := 2*time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))
-		if time.Now().Add(pause).After(deadline) {
+		if time.Now().Add(pause + chaosRecovery).After(deadline) {
 			break
 		}
+		sleep(ctx, pause)
 		if len(kinds) == 0 {
 			kinds = append(kinds, faultKinds...)
 			rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
@@ -227,14 +237,10 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d)%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, errSuffix(f.Error))
 		res.Faults = append(res.Faults, f)
 		res.DupBound += f.InFlight
-		select {
-		case <-ctx.Done():
-		case <-time.After(pause):
-		}
 	}
 	producing.Wait()
 	loadEnd := time.Now()
-	res.FailedInserts = failed
+	res.FailedInserts, res.SkippedInserts = failed, skipped
 	fmt.Fprintf(e.log, "bench: chaos, load stopped; waiting up to %s for %d committed events\n", chaosDrain, led.pending())
 	err = waitFor(ctx, chaosDrain, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(loadEnd).Seconds()
@@ -255,9 +261,42 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	res.Maxms, res.P99ms = quantile(lat, 1), quantile(lat, 0.99)
 	res.Sent, res.Received, res.Lost, res.Dups, res.Unacknowledged = t.sent, t.received, t.lost, t.dups, t.unacknowledged
 	res.DupsWithin = res.Dups <= res.DupBound
+	if t.lost > 0 {
+		res.LostWhere = e.whereLost(ctx, t.lostIDs)
+	}
 	res.BadSignatures = e.recv.scenarioBad()
 	e.truncate(ctx, true)
 	return res, nil
+}
+
+// whereLost counts the event ids by where postbox has them.
+func (e *env) whereLost(ctx context.Context, ids []string) map[string]int {
+	rows, err := e.pool.Query(ctx, `
+		SELECT coalesce(d.status, CASE WHEN o.event_id IS NOT NULL THEN 'in the outbox'
+		                               WHEN ev.id IS NOT NULL THEN 'an event without a delivery'
+		                               ELSE 'nowhere' END), count(*)
+		FROM unnest($1::uuid[]) AS l(id)
+		LEFT JOIN postbox.outbox o ON o.event_id = l.id
+		LEFT JOIN postbox.events ev ON ev.event_id = l.id
+		LEFT JOIN postbox.deliveries d ON d.event_pk = ev.id
+		GROUP BY 1`, ids)
+	if err != nil {
+		return map[string]int{"unknown: " + err.Error(): len(ids)}
+	}
+	defer rows.Close()
+	where := map[string]int{}
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			break
+		}
+		where[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		return map[string]int{"unknown: " + err.Error(): len(ids)}
+	}
+	return where
 }
 
 func errSuffix(s string) string {
@@ -310,7 +349,9 @@ func (e *env) inject(ctx context.Context, f *Fault, rng *rand.Rand, r *chaosRela
 			if _, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, e.slot); err == nil {
 				return nil
 			}
-			sleep(ctx, 20*time.Millisecond)
+			// Busy (the relay reconnected first), or not there yet (the
+			// relay is still recreating it after an earlier fault).
+			sleep(ctx, 100*time.Millisecond)
 		}
 		return fmt.Errorf("drop the slot: %w", err)
 	case faultReadOnly:
@@ -374,12 +415,12 @@ func (e *env) waitStreaming(ctx context.Context) error {
 // produceChaos inserts rate events/s for d, each its own transaction, over
 // endpoints; the last is the flapping one. Inserts that fail (the server
 // down or read-only) are not committed and only counted; it returns how
-// many failed or were skipped because every producer was stuck.
-func (e *env) produceChaos(ctx context.Context, led *ledger, rate, endpoints int, d time.Duration) int {
+// many failed, and how many were skipped because every producer was busy
+// (waiting for a server that went away).
+func (e *env) produceChaos(ctx context.Context, led *ledger, rate, endpoints int, d time.Duration) (failed, skipped int) {
 	interval := time.Second / time.Duration(rate)
 	total := int(d / interval)
 	var mu sync.Mutex
-	failed := 0
 	jobs := make(chan int, 256)
 	var wg sync.WaitGroup
 	for range 16 {
@@ -408,14 +449,12 @@ func (e *env) produceChaos(ctx context.Context, led *ledger, rate, endpoints int
 		select {
 		case jobs <- i:
 		default:
-			mu.Lock()
-			failed++
-			mu.Unlock()
+			skipped++
 		}
 	}
 	close(jobs)
 	wg.Wait()
-	return failed
+	return failed, skipped
 }
 
 // chaosConfig is the relays' configuration: the bench's endpoints, the

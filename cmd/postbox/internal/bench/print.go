@@ -44,7 +44,10 @@ func (r *Result) Print(w io.Writer) {
 		if !c.DupsWithin {
 			within = "ABOVE"
 		}
-		fmt.Fprintf(w, "  sent %d (%d inserts failed or skipped), received %d, lost %d%s\n", c.Sent, c.FailedInserts, c.Received, c.Lost, anomalies(c.Unacknowledged, c.BadSignatures))
+		fmt.Fprintf(w, "  sent %d (%d inserts failed, %d skipped while the producers waited), received %d, lost %d%s\n", c.Sent, c.FailedInserts, c.SkippedInserts, c.Received, c.Lost, anomalies(c.Unacknowledged, c.BadSignatures))
+		for k, n := range c.LostWhere {
+			fmt.Fprintf(w, "    lost, %s: %d\n", k, n)
+		}
 		fmt.Fprintf(w, "  duplicates %d, %s the bound of %d (deliveries in flight at the faults)\n", c.Dups, within, c.DupBound)
 		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms; drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.DrainSeconds, c.RSSMB)
 	}

@@ -82,6 +82,7 @@ type tally struct {
 	dups           int                  // deliveries of an id after its first
 	unacknowledged int                  // arrived, commit never acknowledged
 	first          map[string]time.Time // first arrival of each id
+	lostIDs        []string             // the lost ids
 }
 
 // tally checks every committed id against the arrivals.
@@ -92,6 +93,7 @@ func (l *ledger) tally() tally {
 	for id := range l.committed {
 		if _, ok := l.first[id]; !ok {
 			t.lost++
+			t.lostIDs = append(t.lostIDs, id)
 		}
 	}
 	for id, at := range l.first {

@@ -149,6 +149,43 @@ func TestRun(t *testing.T) {
 	require.Contains(t, out.String(), "lost 0, duplicates 0, bad signatures 0")
 }
 
+// TestChaos runs the chaos scenario for a minute with a fixed seed: three
+// relays killed, frozen, cut off by PostgreSQL restarts, a dropped slot and
+// a read-only database, under load. No committed event may be lost, and
+// the duplicates stay within the deliveries that were in flight at the
+// faults.
+func TestChaos(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs three relays for a minute while injecting faults")
+	}
+	opts := Options{
+		Scenarios:   "chaos",
+		Duration:    time.Minute,
+		Seed:        12,
+		RelayBinary: buildPostbox(t),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts, t.Output())
+	require.NoError(t, err)
+
+	c := res.Chaos
+	require.NotNil(t, c)
+	require.Equal(t, uint64(12), c.Seed)
+	kinds := map[string]bool{}
+	for _, f := range c.Faults {
+		require.Empty(t, f.Error, "%s at %.1f s", f.Kind, f.AtSeconds)
+		kinds[f.Kind] = true
+	}
+	require.Len(t, kinds, len(faultKinds), "every kind of fault once: %v", kinds)
+	require.Positive(t, c.Sent)
+	require.Zero(t, c.Lost)
+	require.Zero(t, c.BadSignatures)
+	require.LessOrEqual(t, c.Dups, c.DupBound, "duplicates within the deliveries in flight at the faults")
+	require.True(t, c.DupsWithin)
+}
+
 // buildPostbox builds the postbox binary, which the bench runs as the
 // relay (in `postbox bench` it is the running executable itself).
 func buildPostbox(t *testing.T) string {

@@ -30,7 +30,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos"}
+var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos", "soak"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -46,7 +46,7 @@ const maxRate = 100000
 // Options say what to measure. Zero values take the …Default constants.
 type Options struct {
 	// Scenarios is a comma-separated list of latency, hanging, failing,
-	// catchup, load and chaos, run in that order.
+	// catchup, load, chaos and soak, run in the order given.
 	Scenarios string
 	// Rate is the latency and chaos scenarios' events per second; zero
 	// means RateDefault, and ChaosRateDefault for chaos.
@@ -135,6 +135,7 @@ type Result struct {
 	Catchup *CatchupResult `json:"catchup,omitempty"`
 	Load    *LoadResult    `json:"load,omitempty"`
 	Chaos   *ChaosResult   `json:"chaos,omitempty"`
+	Soak    *SoakResult    `json:"soak,omitempty"`
 }
 
 // LoadResult is the load scenario's.
@@ -266,6 +267,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			res.Load, err = env.load(ctx, opts)
 		case "chaos":
 			res.Chaos, err = env.chaos(ctx, opts, chaosRate)
+		case "soak":
+			res.Soak, err = env.soak(ctx, opts)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s, err)
@@ -276,6 +279,11 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	}
 	if n := res.lost(); n > 0 {
 		return res, fmt.Errorf("%d %w", n, ErrLost)
+	}
+	if res.Soak != nil {
+		if err := res.Soak.err(); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }
@@ -308,6 +316,9 @@ func (r *Result) lost() int {
 	}
 	if r.Chaos != nil {
 		n += r.Chaos.Lost
+	}
+	if r.Soak != nil {
+		n += r.Soak.Lost
 	}
 	return n
 }

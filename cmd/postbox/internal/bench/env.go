@@ -214,13 +214,17 @@ func quantile(sorted []float64, q float64) float64 {
 
 // PeakRSS reads VmHWM (peak resident set) of a process, in MB; 0 when it
 // cannot be read.
-func PeakRSS(pid int) float64 {
+func PeakRSS(pid int) float64 { return statusMB(pid, "VmHWM:") }
+
+// statusMB reads a process's /proc status line key (in kB), in MB; 0 when
+// it cannot be read.
+func statusMB(pid int, key string) float64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
+		if strings.HasPrefix(line, key) {
 			f := strings.Fields(line)
 			kb, _ := strconv.ParseFloat(f[1], 64)
 			return kb / 1024

@@ -16,12 +16,13 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var asJSON bool
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, hanging, failing, catchup, load")
-	fs.IntVar(&o.Rate, "rate", bench.RateDefault, "latency: events per second")
+	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, hanging, failing, catchup, load, chaos, soak")
+	fs.IntVar(&o.Rate, "rate", 0, fmt.Sprintf("latency, chaos, soak: events per second (default %d, chaos %d)", bench.RateDefault, bench.ChaosRateDefault))
 	fs.IntVar(&o.Endpoints, "endpoints", bench.EndpointsDefault, "number of endpoints")
-	fs.DurationVar(&o.Duration, "duration", bench.DurationDefault, "latency: how long to produce")
+	fs.DurationVar(&o.Duration, "duration", bench.DurationDefault, "latency, load, chaos, soak: how long to produce")
 	fs.IntVar(&o.Backlog, "backlog", bench.BacklogDefault, "catchup: events queued while the relay is down")
 	fs.IntVar(&o.Producers, "producers", bench.ProducersDefault, "load: concurrent producers inserting as fast as they can")
+	fs.Uint64Var(&o.Seed, "seed", 0, "chaos: seed of the faults and their moments (default random, printed)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage

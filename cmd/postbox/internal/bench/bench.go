@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,7 +30,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "hanging", "failing", "catchup", "load"}
+var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos", "soak"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -45,9 +46,10 @@ const maxRate = 100000
 // Options say what to measure. Zero values take the …Default constants.
 type Options struct {
 	// Scenarios is a comma-separated list of latency, hanging, failing,
-	// catchup and load, run in that order.
+	// catchup, load, chaos and soak, run in the order given.
 	Scenarios string
-	// Rate is the latency scenarios' events per second.
+	// Rate is the latency and chaos scenarios' events per second; zero
+	// means RateDefault, and ChaosRateDefault for chaos.
 	Rate int
 	// Endpoints is the number of healthy endpoints events are spread over.
 	Endpoints int
@@ -58,6 +60,9 @@ type Options struct {
 	Backlog int
 	// Producers is the number of concurrent producers of the load scenario.
 	Producers int
+	// Seed seeds the chaos scenario's choice of faults and moments; zero
+	// means a random seed (printed, and in the result, to replay the run).
+	Seed uint64
 
 	// RelayBinary is the postbox binary run as the relay. Empty means this
 	// executable, which is what `postbox bench` wants; tests build one.
@@ -70,6 +75,9 @@ type Options struct {
 
 // WithDefaults returns o with its zero values replaced by the defaults.
 func (o Options) WithDefaults() Options {
+	if o.Seed == 0 {
+		o.Seed = rand.Uint64()
+	}
 	if o.Scenarios == "" {
 		o.Scenarios = ScenariosDefault
 	}
@@ -112,6 +120,8 @@ func (o Options) validate() ([]string, error) {
 		return nil, fmt.Errorf("backlog: want at least 1 event, got %d", o.Backlog)
 	case o.Producers < 0:
 		return nil, fmt.Errorf("producers: want at least 1, got %d", o.Producers)
+	case slices.Contains(names, "chaos") && o.Endpoints < 2:
+		return nil, fmt.Errorf("endpoints: chaos wants at least 2 (one of them flaps), got %d", o.Endpoints)
 	}
 	return names, nil
 }
@@ -124,6 +134,8 @@ type Result struct {
 	Failing *FailingResult `json:"failing_endpoint,omitempty"`
 	Catchup *CatchupResult `json:"catchup,omitempty"`
 	Load    *LoadResult    `json:"load,omitempty"`
+	Chaos   *ChaosResult   `json:"chaos,omitempty"`
+	Soak    *SoakResult    `json:"soak,omitempty"`
 }
 
 // LoadResult is the load scenario's.
@@ -194,10 +206,17 @@ type CatchupResult struct {
 // own output) to progress. When a delivery failed signature verification
 // it returns the figures together with an error wrapping ErrBadSignatures.
 func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error) {
+	chaosRate := opts.Rate
+	if chaosRate == 0 {
+		chaosRate = ChaosRateDefault
+	}
 	opts = opts.WithDefaults()
 	names, err := opts.validate()
 	if err != nil {
 		return nil, err
+	}
+	if slices.Contains(names, "chaos") && opts.DatabaseURL != "" {
+		return nil, errors.New("chaos restarts PostgreSQL: it needs its own server, not a given database")
 	}
 	log := &syncWriter{w: progress}
 	env := &env{log: log, relayBinary: opts.RelayBinary, slot: "postbox"}
@@ -210,6 +229,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			return nil, fmt.Errorf("start PostgreSQL: %w", err)
 		}
 		defer cluster.Stop()
+		env.cluster = cluster
 		if env.dbURL, err = cluster.CreateDatabase(ctx, "bench"); err != nil {
 			return nil, err
 		}
@@ -245,6 +265,10 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			res.Catchup, err = env.catchup(ctx, opts)
 		case "load":
 			res.Load, err = env.load(ctx, opts)
+		case "chaos":
+			res.Chaos, err = env.chaos(ctx, opts, chaosRate)
+		case "soak":
+			res.Soak, err = env.soak(ctx, opts)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s, err)
@@ -255,6 +279,11 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	}
 	if n := res.lost(); n > 0 {
 		return res, fmt.Errorf("%d %w", n, ErrLost)
+	}
+	if res.Soak != nil {
+		if err := res.Soak.err(); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }
@@ -284,6 +313,12 @@ func (r *Result) lost() int {
 	}
 	if r.Load != nil {
 		n += r.Load.Lost
+	}
+	if r.Chaos != nil {
+		n += r.Chaos.Lost
+	}
+	if r.Soak != nil {
+		n += r.Soak.Lost
 	}
 	return n
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -149,6 +150,43 @@ func TestRun(t *testing.T) {
 	require.Contains(t, out.String(), "lost 0, duplicates 0, bad signatures 0")
 }
 
+// TestChaos runs the chaos scenario for a minute with a fixed seed: three
+// relays killed, frozen, cut off by PostgreSQL restarts, a dropped slot and
+// a read-only database, under load. No committed event may be lost, and
+// the duplicates stay within the deliveries that were in flight at the
+// faults.
+func TestChaos(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs three relays for a minute while injecting faults")
+	}
+	opts := Options{
+		Scenarios:   "chaos",
+		Duration:    time.Minute,
+		Seed:        12,
+		RelayBinary: buildPostbox(t),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts, t.Output())
+	require.NoError(t, err)
+
+	c := res.Chaos
+	require.NotNil(t, c)
+	require.Equal(t, uint64(12), c.Seed)
+	kinds := map[string]bool{}
+	for _, f := range c.Faults {
+		require.Empty(t, f.Error, "%s at %.1f s", f.Kind, f.AtSeconds)
+		kinds[f.Kind] = true
+	}
+	require.Len(t, kinds, len(faultKinds), "every kind of fault once: %v", kinds)
+	require.Positive(t, c.Sent)
+	require.Zero(t, c.Lost)
+	require.Zero(t, c.BadSignatures)
+	require.LessOrEqual(t, c.Dups, c.DupBound, "duplicates within the deliveries in flight at the faults")
+	require.True(t, c.DupsWithin)
+}
+
 // buildPostbox builds the postbox binary, which the bench runs as the
 // relay (in `postbox bench` it is the running executable itself).
 func buildPostbox(t *testing.T) string {
@@ -157,4 +195,31 @@ func buildPostbox(t *testing.T) string {
 	out, err := exec.Command("go", "build", "-o", path, "github.com/postbox-relay/postbox/cmd/postbox").CombinedOutput()
 	require.NoError(t, err, fmt.Sprintf("go build: %s", out))
 	return path
+}
+
+// TestSoakGrowth: a figure whose last third averages more than soakGrowth
+// times its middle third grows without bound; dead tuples count only once
+// autovacuum has been through.
+func TestSoakGrowth(t *testing.T) {
+	t.Parallel()
+	flat := make([]SoakSample, 9)
+	for i := range flat {
+		flat[i] = SoakSample{RSSMB: 20, RetainedWALMB: 100, DeliveriesDead: int64(20000 * (i + 1))}
+	}
+	grew, unjudged, judged := growing(flat)
+	require.True(t, judged)
+	require.Empty(t, grew)
+	require.Len(t, unjudged, 1, "dead tuples before any autovacuum")
+
+	leak := slices.Clone(flat)
+	for i := range leak {
+		leak[i].RSSMB = float64(20 * (i + 1))
+		leak[i].DeliveriesVacuum = "2026-01-01T00:00:00Z"
+	}
+	grew, unjudged, _ = growing(leak)
+	require.Empty(t, unjudged)
+	require.Len(t, grew, 2, "RSS and dead tuples: %v", grew)
+
+	_, _, judged = growing(flat[:5])
+	require.False(t, judged)
 }

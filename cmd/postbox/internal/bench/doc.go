@@ -28,6 +28,27 @@
 //     unpublished copy of the outbox (the machine's rate without the
 //     relay), then with the relay running; samples the lag (committed, not
 //     yet received) every second and measures how long it takes to drain.
+//   - chaos: ChaosRelays relays against one PostgreSQL (always the bench's
+//     own: it is restarted) under a paced stream (Options.Rate, default
+//     ChaosRateDefault, events/s for Options.Duration) over
+//     Options.Endpoints endpoints, the last of which flaps through healthy,
+//     answering 500 and hanging past its 2 s timeout, 5 s each. At moments
+//     drawn from a PCG seeded with Options.Seed (printed; random when
+//     zero) it injects a fault, the kinds shuffled in rounds so that each
+//     comes once before any comes again: a relay killed with SIGKILL and
+//     started again a second later; a relay frozen with SIGSTOP for 2–5 s;
+//     PostgreSQL restarted fast, or immediately (crash recovery); the slot
+//     dropped after its walsender is terminated; the database made
+//     read-only for 2–5 s (ALTER DATABASE … SET
+//     default_transaction_read_only and its sessions terminated, then the
+//     same undone). Each fault is followed by a pause of 2–5 s. Inserts that
+//     fail meanwhile are not committed, only counted. When the producers
+//     stop it waits up to 3 minutes for every committed event, then
+//     reports the faults, lost events (the run fails if any), duplicates
+//     against their bound — the deliveries in flight just before each
+//     fault, summed — the longest commit → delivery and the relays' peak
+//     RSS. The relays retry within seconds rather than the defaults'
+//     minutes (see chaosConfig), so that every event can arrive in time.
 //
 // Lost and duplicated deliveries are counted by event id. Producers record
 // the id of every event whose INSERT they saw commit (RETURNING event_id,

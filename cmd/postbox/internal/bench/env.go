@@ -14,10 +14,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
 // env is the bench's PostgreSQL, receiver and relay process.
 type env struct {
+	cluster     *pgtest.Cluster // nil when the database was given
 	dbURL       string
 	slot        string
 	pool        *pgxpool.Pool
@@ -46,31 +49,11 @@ func (e *env) config(endpoints int) string {
 
 // startRelay starts `postbox run` and waits until its slot is streaming.
 func (e *env) startRelay(ctx context.Context) error {
-	exe := e.relayBinary
-	if exe == "" {
-		var err error
-		if exe, err = os.Executable(); err != nil {
-			return fmt.Errorf("find the postbox binary: %w", err)
-		}
+	cmd, done, err := e.spawnRelay(e.cfgPath)
+	if err != nil {
+		return err
 	}
-	args := []string{"run", "--config", e.cfgPath}
-	if p := os.Getenv("POSTBOX_BENCH_CPUPROFILE"); p != "" {
-		args = append(args, "--cpuprofile", p)
-	}
-	cmd := exec.Command(exe, args...)
-	// The relay's configuration is the bench's own: POSTBOX_* variables of
-	// the calling shell (a real database's URL, its secrets) never reach it.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "POSTBOX_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Stdout, cmd.Stderr = e.log, e.log
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start the relay: %w", err)
-	}
-	e.relay, e.done = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(e.done) }()
+	e.relay, e.done = cmd, done
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		var active bool
@@ -89,6 +72,37 @@ func (e *env) startRelay(ctx context.Context) error {
 	}
 	e.stopRelay()
 	return errors.New("relay did not start streaming within 60s")
+}
+
+// spawnRelay starts `postbox run --config cfgPath`; done closes when the
+// process has exited.
+func (e *env) spawnRelay(cfgPath string) (*exec.Cmd, chan struct{}, error) {
+	exe := e.relayBinary
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, nil, fmt.Errorf("find the postbox binary: %w", err)
+		}
+	}
+	args := []string{"run", "--config", cfgPath}
+	if p := os.Getenv("POSTBOX_BENCH_CPUPROFILE"); p != "" {
+		args = append(args, "--cpuprofile", p)
+	}
+	cmd := exec.Command(exe, args...)
+	// The relay's configuration is the bench's own: POSTBOX_* variables of
+	// the calling shell (a real database's URL, its secrets) never reach it.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "POSTBOX_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = e.log, e.log
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start the relay: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	return cmd, done, nil
 }
 
 // waitCaughtUp waits until the slot has confirmed the WAL position of now.
@@ -200,13 +214,17 @@ func quantile(sorted []float64, q float64) float64 {
 
 // PeakRSS reads VmHWM (peak resident set) of a process, in MB; 0 when it
 // cannot be read.
-func PeakRSS(pid int) float64 {
+func PeakRSS(pid int) float64 { return statusMB(pid, "VmHWM:") }
+
+// statusMB reads a process's /proc status line key (in kB), in MB; 0 when
+// it cannot be read.
+func statusMB(pid int, key string) float64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
+		if strings.HasPrefix(line, key) {
 			f := strings.Fields(line)
 			kb, _ := strconv.ParseFloat(f[1], 64)
 			return kb / 1024

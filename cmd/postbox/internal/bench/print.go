@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Print writes r for a person to read.
@@ -34,6 +35,41 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "\ncatch-up of a %d-event backlog over %d endpoints:\n", c.Backlog, c.Endpoints)
 		fmt.Fprintf(w, "  %.0f deliveries/s from relay start (%.1f s); %.0f/s first to last delivery (%.1f s)\n", c.Rate, c.Seconds, c.DrainRate, c.DrainSeconds)
 		fmt.Fprintf(w, "  lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", c.Lost, c.Dups, anomalies(c.Unacknowledged, c.BadSignatures), c.RSSMB)
+	}
+	if c := r.Chaos; c != nil {
+		fmt.Fprintf(w, "\nchaos (seed %d): %d relays, %d events/s over %d endpoints (one flapping) for %.0f s, %d faults:\n", c.Seed, c.Relays, c.Rate, c.Endpoints, c.Seconds, len(c.Faults))
+		for _, f := range c.Faults {
+			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, errSuffix(f.Error))
+		}
+		within := "within"
+		if !c.DupsWithin {
+			within = "ABOVE"
+		}
+		fmt.Fprintf(w, "  sent %d (%d inserts failed, %d skipped while the producers waited), received %d, lost %d%s\n", c.Sent, c.FailedInserts, c.SkippedInserts, c.Received, c.Lost, anomalies(c.Unacknowledged, c.BadSignatures))
+		for k, n := range c.LostWhere {
+			fmt.Fprintf(w, "    lost, %s: %d\n", k, n)
+		}
+		fmt.Fprintf(w, "  duplicates %d, %s the bound of %d (deliveries in flight at the faults)\n", c.Dups, within, c.DupBound)
+		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms (%.0f ms without the flapping endpoint); drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.HealthyMaxms, c.DrainSeconds, c.RSSMB)
+	}
+	if s := r.Soak; s != nil {
+		fmt.Fprintf(w, "\nsoak: %d events/s over %d endpoints for %.0f s, one relay, sampled every %s:\n", s.Rate, s.Endpoints, s.Seconds, soakInterval)
+		fmt.Fprintf(w, "  %7s %8s %10s %12s %10s %8s\n", "at s", "RSS MB", "tables MB", "dead tuples", "WAL MB", "pending")
+		for _, p := range s.Samples {
+			fmt.Fprintf(w, "  %7.0f %8.1f %10.1f %12d %10.1f %8d\n", p.AtSeconds, p.RSSMB, p.TablesMB, p.DeliveriesDead, p.RetainedWALMB, p.PendingDeliveries)
+		}
+		switch {
+		case !s.Judged:
+			fmt.Fprintln(w, "  too few samples (fewer than 6) to judge growth")
+		case len(s.Growing) > 0:
+			fmt.Fprintf(w, "  GROWING (last third above %.1f× the middle third): %s\n", soakGrowth, strings.Join(s.Growing, ", "))
+		default:
+			fmt.Fprintf(w, "  bounded: the last third within %.1f× of the middle third\n", soakGrowth)
+		}
+		if len(s.Unjudged) > 0 {
+			fmt.Fprintf(w, "  not judged: %s\n", strings.Join(s.Unjudged, ", "))
+		}
+		fmt.Fprintf(w, "  sent %d (%d inserts failed or skipped), lost %d, duplicates %d, bad signatures %d\n", s.Sent, s.FailedInserts, s.Lost, s.Dups, s.BadSignatures)
 	}
 }
 

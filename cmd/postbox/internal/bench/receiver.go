@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,7 @@ type tally struct {
 	dups           int                  // deliveries of an id after its first
 	unacknowledged int                  // arrived, commit never acknowledged
 	first          map[string]time.Time // first arrival of each id
+	lostIDs        []string             // the lost ids
 }
 
 // tally checks every committed id against the arrivals.
@@ -91,6 +93,7 @@ func (l *ledger) tally() tally {
 	for id := range l.committed {
 		if _, ok := l.first[id]; !ok {
 			t.lost++
+			t.lostIDs = append(t.lostIDs, id)
 		}
 	}
 	for id, at := range l.first {
@@ -103,7 +106,7 @@ func (l *ledger) tally() tally {
 }
 
 // receiver is the bench's endpoints: /ep-N answer 204, /hang blocks until
-// hang is closed, /fail answers 500. Every request's signature is checked
+// hang is closed, /fail answers 500, /flap/… flap (see flapPhase). Every request's signature is checked
 // with outbox.Verify; a delivery that fails is counted and still recorded,
 // so lost and bad signatures stay separate figures.
 type receiver struct {
@@ -118,10 +121,27 @@ type receiver struct {
 	badErr error // the first failure's reason
 
 	failed atomic.Int64 // requests to /fail
+	start  time.Time    // the flapping endpoints' cycle starts here
 }
 
+// The endpoints under /flap/ cycle through healthy, answering 500 and
+// hanging for flapHang, flapPeriod each.
+const (
+	flapPeriod = 5 * time.Second
+	flapHang   = 4 * time.Second
+)
+
+const (
+	flapHealthy = iota
+	flapFailing
+	flapHanging
+)
+
+// flapPhase is what a flapping endpoint does at d into its cycle.
+func flapPhase(d time.Duration) int { return int(d/flapPeriod) % 3 }
+
 func newReceiver(secret string) *receiver {
-	rv := &receiver{secrets: []string{secret}, hang: make(chan struct{}), ledger: newLedger()}
+	rv := &receiver{secrets: []string{secret}, hang: make(chan struct{}), ledger: newLedger(), start: time.Now()}
 	rv.Server = httptest.NewServer(http.HandlerFunc(rv.serve))
 	return rv
 }
@@ -153,6 +173,23 @@ func (rv *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		rv.failed.Add(1)
 		w.WriteHeader(http.StatusInternalServerError)
 		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/flap/") {
+		switch flapPhase(now.Sub(rv.start)) {
+		case flapFailing:
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		case flapHanging:
+			// Longer than the endpoint's timeout, but bounded: the relay
+			// gives up first, and Close never waits long.
+			select {
+			case <-rv.hang:
+			case <-r.Context().Done():
+			case <-time.After(flapHang):
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 	}
 	led.arrive(r.Header.Get(outbox.HeaderID), now)
 	w.WriteHeader(http.StatusNoContent)

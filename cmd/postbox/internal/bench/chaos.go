@@ -1,0 +1,505 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// Defaults of the chaos scenario.
+const (
+	ChaosRateDefault = 300
+	// ChaosRelays is how many relays run against the one database.
+	ChaosRelays = 3
+	// chaosDrain bounds the wait for every committed event once the
+	// producers stopped.
+	chaosDrain = 3 * time.Minute
+	// chaosInsertTimeout bounds one insert, so a producer stuck on a
+	// server that went away does not hold up the pacing.
+	chaosInsertTimeout = 5 * time.Second
+	// flapTimeout is the flapping endpoint's timeout: below flapHang.
+	flapTimeout = 2 * time.Second
+	// chaosRecovery is the time a fault is given to recover before the
+	// producers stop: the longest fault (a freeze or read-only spell of
+	// up to 5 s, or a restart) and a margin.
+	chaosRecovery = 8 * time.Second
+)
+
+// The faults the chaos scenario injects.
+const (
+	faultKill             = "kill"              // SIGKILL a relay, start it again after a second
+	faultFreeze           = "freeze"            // SIGSTOP a relay, SIGCONT it a few seconds later
+	faultRestartFast      = "restart-fast"      // restart PostgreSQL, fast shutdown
+	faultRestartImmediate = "restart-immediate" // restart PostgreSQL, crash and recovery
+	faultDropSlot         = "drop-slot"         // terminate the walsender, drop the slot
+	faultReadOnly         = "read-only"         // the database read-only for a few seconds
+)
+
+var faultKinds = []string{faultKill, faultFreeze, faultRestartFast, faultRestartImmediate, faultDropSlot, faultReadOnly}
+
+// ChaosResult is the chaos scenario's.
+type ChaosResult struct {
+	Seed           uint64  `json:"seed"`
+	Relays         int     `json:"relays"`
+	Rate           int     `json:"rate_per_s"`
+	Endpoints      int     `json:"endpoints"`
+	Seconds        float64 `json:"seconds"`
+	Faults         []Fault `json:"faults"`
+	Sent           int     `json:"sent"`
+	FailedInserts  int     `json:"failed_inserts"`
+	SkippedInserts int     `json:"skipped_inserts"`
+	Received       int     `json:"received"`
+	Lost           int     `json:"lost"`
+	Dups           int     `json:"duplicates"`
+	DupBound       int     `json:"duplicate_bound"`
+	DupsWithin     bool    `json:"duplicates_within_bound"`
+	Unacknowledged int     `json:"unacknowledged_delivered"`
+	BadSignatures  int     `json:"bad_signatures"`
+	DrainSeconds   float64 `json:"drain_seconds_after_load"`
+	Maxms          float64 `json:"max_commit_to_delivery_ms"`
+	P99ms          float64 `json:"p99_ms"`
+	// HealthyMaxms is the longest commit → delivery of the endpoints that
+	// do not flap: what the faults alone cost.
+	HealthyMaxms float64 `json:"max_commit_to_delivery_ms_steady_endpoints"`
+	// LostWhere counts the lost events by where postbox has them: their
+	// delivery's status, still in the outbox, or nowhere.
+	LostWhere map[string]int `json:"lost_where,omitempty"`
+	RSSMB     float64        `json:"relay_peak_rss_mb"`
+}
+
+// Fault is one fault the chaos scenario injected.
+type Fault struct {
+	AtSeconds float64 `json:"at_s"`
+	Kind      string  `json:"kind"`
+	Target    string  `json:"target"`
+	// InFlight is the deliveries in flight just before the fault: what it
+	// may make the relays deliver twice.
+	InFlight int    `json:"in_flight_before"`
+	Error    string `json:"error,omitempty"`
+}
+
+// chaosRelay is one of the chaos scenario's relay processes.
+type chaosRelay struct {
+	name string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	rss  float64 // peak over its incarnations, MB
+}
+
+// sample folds the running process's peak RSS into r.rss.
+func (r *chaosRelay) sample() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		r.rss = max(r.rss, PeakRSS(r.cmd.Process.Pid))
+	}
+}
+
+// chaos runs ChaosRelays relays under a paced load while injecting faults
+// chosen by a PCG seeded with o.Seed, then checks by event id that every
+// committed event arrived.
+func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, error) {
+	if e.cluster == nil {
+		return nil, errors.New("chaos restarts PostgreSQL: it needs its own server, not a given database")
+	}
+	led := e.recv.reset()
+	res := &ChaosResult{Seed: o.Seed, Relays: ChaosRelays, Rate: rate, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
+	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
+	fmt.Fprintf(e.log, "bench: chaos, seed %d: %d relays, %d events/s over %d endpoints (ep-%d flapping) for %s\n",
+		o.Seed, ChaosRelays, rate, o.Endpoints, o.Endpoints-1, o.Duration)
+
+	cfgPath := filepath.Join(filepath.Dir(e.cfgPath), "chaos.yaml")
+	if err := os.WriteFile(cfgPath, []byte(e.chaosConfig(o.Endpoints)), 0o600); err != nil {
+		return nil, fmt.Errorf("write the relays' config: %w", err)
+	}
+	admin, err := pgxpool.New(ctx, e.cluster.URL("postgres"))
+	if err != nil {
+		return nil, fmt.Errorf("connect to the maintenance database: %w", err)
+	}
+	defer admin.Close()
+	u, err := url.Parse(e.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+
+	relays := make([]*chaosRelay, ChaosRelays)
+	for i := range relays {
+		relays[i] = &chaosRelay{name: fmt.Sprintf("relay-%d", i+1)}
+	}
+	start := func(r *chaosRelay) error {
+		cmd, done, err := e.spawnRelay(cfgPath)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.cmd, r.done = cmd, done
+		r.mu.Unlock()
+		return nil
+	}
+	stopAll := func() {
+		for _, r := range relays {
+			r.sample()
+			r.mu.Lock()
+			cmd, done := r.cmd, r.done
+			r.cmd = nil
+			r.mu.Unlock()
+			if cmd == nil {
+				continue
+			}
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		}
+	}
+	defer stopAll()
+	for _, r := range relays {
+		if err := start(r); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.waitStreaming(ctx); err != nil {
+		return nil, err
+	}
+
+	sampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-sampling:
+				return
+			case <-tick.C:
+				for _, r := range relays {
+					r.sample()
+				}
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-sampling:
+		default:
+			close(sampling)
+		}
+		<-sampled
+	}()
+
+	began := time.Now()
+	var failed, skipped int
+	var producing sync.WaitGroup
+	produceCtx, stopProducing := context.WithCancel(ctx)
+	defer stopProducing()
+	producing.Go(func() { failed, skipped = e.produceChaos(produceCtx, led, rate, o.Endpoints, o.Duration) })
+
+	deadline := began.Add(o.Duration)
+	var kinds []string
+	for ctx.Err() == nil {
+		// A fault at a moment 2 to 5 s after the last one recovered, while
+		// the fault has time to recover (chaosRecovery) before the
+		// producers stop.
+		pause := 2*time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))
+		if time.Now().Add(pause + chaosRecovery).After(deadline) {
+			break
+		}
+		sleep(ctx, pause)
+		if len(kinds) == 0 {
+			kinds = append(kinds, faultKinds...)
+			rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+		}
+		f := Fault{Kind: kinds[0]}
+		kinds = kinds[1:]
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`).Scan(&f.InFlight)
+		f.AtSeconds = time.Since(began).Seconds()
+		if err := e.inject(ctx, &f, rng, relays[rng.IntN(len(relays))], start, admin, db); err != nil {
+			f.Error = err.Error()
+		}
+		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d)%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, errSuffix(f.Error))
+		res.Faults = append(res.Faults, f)
+		res.DupBound += f.InFlight
+	}
+	producing.Wait()
+	loadEnd := time.Now()
+	res.FailedInserts, res.SkippedInserts = failed, skipped
+	fmt.Fprintf(e.log, "bench: chaos, load stopped; waiting up to %s for %d committed events\n", chaosDrain, led.pending())
+	err = waitFor(ctx, chaosDrain, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	res.DrainSeconds = time.Since(loadEnd).Seconds()
+	close(sampling)
+	<-sampled
+	stopAll()
+	for _, r := range relays {
+		res.RSSMB = max(res.RSSMB, r.rss)
+	}
+	if err != nil {
+		return nil, err
+	}
+	t := led.tally()
+	lat, err := e.latencies(ctx, t.first)
+	if err != nil {
+		return nil, err
+	}
+	res.Maxms, res.P99ms = quantile(lat, 1), quantile(lat, 0.99)
+	if res.HealthyMaxms, err = e.longestExcept(ctx, t.first, fmt.Sprintf("ep-%d", o.Endpoints-1)); err != nil {
+		return nil, err
+	}
+	res.Sent, res.Received, res.Lost, res.Dups, res.Unacknowledged = t.sent, t.received, t.lost, t.dups, t.unacknowledged
+	res.DupsWithin = res.Dups <= res.DupBound
+	if t.lost > 0 {
+		res.LostWhere = e.whereLost(ctx, t.lostIDs)
+	}
+	res.BadSignatures = e.recv.scenarioBad()
+	e.truncate(ctx, true)
+	return res, nil
+}
+
+// longestExcept is the longest commit → first arrival, in milliseconds, of
+// the events for endpoints other than endpoint.
+func (e *env) longestExcept(ctx context.Context, first map[string]time.Time, endpoint string) (float64, error) {
+	rows, err := e.pool.Query(ctx, `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL AND endpoint <> $1`, endpoint)
+	if err != nil {
+		return 0, fmt.Errorf("read commit times: %w", err)
+	}
+	defer rows.Close()
+	longest := 0.0
+	for rows.Next() {
+		var id string
+		var committed time.Time
+		if err := rows.Scan(&id, &committed); err != nil {
+			return 0, fmt.Errorf("read commit times: %w", err)
+		}
+		if at, ok := first[id]; ok {
+			longest = max(longest, float64(at.Sub(committed).Microseconds())/1000)
+		}
+	}
+	return longest, rows.Err()
+}
+
+// whereLost counts the event ids by where postbox has them.
+func (e *env) whereLost(ctx context.Context, ids []string) map[string]int {
+	rows, err := e.pool.Query(ctx, `
+		SELECT coalesce(d.status, CASE WHEN o.event_id IS NOT NULL THEN 'in the outbox'
+		                               WHEN ev.id IS NOT NULL THEN 'an event without a delivery'
+		                               ELSE 'nowhere' END), count(*)
+		FROM unnest($1::uuid[]) AS l(id)
+		LEFT JOIN postbox.outbox o ON o.event_id = l.id
+		LEFT JOIN postbox.events ev ON ev.event_id = l.id
+		LEFT JOIN postbox.deliveries d ON d.event_pk = ev.id
+		GROUP BY 1`, ids)
+	if err != nil {
+		return map[string]int{"unknown: " + err.Error(): len(ids)}
+	}
+	defer rows.Close()
+	where := map[string]int{}
+	for rows.Next() {
+		var k string
+		var n int
+		if err := rows.Scan(&k, &n); err != nil {
+			break
+		}
+		where[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		return map[string]int{"unknown: " + err.Error(): len(ids)}
+	}
+	return where
+}
+
+func errSuffix(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+// inject carries out fault f on the relay r or the server, including its
+// own recovery (the relay started again, the database writable again).
+func (e *env) inject(ctx context.Context, f *Fault, rng *rand.Rand, r *chaosRelay, start func(*chaosRelay) error, admin *pgxpool.Pool, db string) error {
+	switch f.Kind {
+	case faultKill:
+		r.sample()
+		r.mu.Lock()
+		cmd, done := r.cmd, r.done
+		r.cmd = nil
+		r.mu.Unlock()
+		f.Target = fmt.Sprintf("%s (pid %d)", r.name, cmd.Process.Pid)
+		_ = cmd.Process.Kill()
+		<-done
+		sleep(ctx, time.Second)
+		return start(r)
+	case faultFreeze:
+		r.mu.Lock()
+		cmd := r.cmd
+		r.mu.Unlock()
+		d := 2*time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))
+		f.Target = fmt.Sprintf("%s (pid %d) for %.1fs", r.name, cmd.Process.Pid, d.Seconds())
+		if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		sleep(ctx, d)
+		return cmd.Process.Signal(syscall.SIGCONT)
+	case faultRestartFast, faultRestartImmediate:
+		f.Target = "postgres"
+		mode := pgtest.Fast
+		if f.Kind == faultRestartImmediate {
+			mode = pgtest.Immediate
+		}
+		return e.cluster.Restart(ctx, mode)
+	case faultDropSlot:
+		f.Target = "slot " + e.slot
+		var err error
+		for range 50 {
+			if _, err = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, e.slot); err != nil {
+				continue
+			}
+			if _, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, e.slot); err == nil {
+				return nil
+			}
+			// Busy (the relay reconnected first), or not there yet (the
+			// relay is still recreating it after an earlier fault).
+			sleep(ctx, 100*time.Millisecond)
+		}
+		return fmt.Errorf("drop the slot: %w", err)
+	case faultReadOnly:
+		d := 2*time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))
+		f.Target = fmt.Sprintf("database %s for %.1fs", db, d.Seconds())
+		if err := e.setReadOnly(ctx, admin, db, true); err != nil {
+			return err
+		}
+		sleep(ctx, d)
+		// Turning it off must happen whatever ctx says: the rest of the
+		// run (and the drain) needs a writable database.
+		return e.setReadOnly(context.WithoutCancel(ctx), admin, db, false)
+	}
+	return fmt.Errorf("unknown fault %q", f.Kind)
+}
+
+// setReadOnly sets default_transaction_read_only on database db and ends
+// its sessions, so that the new ones (the relays reconnect) take it up.
+func (e *env) setReadOnly(ctx context.Context, admin *pgxpool.Pool, db string, on bool) error {
+	v := "off"
+	if on {
+		v = "on"
+	}
+	var err error
+	for range 20 {
+		if _, err = admin.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET default_transaction_read_only = `+v); err == nil {
+			break
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("set the database read-only %s: %w", v, err)
+	}
+	_, err = admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, db)
+	return err
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// waitStreaming waits until one relay streams from the slot.
+func (e *env) waitStreaming(ctx context.Context) error {
+	var active bool
+	err := waitFor(ctx, time.Minute, 50*time.Millisecond, func() (bool, error) {
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
+		return active, err
+	})
+	if err != nil {
+		return fmt.Errorf("wait for a relay to stream: %w", err)
+	}
+	if !active {
+		return errors.New("no relay was streaming within a minute")
+	}
+	return nil
+}
+
+// produceChaos inserts rate events/s for d, each its own transaction, over
+// endpoints; the last is the flapping one. Inserts that fail (the server
+// down or read-only) are not committed and only counted; it returns how
+// many failed, and how many were skipped because every producer was busy
+// (waiting for a server that went away).
+func (e *env) produceChaos(ctx context.Context, led *ledger, rate, endpoints int, d time.Duration) (failed, skipped int) {
+	interval := time.Second / time.Duration(rate)
+	total := int(d / interval)
+	var mu sync.Mutex
+	jobs := make(chan int, 256)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for i := range jobs {
+				ictx, cancel := context.WithTimeout(ctx, chaosInsertTimeout)
+				var id string
+				err := e.pool.QueryRow(ictx, `INSERT INTO postbox.outbox`+insertSQL, fmt.Sprintf("ep-%d", i%endpoints), payload(i)).Scan(&id)
+				cancel()
+				if err != nil {
+					mu.Lock()
+					failed++
+					mu.Unlock()
+					continue
+				}
+				led.commit(id)
+			}
+		})
+	}
+	start := time.Now()
+	for i := range total {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		if ctx.Err() != nil {
+			break
+		}
+		select {
+		case jobs <- i:
+		default:
+			skipped++
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	return failed, skipped
+}
+
+// chaosConfig is the relays' configuration: the bench's endpoints, the
+// last of them flapping, with retries and breakers quick enough that every
+// event arrives within the run.
+func (e *env) chaosConfig(endpoints int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: error\n", e.dbURL, e.slot)
+	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\n", e.secret)
+	// Changed from the defaults: retries every few seconds instead of
+	// from 30 s to an hour, a breaker open for seconds instead of minutes,
+	// and attempts enough that no event is dead-lettered by the faults.
+	b.WriteString("defaults:\n  max_attempts: 1000\n  backoff_base: 500ms\n  backoff_cap: 5s\n  cooldown: 2s\n  max_cooldown: 10s\n")
+	b.WriteString("endpoints:\n")
+	for i := range endpoints - 1 {
+		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, e.recv.URL, i)
+	}
+	fmt.Fprintf(&b, "  ep-%d:\n    url: %s/flap/ep-%d\n    timeout: %s\n", endpoints-1, e.recv.URL, endpoints-1, flapTimeout)
+	return b.String()
+}

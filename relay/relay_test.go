@@ -432,3 +432,52 @@ func TestSearchKeysAreExtractedAtIngest(t *testing.T) {
 		`SELECT event_id::text FROM postbox.events WHERE search @> '{"click_id":"c_8812"}'`).Scan(&found))
 	require.Equal(t, ids[0], found)
 }
+
+// A leader that recreated the slot and died before reconciling leaves the
+// reconciliation owed in the database; the next leader, even one that has
+// reconciled before in its life, does it.
+func TestOwedReconciliationOutlivesTheLeaderThatOwedIt(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	tb.cfg.LeaderLease = config.Duration(time.Second)
+	r := tb.start(t, relay.Options{})
+	tb.insert(t, outbox.Event{Endpoint: "p"})
+	tb.waitSettled(t, 1, 20*time.Second)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := tb.pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	slot := tb.cfg.Slot
+
+	// Another instance takes the lease (the relay stands by), drops and
+	// recreates the slot with rows written in between, owes the
+	// reconciliation, and dies holding the lease for three more seconds.
+	exec(`UPDATE postbox.checkpoints SET leader = 'doomed', fencing = fencing + 1, lease_expires_at = now() + interval '3 seconds' WHERE slot = $1`, slot)
+	waitUntil(t, 20*time.Second, "the relay to stand by", func() bool { return !r.Streaming() })
+	waitUntil(t, 20*time.Second, "the slot to be free", func() bool {
+		var active bool
+		_ = tb.pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		if active {
+			_, _ = tb.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		}
+		return !active
+	})
+	exec(`SELECT pg_drop_replication_slot($1)`, slot)
+	unseen := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
+	exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	exec(`UPDATE postbox.checkpoints SET reconcile_pending = true WHERE slot = $1`, slot)
+
+	waitUntil(t, 30*time.Second, "the relay to lead again", r.Streaming)
+	tb.waitSettled(t, 3, 20*time.Second)
+	byID := rc.byID()
+	for _, id := range unseen {
+		require.Equal(t, 1, byID[id], "a row no slot saw is delivered, once")
+	}
+	var pending bool
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, slot).Scan(&pending))
+	require.False(t, pending, "done, and recorded as done")
+}

@@ -83,6 +83,9 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 		return ctx.Err()
 	}
 	s.reconciled.Store(true)
+	if err := s.env.Store.SetReconcilePending(ctx, false); err != nil {
+		s.log.Warn().Err(err).Msg("reconciled, but could not record it; the next leader reconciles again (harmlessly)")
+	}
 	if total > 0 {
 		s.log.Warn().Int64("events", total).Msg("reconciled outbox rows the stream had not delivered")
 	}

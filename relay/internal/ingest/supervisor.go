@@ -225,13 +225,13 @@ func (s *Supervisor) session(ctx context.Context) error {
 			s.log.Error().Str("was", cp.SystemID).Str("now", ss.SystemID).
 				Msg("the database server changed (system identifier): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
-			s.reconciled.Store(false)
+			s.owe(ctx)
 		case cp.Timeline != 0 && cp.Timeline != ss.Timeline:
 			// A failover or promotion: the slot is the new primary's.
 			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
 				Msg("the database server's timeline changed (failover): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
-			s.reconciled.Store(false)
+			s.owe(ctx)
 		}
 		s.durable.Reset(start)
 		if !s.reconciled.Load() {
@@ -296,6 +296,11 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 	if err != nil {
 		return cp, err
 	}
+	if cp.ReconcilePending {
+		// Owed by a leader that did not finish it (it died, or lost the
+		// lease): this one does.
+		s.reconciled.Store(false)
+	}
 	if slot.Exists {
 		return cp, nil
 	}
@@ -313,9 +318,18 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 		} else {
 			s.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
 		}
-		s.reconciled.Store(false) // rows written while there was no slot
+		s.owe(ctx) // rows written while there was no slot
 	}
 	return cp, nil
+}
+
+// owe records that the outbox table must be reconciled, in this process
+// and in the database, so that the next leader does it if this one cannot.
+func (s *Supervisor) owe(ctx context.Context) {
+	s.reconciled.Store(false)
+	if err := s.env.Store.SetReconcilePending(ctx, true); err != nil {
+		s.log.Warn().Err(err).Msg("could not record that the outbox needs reconciling; this instance reconciles it")
+	}
 }
 
 // keepLeadership renews the lease every third of it; when another

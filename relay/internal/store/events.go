@@ -349,6 +349,9 @@ type Checkpoint struct {
 	LSN      pglogrepl.LSN // end of the last ingested transaction (0: none)
 	SystemID string        // the server's system identifier then ("": unknown)
 	Timeline int32
+	// ReconcilePending: a leader found the outbox owed a reconciliation
+	// and has not finished it.
+	ReconcilePending bool
 }
 
 // Checkpoint returns the slot's checkpoint (zero when none).
@@ -357,7 +360,8 @@ func (s *Store) Checkpoint(ctx context.Context) (Checkpoint, error) {
 	var c Checkpoint
 	var sys *string
 	var tli *int32
-	err := s.Pool.QueryRow(ctx, `SELECT lsn::text, system_id, timeline FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&text, &sys, &tli)
+	err := s.Pool.QueryRow(ctx, `SELECT lsn::text, system_id, timeline, reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, s.Slot).
+		Scan(&text, &sys, &tli, &c.ReconcilePending)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c, nil
 	}
@@ -372,6 +376,15 @@ func (s *Store) Checkpoint(ctx context.Context) (Checkpoint, error) {
 	}
 	c.LSN, err = pglogrepl.ParseLSN(text)
 	return c, err
+}
+
+// SetReconcilePending records (or clears) that the outbox table must be
+// reconciled: rows were written that the slot will never bring.
+func (s *Store) SetReconcilePending(ctx context.Context, pending bool) error {
+	if _, err := s.Pool.Exec(ctx, `UPDATE postbox.checkpoints SET reconcile_pending = $2 WHERE slot = $1`, s.Slot, pending); err != nil {
+		return fmt.Errorf("record reconciliation owed: %w", err)
+	}
+	return nil
 }
 
 // ErrFenced means another instance took over streaming: this one's

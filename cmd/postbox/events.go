@@ -56,19 +56,9 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "postbox: events: unexpected %q (one event's story: postbox event ID)\n", printable(env.args[0]))
 		return exitUsage
 	}
-	now := time.Now()
-	var err error
-	if *sinceText != "" {
-		if f.Since, err = parseSince(*sinceText, now); err != nil {
-			fmt.Fprintln(stderr, "postbox: --since:", err)
-			return exitUsage
-		}
-	}
-	if *untilText != "" {
-		if f.Until, err = parseSince(*untilText, now); err != nil {
-			fmt.Fprintln(stderr, "postbox: --until:", err)
-			return exitUsage
-		}
+	var ok bool
+	if f.Since, f.Until, ok = parseWindow(*sinceText, *untilText, stderr); !ok {
+		return exitUsage
 	}
 	if f.Limit < 1 || f.Limit > telemetry.EventLimitMax {
 		fmt.Fprintf(stderr, "postbox: --limit: want 1 to %d\n", telemetry.EventLimitMax)

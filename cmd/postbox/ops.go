@@ -520,21 +520,12 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return code
 	}
 	defer closeEnv()
-	now := time.Now()
-	var err error
-	if *sinceText != "" {
-		if f.Since, err = parseSince(*sinceText, now); err != nil {
-			fmt.Fprintln(stderr, "postbox: --since:", err)
-			return exitUsage
-		}
-	}
-	if *untilText != "" {
-		if f.Until, err = parseSince(*untilText, now); err != nil {
-			fmt.Fprintln(stderr, "postbox: --until:", err)
-			return exitUsage
-		}
+	var ok bool
+	if f.Since, f.Until, ok = parseWindow(*sinceText, *untilText, stderr); !ok {
+		return exitUsage
 	}
 	if *fromLSN != "" {
+		var err error
 		if f.FromLSN, err = pglogrepl.ParseLSN(*fromLSN); err != nil {
 			fmt.Fprintln(stderr, "postbox: --from-lsn: want a WAL position such as 0/16B3748")
 			return exitUsage
@@ -672,4 +663,26 @@ func plural(n int64, what string) string {
 		return "1 " + what
 	}
 	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// parseWindow parses --since and --until (a duration ago, or a time; either
+// may be empty), printing a usage error naming the flag when one does not
+// parse.
+func parseWindow(sinceText, untilText string, stderr io.Writer) (since, until time.Time, ok bool) {
+	now := time.Now()
+	for _, w := range []struct {
+		flag, text string
+		dst        *time.Time
+	}{{"--since", sinceText, &since}, {"--until", untilText, &until}} {
+		if w.text == "" {
+			continue
+		}
+		t, err := parseSince(w.text, now)
+		if err != nil {
+			fmt.Fprintln(stderr, "postbox: "+w.flag+":", err)
+			return since, until, false
+		}
+		*w.dst = t
+	}
+	return since, until, true
 }

@@ -120,9 +120,11 @@ const eventTimeSQL = `coalesce(e.committed_at, e.ingested_at)`
 // %s. Spelled as a semi-join, it lets the planner start from the
 // deliveries in a rare state (their partial indexes: a dead letter among
 // millions delivered) or from the newest events for a common one.
+// With an endpoint, the deliveries are narrowed to it too (%s), so a rare
+// state of one endpoint starts from that endpoint's part of the index.
 const latestStatusSQL = `e.id IN (
   SELECT d.event_pk FROM postbox.deliveries d
-  WHERE d.status = %s AND NOT EXISTS (SELECT 1 FROM postbox.deliveries n WHERE n.event_pk = d.event_pk AND n.id > d.id))`
+  WHERE d.status = %s%s AND NOT EXISTS (SELECT 1 FROM postbox.deliveries n WHERE n.event_pk = d.event_pk AND n.id > d.id))`
 
 // Searches order events by commit time, and no index does: the commit
 // time is not known for every event (reconciliation finds some without),
@@ -170,14 +172,20 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 		return fmt.Sprintf("$%d", len(args))
 	}
 	var conds []string
+	endpoint := ""
 	if f.Endpoint != "" {
-		conds = append(conds, "e.endpoint = "+arg(f.Endpoint))
+		endpoint = arg(f.Endpoint)
+		conds = append(conds, "e.endpoint = "+endpoint)
 	}
 	if f.Status != "" {
 		if !slices.Contains(EventStatuses, f.Status) {
 			return "", "", nil, fmt.Errorf("%w %q: want one of %s", ErrUnknownStatus, f.Status, strings.Join(EventStatuses, ", "))
 		}
-		conds = append(conds, fmt.Sprintf(latestStatusSQL, arg(f.Status)))
+		narrow := ""
+		if endpoint != "" {
+			narrow = " AND d.endpoint = " + endpoint
+		}
+		conds = append(conds, fmt.Sprintf(latestStatusSQL, arg(f.Status), narrow))
 	}
 	if !f.Since.IsZero() {
 		p := arg(f.Since)

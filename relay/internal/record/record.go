@@ -5,8 +5,8 @@
 // An attempt that started on the fast path may finish before the ingest
 // transaction that writes its delivery has committed; its outcome waits
 // for that transaction (registered on it, never on a goroutine of its own)
-// without holding up the others, and is dropped if the ingest failed: the
-// stream then brings the event again.
+// without holding up the others. It is written whatever the transaction's
+// outcome: a failed commit may have committed after all.
 package record
 
 import (
@@ -150,11 +150,16 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 					continue
 				}
 			}
-			if err := tx.Wait(ctx); err != nil {
-				r.log.Debug().Str("event_id", o.Job.EventID).Err(err).Msg("result dropped: its ingest did not commit")
-				r.disp.Recorded(o.Job)
+			if err := tx.Wait(ctx); err != nil && ctx.Err() != nil {
+				r.disp.Recorded(o.Job) // stopping, and the ingest never finished
 				continue
 			}
+			// An ingest that failed either rolled back (its delivery does
+			// not exist, and the write below changes nothing; the stream
+			// brings the event again) or committed unbeknownst to us (the
+			// connection died with the COMMIT under way): then the
+			// delivery is in flight under this instance, which lives on,
+			// and only this result ever releases it.
 		}
 		results = append(results, o.Result)
 		recorded = append(recorded, o.Job)

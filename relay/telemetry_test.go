@@ -61,9 +61,12 @@ func TestMetricsAndProbes(t *testing.T) {
 	// waitSettled saw: wait for them too.
 	delivered := regexp.MustCompile(`postbox_deliveries_total\{endpoint="other",outcome="delivered"\} 10001\b`)
 	var body string
-	waitUntil(t, 30*time.Second, "the gauges and counters", func() bool {
+	// The gauges are set every 15 s; the breaker's appear once the
+	// endpoints have health rows, which may be one round after the first.
+	waitUntil(t, 40*time.Second, "the gauges and counters", func() bool {
 		body = scrape(t, base+"/metrics")
-		return strings.Contains(body, "postbox_queue_depth{") && delivered.MatchString(body)
+		return strings.Contains(body, "postbox_queue_depth{") && strings.Contains(body, "postbox_circuit_breaker_state{") &&
+			delivered.MatchString(body)
 	})
 	for _, name := range []string{
 		"postbox_deliveries_total", "postbox_attempt_duration_seconds_bucket", "postbox_commit_to_delivery_seconds_bucket",

@@ -2,10 +2,12 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"sync"
 	"testing"
@@ -124,6 +126,9 @@ func (tb *testBundle) startStandby(t *testing.T, opts relay.Options) *relay.Rela
 func (tb *testBundle) startAny(t *testing.T, opts relay.Options) *relay.Relay {
 	t.Helper()
 	opts.Logger = zerolog.New(tb.logs).Level(tb.logLevel).With().Timestamp().Logger()
+	if opts.HTTP.BeneathGuard == nil {
+		opts.HTTP.BeneathGuard = loopbackOnly(t)
+	}
 	r, err := relay.New(tb.resolved(t), opts)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
@@ -133,6 +138,20 @@ func (tb *testBundle) startAny(t *testing.T, opts relay.Options) *relay.Relay {
 		_ = r.Stop(ctx)
 	})
 	return r
+}
+
+// loopbackOnly is the tripwire every test relay dials through, beneath
+// its SSRF guard: tests send traffic to loopback only, so any other address
+// the guard let through (a regression) is refused before its connect and
+// fails the test. No test can reach a metadata or private address.
+func loopbackOnly(t *testing.T) func(netip.AddrPort) error {
+	return func(ap netip.AddrPort) error {
+		if ap.Addr().Unmap().IsLoopback() {
+			return nil
+		}
+		t.Errorf("the relay's guard let %s through to a dial", ap)
+		return errors.New("tripwire: tests dial loopback only")
+	}
 }
 
 // resolved is the bundle's configuration, resolved.

@@ -127,7 +127,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	copts := opts.HTTP
 	copts.UserAgent = "postbox/" + Version
 	if copts.DialContext == nil {
-		copts.DialContext = deliver.GuardedDialer(func() deliver.Guard { return r.cfg.Load().Guard })
+		copts.DialContext = deliver.GuardedDialer(func() deliver.Guard { return r.cfg.Load().Guard }, copts.BeneathGuard)
 	}
 	r.client = deliver.NewClient(copts)
 	r.hardCtx, r.hardStop = context.WithCancel(context.Background())

@@ -20,7 +20,9 @@ import (
 // TestBlockedTargetsAreNeverContacted: with the guard on (the default),
 // events aimed at loopback, a name resolving to it, IPv6 loopback, the
 // metadata service or a private network become blocked_target dead
-// letters; the listening receiver sees nothing.
+// letters; the listening receiver sees nothing. The relay dials through
+// the tests' loopback-only tripwire (startAny), so even a guard that
+// regressed could not reach the metadata or private addresses.
 func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -53,6 +54,9 @@ type Options struct {
 	UserAgent string
 	// DialContext replaces the dialer (the SSRF guard plugs in here).
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// BeneathGuard, for tests, is asked about every address the relay's
+	// guard lets through, just before the connect (see GuardedDialer).
+	BeneathGuard func(netip.AddrPort) error
 	// Now is the clock for webhook-timestamp; time.Now when nil.
 	Now func() time.Time
 }

@@ -114,7 +114,11 @@ func classify(addr netip.Addr) string {
 // connect to against the guard current at that moment, after DNS
 // resolution, at connect time: a name that resolves (or re-resolves: DNS
 // rebinding) to a blocked address is refused before any packet is sent.
-func GuardedDialer(guard func() Guard) func(ctx context.Context, network, addr string) (net.Conn, error) {
+//
+// beneath, when not nil, is asked after the guard passed an address and
+// before the connect: tests give it a tripwire that refuses (and reports)
+// anything but loopback, so a guard that regressed still dials nothing.
+func GuardedDialer(guard func() Guard, beneath func(netip.AddrPort) error) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{
 		Timeout:   10 * time.Second,
 		KeepAlive: 30 * time.Second,
@@ -123,7 +127,13 @@ func GuardedDialer(guard func() Guard) func(ctx context.Context, network, addr s
 			if err != nil {
 				return fmt.Errorf("guard: unexpected address %q: %w", address, err)
 			}
-			return guard().Check(ap.Addr())
+			if err := guard().Check(ap.Addr()); err != nil {
+				return err
+			}
+			if beneath != nil {
+				return beneath(ap)
+			}
+			return nil
 		},
 	}
 	return d.DialContext

@@ -67,6 +67,38 @@ func TestGuardOpensDeliberately(t *testing.T) {
 	require.NoError(t, deliver.Guard{AllowAll: true}.Check(netip.MustParseAddr("127.0.0.1")))
 }
 
+// loopbackOnly is a tripwire beneath the guard: these tests send traffic
+// to loopback only, so any other address that got past the guard is
+// refused here, before its connect, and fails the test.
+func loopbackOnly(t *testing.T) func(netip.AddrPort) error {
+	return func(ap netip.AddrPort) error {
+		if ap.Addr().Unmap().IsLoopback() {
+			return nil
+		}
+		t.Errorf("the guard let %s through to a dial", ap)
+		return errors.New("tripwire: not loopback")
+	}
+}
+
+// TestGuardedDialerRefusesBeforeConnecting: the metadata service and a
+// private address are refused by the dialer's check, which runs before the
+// socket connects; the tripwire beneath it is never reached (it would
+// refuse them too), so no packet leaves for them whatever happens.
+func TestGuardedDialerRefusesBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	var reached atomic.Int32
+	dial := deliver.GuardedDialer(func() deliver.Guard { return deliver.Guard{} }, func(ap netip.AddrPort) error {
+		reached.Add(1)
+		return errors.New("tripwire: the guard let " + ap.String() + " through")
+	})
+	for _, addr := range []string{"169.254.169.254:80", "[fd00:ec2::254]:80", "10.0.0.8:443", "[::ffff:169.254.169.254]:80"} {
+		_, err := dial(context.Background(), "tcp", addr)
+		var be *deliver.BlockedError
+		require.True(t, errors.As(err, &be), "%s: %v", addr, err)
+	}
+	require.Zero(t, reached.Load(), "the guard refused them itself")
+}
+
 // TestGuardedDialerNeverConnects: a hostname that resolves to loopback, and
 // IPv6 loopback, are refused at connect time; the listening server sees
 // nothing.
@@ -76,7 +108,7 @@ func TestGuardedDialerNeverConnects(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
 	defer srv.Close()
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
-	c := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return deliver.Guard{} })})
+	c := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return deliver.Guard{} }, loopbackOnly(t))})
 	for _, u := range []string{"http://localhost:" + port + "/x?click_id=1", "http://127.0.0.1:" + port + "/", "http://[::ffff:127.0.0.1]:" + port + "/"} {
 		resp := c.Do(context.Background(), deliver.Request{EventID: "e", Method: http.MethodGet, URL: u, Timeout: 2 * time.Second})
 		var be *deliver.BlockedError
@@ -85,7 +117,7 @@ func TestGuardedDialerNeverConnects(t *testing.T) {
 	}
 	require.Zero(t, hits.Load(), "nothing reached the server")
 	// The same client with the guard open does reach it.
-	open := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return deliver.Guard{AllowAll: true} })})
+	open := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return deliver.Guard{AllowAll: true} }, loopbackOnly(t))})
 	resp := open.Do(context.Background(), deliver.Request{EventID: "e", Method: http.MethodGet, URL: srv.URL, Timeout: 2 * time.Second})
 	require.NoError(t, resp.Err)
 	require.EqualValues(t, 1, hits.Load())
@@ -104,7 +136,7 @@ func TestRedirectsAreNeverFollowed(t *testing.T) {
 	redirector := httptest.NewServer(http.RedirectHandler("http://"+inner.Addr().String()+"/admin", http.StatusFound))
 	defer redirector.Close()
 	g := deliver.Guard{Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
-	c := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return g })})
+	c := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return g }, loopbackOnly(t))})
 	resp := c.Do(context.Background(), deliver.Request{EventID: "e", Method: http.MethodPost, URL: redirector.URL, Body: []byte("{}"), Timeout: 2 * time.Second})
 	require.NoError(t, resp.Err)
 	require.Equal(t, http.StatusFound, resp.StatusCode)

@@ -24,7 +24,7 @@ type eventsJSON []struct {
 	CommittedAt *time.Time `json:"committed_at"`
 }
 
-// storyJSON is one story of `postbox event ID --json` (SPEC §8).
+// storyJSON is one story of `postbox event ID --json`.
 type storyJSON struct {
 	EventID     string     `json:"event_id"`
 	Endpoint    string     `json:"endpoint"`

@@ -55,7 +55,7 @@ Commands:
   doctor        check the database for postbox and explain what to fix (exit 1 on errors)
   secret new    print a fresh signing secret (whsec_…)
   demo          run postbox against a throwaway PostgreSQL and local receivers
-  bench         measure latency and catch-up throughput (SPEC §12)
+  bench         measure latency and catch-up throughput
   version       print the version
 
 Every command takes --config (or POSTBOX_CONFIG) and honours

@@ -301,7 +301,7 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 		}
 		ep.Method = m
 	} else if ec.URL != nil && strings.Contains(*ec.URL, "{") {
-		ep.Method = "GET" // postback templates default to GET (SPEC §2)
+		ep.Method = "GET" // postback templates default to GET
 	}
 	setDur := func(name string, dst *time.Duration, v *Duration, positive bool) error {
 		if v == nil {

@@ -43,7 +43,7 @@ type Target struct {
 }
 
 // Resolve decides where and what an event sends under cfg: the URL (a
-// template expanded), the body, or a dead-letter reason (SPEC §11), each
+// template expanded), the body, or a dead-letter reason, each
 // starting with its code so dead letters group by it. A target whose host
 // is a literal address the guard refuses is refused here, never dialled.
 func Resolve(cfg *config.Config, ev Event) Target {

@@ -75,7 +75,7 @@ type Attempt struct {
 	Timeout    time.Duration
 }
 
-// Permanent failure reasons that are not HTTP statuses (SPEC §11).
+// Permanent failure reasons that are not HTTP statuses.
 const (
 	ReasonUnknownEndpoint = "unknown_endpoint"
 	ReasonInvalidURL      = "invalid_url"
@@ -87,7 +87,7 @@ const (
 // Classify decides an attempt's outcome for endpoint ep. Transport errors
 // and status codes are classified by go-retryablehttp's policy (so TLS
 // certificate, scheme and redirect errors are permanent, connection errors
-// and 429/5xx except 501 retried), widened by SPEC §4's 408 and 425 and by
+// and 429/5xx except 501 retried), widened by 408 and 425 and by
 // the endpoint's retry_on. A response that passes the status check but not
 // the endpoint's success rule is a failure of its status's class.
 func Classify(a Attempt, ep config.Endpoint) Verdict {

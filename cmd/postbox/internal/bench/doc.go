@@ -1,4 +1,4 @@
-// Package bench is `postbox bench`: the measurements of SPEC §12, taken the
+// Package bench is `postbox bench`: the measurements of postbox's performance targets, taken the
 // way an operator would see them.
 //
 // Run starts its own PostgreSQL with fsync on (pgtest), an HTTP receiver on

@@ -188,7 +188,7 @@ func (r *Relay) start(ctx context.Context) error {
 		}
 		own = true
 	}
-	env, err := r.boot(ctx, pool, cfg)
+	env, err := r.bootWhenReady(ctx, pool, cfg)
 	if err != nil {
 		if own {
 			pool.Close()
@@ -266,6 +266,23 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 		return nil, fmt.Errorf("register this instance: %w", err)
 	}
 	return env, nil
+}
+
+// bootWhenReady boots, retrying with backoff while the database's errors
+// are ones that waiting cures (a restart, a failover, a read-only spell),
+// until ctx ends. Other errors come back at once.
+func (r *Relay) bootWhenReady(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (*service.Env, error) {
+	for attempt := 1; ; attempt++ {
+		env, err := r.boot(ctx, pool, cfg)
+		if err == nil || !store.Transient(err) || ctx.Err() != nil {
+			return env, err
+		}
+		wait := service.RetryWait(attempt)
+		r.log.Warn().Err(err).Dur("retry_in", wait).Msg("database not ready")
+		if !service.Sleep(ctx, wait) {
+			return nil, err
+		}
+	}
 }
 
 // connect opens the pool, retrying with backoff while the database is

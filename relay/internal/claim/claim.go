@@ -52,6 +52,10 @@ type Claimer struct {
 	disp  Dispatcher
 	prot  Protection
 	loops service.Loops
+	// hard is Start's context: a claim statement under way when Stop
+	// comes runs to its end under it and its deliveries are handed over,
+	// so none is left claimed by no one.
+	hard context.Context
 
 	wake    service.Signal
 	backlog atomic.Bool // the queue table may hold due deliveries
@@ -66,12 +70,14 @@ func New(env *service.Env, disp Dispatcher, prot Protection) *Claimer {
 // Start runs the claim loop and the LISTEN loop. It claims once at once,
 // for deliveries an earlier run left queued.
 func (c *Claimer) Start(ctx context.Context) error {
+	c.hard = ctx
 	c.backlog.Store(true)
 	c.wake.Notify()
 	return c.loops.Start(ctx, c.claimLoop, c.listenLoop)
 }
 
-// Stop ends both loops and waits for them.
+// Stop ends both loops and waits for them; a claim under way finishes
+// first.
 func (c *Claimer) Stop() { c.loops.Stop() }
 
 // Queued says the queue table has new due work: claim now.
@@ -114,7 +120,7 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			c.due.popDue(time.Now())
 		case <-sweep.C:
 		}
-		more, err := c.claimOnce(ctx)
+		more, err := c.claimOnce(c.hard)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

@@ -125,13 +125,21 @@ func (tb *testBundle) startStandby(t *testing.T, opts relay.Options) *relay.Rela
 
 func (tb *testBundle) startAny(t *testing.T, opts relay.Options) *relay.Relay {
 	t.Helper()
+	r := tb.newRelay(t, opts)
+	require.NoError(t, r.Start(context.Background()))
+	return r
+}
+
+// newRelay makes a relay that logs to tb.logs and dials loopback only; it
+// is stopped at cleanup.
+func (tb *testBundle) newRelay(t *testing.T, opts relay.Options) *relay.Relay {
+	t.Helper()
 	opts.Logger = zerolog.New(tb.logs).Level(tb.logLevel).With().Timestamp().Logger()
 	if opts.HTTP.BeneathGuard == nil {
 		opts.HTTP.BeneathGuard = loopbackOnly(t)
 	}
 	r, err := relay.New(tb.resolved(t), opts)
 	require.NoError(t, err)
-	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()

@@ -26,6 +26,11 @@ import (
 const (
 	// MaxClaimDefault bounds one claim statement.
 	MaxClaimDefault = 1000
+	// StaleClaimDefault is how long a delivery stays claimed by this
+	// instance, unchanged and not held by its dispatcher, before the
+	// sweep returns it to the queue. It only needs to outlast the moment
+	// between a claim's commit and its hand-over.
+	StaleClaimDefault = 10 * time.Second
 	// MaxDueDefault bounds the heap of retry times; beyond it, the sweep
 	// finds the retries.
 	MaxDueDefault = 100000
@@ -36,6 +41,7 @@ type Dispatcher interface {
 	Stopping() bool
 	Free() (map[string]int, int)
 	Submit(j *dispatch.Job, reserved bool)
+	Unheld(ids []int64) []int64
 }
 
 // Protection is what the claimer needs of endpoint protection: a fresh
@@ -119,6 +125,7 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 		case <-timer.C:
 			c.due.popDue(time.Now())
 		case <-sweep.C:
+			c.rescue(c.hard)
 		}
 		more, err := c.claimOnce(c.hard)
 		if err != nil {
@@ -173,14 +180,37 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	heads, err := c.env.Store.ClaimOrdered(ctx, c.env.Owner, ordered)
-	if err != nil {
-		return false, err
-	}
-	for _, cl := range append(claimed, heads...) {
+	// Handed over before anything else can fail: a claimed delivery no
+	// one holds waits for the rescue.
+	for _, cl := range claimed {
 		c.disp.Submit(jobFromClaim(cl), false)
 	}
-	return len(claimed)+len(heads) > 0, nil
+	heads, err := c.env.Store.ClaimOrdered(ctx, c.env.Owner, ordered)
+	for _, cl := range heads {
+		c.disp.Submit(jobFromClaim(cl), false)
+	}
+	return len(claimed)+len(heads) > 0, err
+}
+
+// rescue returns to the queue the deliveries this instance has had in
+// flight, untouched, for StaleClaimDefault, and does not hold: their claim
+// committed although its answer was lost to a broken connection, so no
+// attempt of this instance will record them, and as this instance is
+// alive no other releases them.
+func (c *Claimer) rescue(ctx context.Context) {
+	stale, err := c.env.Store.StaleOwned(ctx, c.env.Owner, StaleClaimDefault)
+	if err == nil && len(stale) > 0 {
+		if lost := c.disp.Unheld(stale); len(lost) > 0 {
+			var n int64
+			if n, err = c.env.Store.Rescue(ctx, c.env.Owner, lost); n > 0 {
+				c.log.Warn().Int64("deliveries", n).Msg("returned claims this instance had lost track of to the queue (their claim's answer was lost)")
+				c.Queued()
+			}
+		}
+	}
+	if err != nil && ctx.Err() == nil {
+		c.log.Warn().Err(err).Msg("could not look for lost claims; trying again at the next sweep")
+	}
 }
 
 func jobFromClaim(c store.Claimed) *dispatch.Job {

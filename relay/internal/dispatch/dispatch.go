@@ -138,8 +138,9 @@ type Dispatcher struct {
 	lanes     map[string]*lane
 	heldJobs  int // across lanes, reservations included
 	heldBytes int
-	inFlight  int     // across lanes
-	starved   []*lane // lanes with work waiting only for a global slot, in arrival order
+	heldIDs   map[int64]int // deliveries submitted and not yet recorded
+	inFlight  int           // across lanes
+	starved   []*lane       // lanes with work waiting only for a global slot, in arrival order
 	stopping  bool
 	running   sync.WaitGroup
 }
@@ -189,7 +190,7 @@ func (o Options) WithDefaults() Options {
 func New(opts Options) *Dispatcher {
 	opts = opts.WithDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}}
+	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}, heldIDs: map[int64]int{}}
 }
 
 // fullLocked reports whether the global budget is spent.
@@ -247,6 +248,7 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 	}
 	d.heldJobs++
 	d.heldBytes += len(j.Payload)
+	d.heldIDs[j.DeliveryID]++
 	if d.stopping {
 		d.dropIdleLocked(j.Endpoint, l)
 		d.mu.Unlock()
@@ -290,7 +292,26 @@ func (d *Dispatcher) Recorded(j *Job) {
 	d.mu.Lock()
 	d.heldJobs--
 	d.heldBytes -= len(j.Payload)
+	if n := d.heldIDs[j.DeliveryID]; n > 1 {
+		d.heldIDs[j.DeliveryID] = n - 1
+	} else {
+		delete(d.heldIDs, j.DeliveryID)
+	}
 	d.mu.Unlock()
+}
+
+// Unheld returns those of ids the dispatcher does not hold: not submitted,
+// or recorded already.
+func (d *Dispatcher) Unheld(ids []int64) []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []int64
+	for _, id := range ids {
+		if d.heldIDs[id] == 0 {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // Stopping reports whether Stop has begun.

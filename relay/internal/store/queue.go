@@ -397,6 +397,38 @@ func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) 
 	return tag.RowsAffected(), nil
 }
 
+// StaleOwned returns the deliveries owner has held in flight, unchanged,
+// for longer than age: candidates for Rescue once the owner has checked
+// that it does not hold them in memory.
+func (s *Store) StaleOwned(ctx context.Context, owner string, age time.Duration) ([]int64, error) {
+	rows, err := s.Pool.Query(ctx, `
+		SELECT id FROM postbox.deliveries
+		WHERE status = 'in_flight' AND lease_owner = $1 AND updated_at < now() - $2::interval`, owner, age)
+	if err != nil {
+		return nil, fmt.Errorf("find stale claims: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("find stale claims: %w", err)
+	}
+	return ids, nil
+}
+
+// Rescue returns to the queue, due at once, those of ids that owner still
+// holds in flight: claims whose statement committed although its answer
+// was lost (a broken connection), so that no attempt will ever record them.
+func (s *Store) Rescue(ctx context.Context, owner string, ids []int64) (int64, error) {
+	tag, err := s.Pool.Exec(ctx, `
+		UPDATE postbox.deliveries
+		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
+		    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
+		WHERE id = ANY($2) AND status = 'in_flight' AND lease_owner = $1`, owner, ids)
+	if err != nil {
+		return 0, fmt.Errorf("rescue stale claims: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // ReleaseOwned returns every delivery owner still holds to the queue, due
 // at once: for a clean shutdown after the in-flight attempts are recorded.
 func (s *Store) ReleaseOwned(ctx context.Context, owner string) (int64, error) {

@@ -1,0 +1,117 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/ops"
+)
+
+// A claim whose statement committed but whose answer was lost (the
+// connection broke on the way back) leaves deliveries in flight under a
+// live instance that does not hold them: nothing would ever attempt or
+// release them. The instance's sweep finds them and returns them to the
+// queue.
+func TestClaimsWhoseAnswerWasLostAreRescued(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	r := tb.start(t, relay.Options{})
+	ctx := context.Background()
+
+	// Queue the deliveries while the endpoint is paused, then mark them
+	// claimed by this instance a minute ago, as a lost claim leaves them.
+	require.NoError(t, ops.Pause(ctx, tb.pool, "p", time.Now().Add(time.Hour)))
+	time.Sleep(time.Second) // a few sweeps: the relay's view of the pause is refreshed on each
+	ids := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
+	waitUntil(t, 30*time.Second, "the deliveries queued", func() bool { return tb.deliveries(t)[state.Pending] == 3 })
+	tag, err := tb.pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'in_flight', lease_owner = $1, updated_at = now() - interval '1 minute'`, r.InstanceID())
+	require.NoError(t, err)
+	require.EqualValues(t, 3, tag.RowsAffected())
+	require.NoError(t, ops.Resume(ctx, tb.pool, "p"))
+
+	tb.waitSettled(t, 3, 30*time.Second)
+	got := rc.byID()
+	for _, id := range ids {
+		require.Equal(t, 1, got[id], "delivered once: %s", id)
+	}
+	require.Contains(t, tb.logs.String(), "lost track of")
+}
+
+// Deliveries this instance holds are not rescued however long their
+// attempt takes: only those it has lost track of.
+func TestClaimsInFlightAreNotRescued(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	release := make(chan struct{})
+	rc := newReceiver(t, func(int, received) int { <-release; return 200 })
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	tb.endpoint(t, "slow", rc.URL, nil)
+	r := tb.start(t, relay.Options{})
+	ctx := context.Background()
+	ids := tb.insert(t, outbox.Event{Endpoint: "slow"})
+	waitUntil(t, 30*time.Second, "the attempt under way", func() bool { return rc.count() == 1 })
+	// Make the claim look old; the sweep runs every 200 ms.
+	_, err := tb.pool.Exec(ctx, `UPDATE postbox.deliveries SET updated_at = now() - interval '1 minute' WHERE lease_owner = $1`, r.InstanceID())
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	close(release)
+	tb.waitSettled(t, 1, 30*time.Second)
+	require.Equal(t, 1, rc.byID()[ids[0]], "attempted once")
+	require.NotContains(t, tb.logs.String(), "lost track of")
+}
+
+// Start waits out a database that is read-only for a while (a failover
+// in progress): it retries with backoff, then starts.
+func TestStartWaitsOutAReadOnlyDatabase(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	ctx := context.Background()
+	db := tb.pool.Config().ConnConfig.Database
+	readOnly := func(on string) {
+		_, err := tb.pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET default_transaction_read_only = `+on)
+		require.NoError(t, err)
+	}
+	readOnly("on")
+	t.Cleanup(func() { readOnly("off") })
+
+	r := tb.newRelay(t, relay.Options{})
+	started := make(chan error, 1)
+	go func() { started <- r.Start(ctx) }()
+	waitUntil(t, 30*time.Second, "a retry logged", func() bool { return strings.Contains(tb.logs.String(), "database not ready") })
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned while the database was read-only: %v", err)
+	default:
+	}
+	readOnly("off")
+	// The relay's sessions took the setting when they connected.
+	_, err := tb.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, db)
+	require.NoError(t, err)
+	tb.pool.Reset()
+	select {
+	case err := <-started:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("Start did not return once the database was writable")
+	}
+	ids := tb.insert(t, outbox.Event{Endpoint: "p"})
+	waitUntil(t, 30*time.Second, "the delivery", func() bool { return rc.byID()[ids[0]] == 1 })
+}

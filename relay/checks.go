@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-relay/postbox/relay/internal/maintain"
+	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
@@ -25,6 +27,9 @@ func (r *Relay) pool() *pgxpool.Pool {
 // ready is the admin listener's readiness check: the database answers, and
 // some instance streams the slot without lagging past the alert threshold.
 func (r *Relay) ready(ctx context.Context) error {
+	if fs := r.faults.Current(); len(fs) > 0 {
+		return fmt.Errorf("database fault: %s (%s, since %s)", fs[0].Cause, fs[0].Component, fs[0].Since.UTC().Format(time.RFC3339))
+	}
 	s := r.svc.Load()
 	if s == nil {
 		return errNotConnected
@@ -59,5 +64,9 @@ func (r *Relay) status(ctx context.Context) (any, error) {
 		return nil, err
 	}
 	sum.Alerts = telemetry.Firing(alerts)
-	return sum, nil
+	return struct {
+		telemetry.Summary
+		// DatabaseFaults are this instance's current ones.
+		DatabaseFaults []service.Fault `json:"database_faults,omitempty"`
+	}{sum, r.faults.Current()}, nil
 }

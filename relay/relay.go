@@ -66,6 +66,7 @@ type Relay struct {
 	owner   string
 	metrics *telemetry.Metrics
 	client  *deliver.Client
+	faults  *service.Faults
 
 	// svc is set once Start has connected and built the services; the
 	// admin listener's checks read it from their own goroutines.
@@ -122,6 +123,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	if r.opts.Rand == nil {
 		r.opts.Rand = rand.Float64
 	}
+	r.faults = service.NewFaults(opts.Logger.With().Str("component", "database").Logger(), r.opts.Now)
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
 	copts := opts.HTTP
@@ -253,6 +255,7 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	env.Store = &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	env.Log, env.Metrics, env.Owner, env.Version = r.opts.Logger, r.metrics, r.owner, Version
 	env.Now, env.Rand = r.opts.Now, r.opts.Rand
+	env.Faults = r.faults
 	if err := store.Preflight(ctx, pool); err != nil {
 		return nil, err
 	}
@@ -274,6 +277,7 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 func (r *Relay) bootWhenReady(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (*service.Env, error) {
 	for attempt := 1; ; attempt++ {
 		env, err := r.boot(ctx, pool, cfg)
+		r.faults.Observe("start", err)
 		if err == nil || !store.Transient(err) || ctx.Err() != nil {
 			return env, err
 		}

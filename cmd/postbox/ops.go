@@ -156,12 +156,20 @@ func printStatus(w io.Writer, s telemetry.Summary) {
 		if in.Streaming {
 			d += " (streaming)"
 		}
+		if in.Fault != "" {
+			d += " FAULT: " + in.Fault
+		}
 		inst = append(inst, d)
 	}
 	if len(inst) == 0 {
 		inst = []string{"none running"}
 	}
 	fmt.Fprintf(tw, "instances\t%s\n", strings.Join(inst, ", "))
+	writable := "writable"
+	if s.Database.ReadOnly {
+		writable = "READ-ONLY"
+	}
+	fmt.Fprintf(tw, "database\t%s\tconnections %d of %d\n", writable, s.Database.Connections, s.Database.MaxConnections)
 	_ = tw.Flush()
 	if len(s.Breakers) > 0 {
 		fmt.Fprintln(w, "\nheld back:")

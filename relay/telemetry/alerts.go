@@ -17,6 +17,7 @@ const (
 	AlertOldestPending = "oldest_pending"
 	AlertEndpointP95   = "endpoint_latency"
 	AlertSlotLag       = "slot_lag"
+	AlertDatabase      = "database_fault"
 )
 
 // Alert is one alert's state. Subject is the endpoint for per-endpoint
@@ -56,6 +57,7 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 		lag.Detail = fmt.Sprintf("slot %s retains %s of WAL (threshold %s)", s.Slot.Name, FormatBytes(s.Slot.RetainedBytes), FormatBytes(th.SlotLag))
 	}
 	out = append(out, lag)
+	out = append(out, databaseAlert(s))
 	for _, e := range endpoints {
 		if e.P95MS == nil || e.SampleCount < minSamples {
 			continue
@@ -161,3 +163,28 @@ func RecordAlerts(ctx context.Context, pool *pgxpool.Pool, alerts []Alert) ([]Ch
 	}
 	return changes, nil
 }
+
+// databaseAlert fires while the server refuses writes, has no connection
+// slots to spare, or an instance reports a fault it runs into.
+func databaseAlert(s Summary) Alert {
+	a := Alert{Name: AlertDatabase, Detail: "the database accepts postbox's work"}
+	db := s.Database
+	switch {
+	case db.ReadOnly:
+		a.Firing, a.Detail = true, "the database is read-only (default_transaction_read_only, or a standby): postbox cannot record anything"
+	case db.MaxConnections > 0 && db.MaxConnections-db.Connections <= ConnectionHeadroomDefault:
+		a.Firing, a.Detail = true, fmt.Sprintf("the database server uses %d of its %d connections", db.Connections, db.MaxConnections)
+	default:
+		for _, in := range s.Instances {
+			if in.Fault != "" {
+				a.Firing, a.Detail = true, fmt.Sprintf("instance %s: %s", in.ID, in.Fault)
+				break
+			}
+		}
+	}
+	return a
+}
+
+// ConnectionHeadroomDefault is how few free connection slots (beyond the
+// superuser's reserve) raise the database alert.
+const ConnectionHeadroomDefault = 3

@@ -49,6 +49,19 @@ type Instance struct {
 	Streaming   bool      `json:"streaming"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// Fault is the database fault the instance runs into, if any.
+	Fault      string     `json:"fault,omitempty"`
+	FaultSince *time.Time `json:"fault_since,omitempty"`
+}
+
+// Database is the server's state as far as postbox's work goes.
+type Database struct {
+	// ReadOnly: new transactions are read-only (the setting, or a standby).
+	ReadOnly bool `json:"read_only"`
+	// Connections in use and the most the server takes from ordinary
+	// roles (max_connections less the superusers' reserve).
+	Connections    int `json:"connections"`
+	MaxConnections int `json:"max_connections"`
 }
 
 // Summary is the health of the whole pipeline. Field names follow the
@@ -69,6 +82,7 @@ type Summary struct {
 	Slot                    Slot       `json:"slot"`
 	Breakers                []Breaker  `json:"breakers"`
 	Instances               []Instance `json:"instances"`
+	Database                Database   `json:"database"`
 	Alerts                  []Alert    `json:"alerts"`
 	At                      time.Time  `json:"at"`
 }
@@ -170,8 +184,16 @@ func loadSummary(ctx context.Context, q store.Querier, slotName string, delivery
 	if err := rows.Err(); err != nil {
 		return s, fmt.Errorf("breakers: %w", err)
 	}
+	err = q.QueryRow(ctx, `
+		SELECT current_setting('default_transaction_read_only')::bool OR pg_is_in_recovery(),
+		       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),
+		       current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int`).
+		Scan(&s.Database.ReadOnly, &s.Database.Connections, &s.Database.MaxConnections)
+	if err != nil {
+		return s, fmt.Errorf("database state: %w", err)
+	}
 	rows, err = q.Query(ctx, `
-		SELECT id, hostname, pid, version, streaming, started_at, heartbeat_at
+		SELECT id, hostname, pid, version, streaming, started_at, heartbeat_at, coalesce(fault, ''), fault_since
 		FROM postbox.instances WHERE expires_at > now() ORDER BY started_at`)
 	if err != nil {
 		return s, fmt.Errorf("instances: %w", err)
@@ -179,7 +201,7 @@ func loadSummary(ctx context.Context, q store.Querier, slotName string, delivery
 	defer rows.Close()
 	for rows.Next() {
 		var in Instance
-		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &in.Streaming, &in.StartedAt, &in.HeartbeatAt); err != nil {
+		if err := rows.Scan(&in.ID, &in.Hostname, &in.PID, &in.Version, &in.Streaming, &in.StartedAt, &in.HeartbeatAt, &in.Fault, &in.FaultSince); err != nil {
 			return s, fmt.Errorf("instances: %w", err)
 		}
 		s.Instances = append(s.Instances, in)

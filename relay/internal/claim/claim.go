@@ -128,6 +128,7 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			c.rescue(c.hard)
 		}
 		more, err := c.claimOnce(c.hard)
+		c.env.Faults.Observe("claimer", err)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

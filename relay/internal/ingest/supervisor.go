@@ -108,6 +108,11 @@ func (s *Supervisor) loop(ctx context.Context) {
 			return
 		}
 		var wait time.Duration
+		if errors.Is(err, errStandby) || errors.Is(err, wal.ErrSlotBusy) {
+			s.env.Faults.Observe("ingest", nil) // the database answered
+		} else {
+			s.env.Faults.Observe("ingest", err)
+		}
 		switch {
 		case errors.Is(err, errStandby), errors.Is(err, wal.ErrSlotBusy):
 			if !standby {
@@ -249,6 +254,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 	helpers.Go(func() { ing.run(s.hard) })
 	err = stream.Run(sessCtx, plan, queue, ing, func(ss wal.Session) {
 		s.setStreaming(true)
+		s.env.Faults.Observe("ingest", nil)
 		s.log.Info().Str("slot", cfg.Slot).Stringer("from", s.durable.Get()).Str("system_id", ss.SystemID).
 			Int32("timeline", ss.Timeline).Int64("fencing_token", lead.Token).Msg("streaming")
 		if reconcileSnap != "" {

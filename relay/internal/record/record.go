@@ -176,6 +176,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	for attempt := 1; ; attempt++ {
 		var err error
 		changes, err = r.env.Store.RecordResults(ctx, r.env.Owner, results, r.health.Apply)
+		r.env.Faults.Observe("recorder", err)
 		if err == nil {
 			break
 		}

@@ -41,6 +41,8 @@ type Env struct {
 	Rand func() float64
 	// Version is postbox's version, for the instance's registration.
 	Version string
+	// Faults collects the database faults the services run into.
+	Faults *Faults
 
 	cfg *atomic.Pointer[config.Config]
 }
@@ -63,7 +65,11 @@ func (e *Env) Logger(component string) zerolog.Logger {
 // Instance is this instance's registration row.
 func (e *Env) Instance(streaming bool) store.Instance {
 	host, _ := os.Hostname()
-	return store.Instance{ID: e.Owner, Hostname: host, PID: os.Getpid(), Version: e.Version, Streaming: streaming}
+	in := store.Instance{ID: e.Owner, Hostname: host, PID: os.Getpid(), Version: e.Version, Streaming: streaming}
+	if fs := e.Faults.Current(); len(fs) > 0 {
+		in.Fault, in.FaultSince = fs[0].Cause, fs[0].Since
+	}
+	return in
 }
 
 // ErrStarted refuses a second Start.

@@ -326,6 +326,10 @@ type Instance struct {
 	PID       int
 	Version   string
 	Streaming bool
+	// Fault is the database fault the instance runs into ("" when none),
+	// since FaultSince.
+	Fault      string
+	FaultSince time.Time
 }
 
 // Heartbeat registers the instance (or renews its registration) for
@@ -335,14 +339,15 @@ type Instance struct {
 // backend is gone (see ReleaseAbandoned).
 func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease time.Duration, live bool) error {
 	_, err := q.Exec(ctx, `
-		INSERT INTO postbox.instances AS i (id, hostname, pid, version, expires_at, streaming, backend_pid, backend_start)
-		SELECT $1, $2, $3, $4, now() + $5 * interval '1 second', $6, a.pid, a.backend_start
+		INSERT INTO postbox.instances AS i (id, hostname, pid, version, expires_at, streaming, backend_pid, backend_start, fault, fault_since)
+		SELECT $1, $2, $3, $4, now() + $5 * interval '1 second', $6, a.pid, a.backend_start, $8, $9
 		FROM (SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() AND $7
 		      UNION ALL SELECT NULL, NULL WHERE NOT $7) AS a
 		ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at, streaming = excluded.streaming,
 		  backend_pid = CASE WHEN $7 THEN excluded.backend_pid ELSE i.backend_pid END,
-		  backend_start = CASE WHEN $7 THEN excluded.backend_start ELSE i.backend_start END`,
-		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds(), in.Streaming, live)
+		  backend_start = CASE WHEN $7 THEN excluded.backend_start ELSE i.backend_start END,
+		  fault = excluded.fault, fault_since = excluded.fault_since`,
+		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds(), in.Streaming, live, nullString(in.Fault), nullTime(in.FaultSince))
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}

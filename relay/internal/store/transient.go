@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -41,4 +42,46 @@ func Transient(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		strings.Contains(err.Error(), "conn closed")
+}
+
+// Cause names, in a sentence an operator can act on, the fault of the
+// database behind err, or returns "" when err is not one (a bug, a
+// constraint, a cancelled context).
+func Cause(err error) string {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return ""
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "25006":
+			return "the database is read-only (default_transaction_read_only, or a standby): writes are refused"
+		case "53100":
+			return "the database server's disk is full"
+		case "53200":
+			return "the database server is out of memory"
+		case "53300", "53400":
+			return "the database server has no connection slots left (max_connections)"
+		case "57014":
+			return "a statement was cancelled: statement_timeout (or lock_timeout) was reached"
+		case "55P03":
+			return "a lock was not granted in time (lock_timeout)"
+		case "57P01", "57P02", "57P03":
+			return "the database server is shutting down, restarting or starting up"
+		case "42P01":
+			return "a table is missing: was the outbox table dropped or renamed?"
+		case "42703":
+			return "a column is missing: was the outbox table altered?"
+		case "42501":
+			return "permission denied: the role lost a privilege postbox needs"
+		}
+		if strings.HasPrefix(pgErr.Code, "08") {
+			return "the connection to the database broke"
+		}
+		return ""
+	}
+	if Transient(err) || errors.Is(err, context.DeadlineExceeded) {
+		return "the database is unreachable or does not answer"
+	}
+	return ""
 }

@@ -30,12 +30,14 @@ func TestTransient(t *testing.T) {
 	_, err = conn.Exec(ctx, `SELEKT 1`)
 	require.Error(t, err)
 	require.False(t, store.Transient(err), "syntax error: %v", err)
+	require.Empty(t, store.Cause(err), "a mistake in SQL is not the database's fault")
 
 	_, err = conn.Exec(ctx, `SET default_transaction_read_only = on`)
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, `CREATE TABLE t (i int)`)
 	require.Error(t, err)
 	require.True(t, store.Transient(err), "read-only: %v", err)
+	require.Contains(t, store.Cause(err), "read-only")
 
 	victim, err := pgx.Connect(ctx, dbURL)
 	require.NoError(t, err)

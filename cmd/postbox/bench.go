@@ -23,6 +23,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.Backlog, "backlog", bench.BacklogDefault, "catchup: events queued while the relay is down")
 	fs.IntVar(&o.Producers, "producers", bench.ProducersDefault, "load: concurrent producers inserting as fast as they can")
 	fs.Uint64Var(&o.Seed, "seed", 0, "chaos: seed of the faults and their moments (default random, printed)")
+	fs.StringVar(&o.Faults, "faults", "", "chaos: comma-separated faults to inject (default all: kill, freeze, restart-fast, restart-immediate, drop-slot, read-only)")
+	fs.IntVar(&o.Relays, "relays", bench.ChaosRelays, "chaos: relays run against the one database")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage

@@ -63,6 +63,13 @@ type Options struct {
 	// Seed seeds the chaos scenario's choice of faults and moments; zero
 	// means a random seed (printed, and in the result, to replay the run).
 	Seed uint64
+	// Faults is a comma-separated list of the chaos scenario's faults to
+	// inject (kill, freeze, restart-fast, restart-immediate, drop-slot,
+	// read-only); empty means all of them.
+	Faults string
+	// Relays is how many relays the chaos scenario runs (ChaosRelays when
+	// zero).
+	Relays int
 
 	// RelayBinary is the postbox binary run as the relay. Empty means this
 	// executable, which is what `postbox bench` wants; tests build one.
@@ -96,6 +103,9 @@ func (o Options) WithDefaults() Options {
 	if o.Producers == 0 {
 		o.Producers = ProducersDefault
 	}
+	if o.Relays == 0 {
+		o.Relays = ChaosRelays
+	}
 	return o
 }
 
@@ -122,6 +132,11 @@ func (o Options) validate() ([]string, error) {
 		return nil, fmt.Errorf("producers: want at least 1, got %d", o.Producers)
 	case slices.Contains(names, "chaos") && o.Endpoints < 2:
 		return nil, fmt.Errorf("endpoints: chaos wants at least 2 (one of them flaps), got %d", o.Endpoints)
+	case o.Relays < 0 || o.Relays > 16:
+		return nil, fmt.Errorf("relays: want 1 to 16, got %d", o.Relays)
+	}
+	if _, err := o.faultKinds(); err != nil {
+		return nil, err
 	}
 	return names, nil
 }

@@ -179,6 +179,9 @@ func TestChaos(t *testing.T) {
 	require.Equal(t, uint64(12), c.Seed)
 	kinds := map[string]bool{}
 	for _, f := range c.Faults {
+		t.Logf("%5.1f s %-17s in flight %d before, %d arrived during, %d in flight after; %d duplicates until the next fault", f.AtSeconds, f.Kind, f.InFlight, f.During, f.InFlightAfter, f.Dups)
+	}
+	for _, f := range c.Faults {
 		require.Empty(t, f.Error, "%s at %.1f s", f.Kind, f.AtSeconds)
 		kinds[f.Kind] = true
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,6 +52,22 @@ const (
 
 var faultKinds = []string{faultKill, faultFreeze, faultRestartFast, faultRestartImmediate, faultDropSlot, faultReadOnly}
 
+// faultKinds returns the faults o.Faults lists, or all of them.
+func (o Options) faultKinds() ([]string, error) {
+	if strings.TrimSpace(o.Faults) == "" {
+		return faultKinds, nil
+	}
+	var out []string
+	for _, k := range strings.Split(o.Faults, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(faultKinds, k) {
+			return nil, fmt.Errorf("faults: unknown fault %q (want %s)", k, strings.Join(faultKinds, ", "))
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
 // ChaosResult is the chaos scenario's.
 type ChaosResult struct {
 	Seed           uint64  `json:"seed"`
@@ -86,10 +103,31 @@ type Fault struct {
 	AtSeconds float64 `json:"at_s"`
 	Kind      string  `json:"kind"`
 	Target    string  `json:"target"`
-	// InFlight is the deliveries in flight just before the fault: what it
-	// may make the relays deliver twice.
-	InFlight int    `json:"in_flight_before"`
-	Error    string `json:"error,omitempty"`
+	// InFlight is the deliveries in flight just before the fault, During
+	// the deliveries that arrived while it lasted, and InFlightAfter those
+	// in flight once it was recovered from: see dupBound.
+	InFlight      int `json:"in_flight_before"`
+	During        int `json:"arrived_during"`
+	InFlightAfter int `json:"in_flight_after"`
+	// Dups is the duplicates that arrived after this fault and before the
+	// next.
+	Dups  int    `json:"duplicates"`
+	Error string `json:"error,omitempty"`
+	at    time.Time
+}
+
+// dupBound is how many duplicates the fault may cause: the deliveries in
+// flight at it (before, or once recovered from if more), and for a fault
+// of the database also those that arrived while it lasted, whose results
+// may not have been recordable. A relay killed or frozen, or the slot
+// dropped, leaves the other relays' deliveries alone.
+func (f *Fault) dupBound() int {
+	n := max(f.InFlight, f.InFlightAfter)
+	switch f.Kind {
+	case faultRestartFast, faultRestartImmediate, faultReadOnly:
+		n = max(f.InFlight+f.During, f.InFlightAfter)
+	}
+	return n
 }
 
 // chaosRelay is one of the chaos scenario's relay processes.
@@ -118,10 +156,14 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		return nil, errors.New("chaos restarts PostgreSQL: it needs its own server, not a given database")
 	}
 	led := e.recv.reset()
-	res := &ChaosResult{Seed: o.Seed, Relays: ChaosRelays, Rate: rate, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
+	kindsOf, err := o.faultKinds()
+	if err != nil {
+		return nil, err
+	}
+	res := &ChaosResult{Seed: o.Seed, Relays: o.Relays, Rate: rate, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
 	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
 	fmt.Fprintf(e.log, "bench: chaos, seed %d: %d relays, %d events/s over %d endpoints (ep-%d flapping) for %s\n",
-		o.Seed, ChaosRelays, rate, o.Endpoints, o.Endpoints-1, o.Duration)
+		o.Seed, o.Relays, rate, o.Endpoints, o.Endpoints-1, o.Duration)
 
 	cfgPath := filepath.Join(filepath.Dir(e.cfgPath), "chaos.yaml")
 	if err := os.WriteFile(cfgPath, []byte(e.chaosConfig(o.Endpoints)), 0o600); err != nil {
@@ -138,7 +180,7 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	}
 	db := strings.TrimPrefix(u.Path, "/")
 
-	relays := make([]*chaosRelay, ChaosRelays)
+	relays := make([]*chaosRelay, o.Relays)
 	for i := range relays {
 		relays[i] = &chaosRelay{name: fmt.Sprintf("relay-%d", i+1)}
 	}
@@ -227,19 +269,24 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		}
 		sleep(ctx, pause)
 		if len(kinds) == 0 {
-			kinds = append(kinds, faultKinds...)
+			kinds = append(kinds, kindsOf...)
 			rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 		}
 		f := Fault{Kind: kinds[0]}
 		kinds = kinds[1:]
 		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`).Scan(&f.InFlight)
-		f.AtSeconds = time.Since(began).Seconds()
+		f.at = time.Now()
+		f.AtSeconds = f.at.Sub(began).Seconds()
+		arrivedBefore := led.arrived()
 		if err := e.inject(ctx, &f, rng, relays[rng.IntN(len(relays))], start, admin, db); err != nil {
 			f.Error = err.Error()
 		}
-		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d)%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, errSuffix(f.Error))
+		f.During = led.arrived() - arrivedBefore
+		f.InFlightAfter = e.inFlight(ctx)
+		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d, arrived during: %d, in flight after: %d)%s\n",
+			f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, errSuffix(f.Error))
 		res.Faults = append(res.Faults, f)
-		res.DupBound += f.InFlight
+		res.DupBound += f.dupBound()
 	}
 	producing.Wait()
 	loadEnd := time.Now()
@@ -267,6 +314,14 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	}
 	res.Sent, res.Received, res.Lost, res.Dups, res.Unacknowledged = t.sent, t.received, t.lost, t.dups, t.unacknowledged
 	res.DupsWithin = res.Dups <= res.DupBound
+	for _, at := range t.dupAt {
+		for i := len(res.Faults) - 1; i >= 0; i-- {
+			if !at.Before(res.Faults[i].at) {
+				res.Faults[i].Dups++
+				break
+			}
+		}
+	}
 	if t.lost > 0 {
 		res.LostWhere = e.whereLost(ctx, t.lostIDs)
 	}
@@ -502,4 +557,14 @@ func (e *env) chaosConfig(endpoints int) string {
 	}
 	fmt.Fprintf(&b, "  ep-%d:\n    url: %s/flap/ep-%d\n    timeout: %s\n", endpoints-1, e.recv.URL, endpoints-1, flapTimeout)
 	return b.String()
+}
+
+// inFlight counts the deliveries in flight, retrying for a few seconds
+// while the database is still coming back; -1 when it does not answer.
+func (e *env) inFlight(ctx context.Context) int {
+	n := -1
+	_ = waitFor(ctx, 10*time.Second, 200*time.Millisecond, func() (bool, error) {
+		return e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`).Scan(&n) == nil, nil
+	})
+	return n
 }

@@ -45,9 +45,12 @@
 //     fail meanwhile are not committed, only counted. When the producers
 //     stop it waits up to 3 minutes for every committed event, then
 //     reports the faults, lost events (the run fails if any), duplicates
-//     against their bound — the deliveries in flight just before each
-//     fault, summed — the longest commit → delivery and the relays' peak
-//     RSS. The relays retry within seconds rather than the defaults'
+//     against their bound — for each fault, the deliveries in flight just
+//     before it or once it was recovered from (the more), and for a fault
+//     of the database also those that arrived while it lasted, as their
+//     results may not have been recordable; summed — the longest commit →
+//     delivery and the relays' peak RSS. --faults limits the faults to some kinds, --relays sets
+//     how many relays run. The relays retry within seconds rather than the defaults'
 //     minutes (see chaosConfig), so that every event can arrive in time.
 //
 // Lost and duplicated deliveries are counted by event id. Producers record

@@ -39,7 +39,7 @@ func (r *Result) Print(w io.Writer) {
 	if c := r.Chaos; c != nil {
 		fmt.Fprintf(w, "\nchaos (seed %d): %d relays, %d events/s over %d endpoints (one flapping) for %.0f s, %d faults:\n", c.Seed, c.Relays, c.Rate, c.Endpoints, c.Seconds, len(c.Faults))
 		for _, f := range c.Faults {
-			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, errSuffix(f.Error))
+			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight before, %d arrived during, %d in flight after; %d duplicates until the next%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, f.Dups, errSuffix(f.Error))
 		}
 		within := "within"
 		if !c.DupsWithin {
@@ -49,7 +49,7 @@ func (r *Result) Print(w io.Writer) {
 		for k, n := range c.LostWhere {
 			fmt.Fprintf(w, "    lost, %s: %d\n", k, n)
 		}
-		fmt.Fprintf(w, "  duplicates %d, %s the bound of %d (deliveries in flight at the faults)\n", c.Dups, within, c.DupBound)
+		fmt.Fprintf(w, "  duplicates %d, %s the bound of %d (attempts in flight at or during the faults)\n", c.Dups, within, c.DupBound)
 		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms (%.0f ms without the flapping endpoint); drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.HealthyMaxms, c.DrainSeconds, c.RSSMB)
 	}
 	if s := r.Soak; s != nil {

@@ -23,7 +23,9 @@ type ledger struct {
 	committed map[string]struct{}
 	first     map[string]time.Time
 	dups      int
-	missing   int // committed and not yet arrived, kept for cheap waiting
+	dupAt     []time.Time // when each duplicate arrived
+	arrivals  int         // every delivery, first or not
+	missing   int         // committed and not yet arrived, kept for cheap waiting
 }
 
 func newLedger() *ledger {
@@ -50,14 +52,23 @@ func (l *ledger) commit(ids ...string) {
 func (l *ledger) arrive(id string, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.arrivals++
 	if _, ok := l.first[id]; ok {
 		l.dups++
+		l.dupAt = append(l.dupAt, at)
 		return
 	}
 	l.first[id] = at
 	if _, ok := l.committed[id]; ok {
 		l.missing--
 	}
+}
+
+// arrived is how many deliveries arrived so far, repeats included.
+func (l *ledger) arrived() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.arrivals
 }
 
 // pending is how many committed ids have not arrived yet.
@@ -83,13 +94,15 @@ type tally struct {
 	unacknowledged int                  // arrived, commit never acknowledged
 	first          map[string]time.Time // first arrival of each id
 	lostIDs        []string             // the lost ids
+	dupAt          []time.Time          // when each duplicate arrived
 }
 
 // tally checks every committed id against the arrivals.
 func (l *ledger) tally() tally {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := tally{sent: len(l.committed), received: len(l.first), dups: l.dups, first: make(map[string]time.Time, len(l.first))}
+	t := tally{sent: len(l.committed), received: len(l.first), dups: l.dups, first: make(map[string]time.Time, len(l.first)),
+		dupAt: append([]time.Time(nil), l.dupAt...)}
 	for id := range l.committed {
 		if _, ok := l.first[id]; !ok {
 			t.lost++

@@ -41,7 +41,8 @@ func NewVerifier(secrets ...string) (*Verifier, error) {
 	return v, nil
 }
 
-// Verify checks one delivery.
+// Verify checks one delivery: body is what its signature covers, the
+// request target for a GET (see SignedContent).
 func (v *Verifier) Verify(header http.Header, body []byte) error {
 	tol, now := v.Tolerance, time.Now
 	if tol == 0 {
@@ -53,7 +54,8 @@ func (v *Verifier) Verify(header http.Header, body []byte) error {
 	return VerifyWith(v.secrets, tol, header, body, now())
 }
 
-// Middleware verifies every request before next sees it. A request that
+// Middleware verifies every request before next sees it, a GET over its
+// request target. A request that
 // fails (missing headers, stale timestamp, no matching signature, body
 // too large) gets 401 and never reaches next; next gets the body intact.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
@@ -67,7 +69,7 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 			http.Error(w, "unreadable or too large body", http.StatusUnauthorized)
 			return
 		}
-		if err := v.Verify(r.Header, body); err != nil {
+		if err := v.Verify(r.Header, SignedContent(r.Method, r.RequestURI, body)); err != nil {
 			http.Error(w, "invalid webhook signature", http.StatusUnauthorized)
 			return
 		}

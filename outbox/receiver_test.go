@@ -161,3 +161,31 @@ func TestTxDeduperFollowsTheReceiversTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, first, "a duplicate is dropped")
 }
+
+// A GET postback is signed over its request target: the middleware lets
+// it through as sent and refuses it with another payout or without its
+// query.
+func TestMiddlewareVerifiesGetPostbacksOverTheirTarget(t *testing.T) {
+	secret := outbox.NewSecret()
+	v, err := outbox.NewVerifier(secret)
+	require.NoError(t, err)
+	key, err := outbox.ParseSecret(secret)
+	require.NoError(t, err)
+	h := v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	const target = "/pb?click_id=c1&payout=12.50"
+	ts := time.Now().Unix()
+	sig := outbox.SignatureHeader([]outbox.Secret{key}, "msg_1", ts, outbox.SignedContent(http.MethodGet, target, nil))
+	send := func(target string) int {
+		r := httptest.NewRequest(http.MethodGet, target, nil)
+		r.Header.Set(outbox.HeaderID, "msg_1")
+		r.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		r.Header.Set(outbox.HeaderSignature, sig)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	require.Equal(t, http.StatusNoContent, send(target))
+	require.Equal(t, http.StatusUnauthorized, send("/pb?click_id=c1&payout=99.00"))
+	require.Equal(t, http.StatusUnauthorized, send("/pb"))
+	require.Equal(t, http.StatusUnauthorized, send("/pb?payout=12.50&click_id=c1"), "the target exactly as sent")
+}

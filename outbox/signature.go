@@ -98,6 +98,26 @@ func SignatureHeader(secrets []Secret, id string, ts int64, body []byte) string 
 	return b.String()
 }
 
+// SignedContent is what a request's signature covers after
+// "id.timestamp.": the body, or for a GET, which has none, the request
+// target exactly as sent (origin-form path and query,
+// "/pb?click_id=c1&payout=12.50"), so a postback's query string cannot be
+// changed or replayed with other values. requestTarget is what the request
+// line carried: http.Request.RequestURI on a server, URL.RequestURI() on a
+// client.
+func SignedContent(method, requestTarget string, body []byte) []byte {
+	if method == http.MethodGet {
+		return []byte(requestTarget)
+	}
+	return body
+}
+
+// VerifyRequest is Verify for a received request and its body: for a GET
+// it checks the signature over the request target (see SignedContent).
+func VerifyRequest(secrets []string, r *http.Request, body []byte, now time.Time) error {
+	return Verify(secrets, r.Header, SignedContent(r.Method, r.RequestURI, body), now)
+}
+
 // Verify checks a delivery's Standard Webhooks signature: the timestamp must
 // be within DefaultTolerance of now (either way) and one v1 signature must
 // match one of the secrets ("whsec_…"), compared in constant time.

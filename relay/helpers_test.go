@@ -275,6 +275,7 @@ type received struct {
 	Method string
 	Path   string
 	Query  string
+	Target string // the request target as sent
 	Header http.Header
 	Body   []byte
 	At     time.Time
@@ -288,7 +289,7 @@ func newReceiver(t *testing.T, answer func(n int, r received) int) *receiver {
 	}
 	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		got := received{ID: r.Header.Get(outbox.HeaderID), Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
+		got := received{ID: r.Header.Get(outbox.HeaderID), Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Target: r.RequestURI,
 			Header: r.Header.Clone(), Body: body, At: time.Now()}
 		rc.mu.Lock()
 		rc.reqs = append(rc.reqs, got)

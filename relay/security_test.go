@@ -101,7 +101,14 @@ func TestGetPostbackTemplate(t *testing.T) {
 	require.Equal(t, "acme", r.Header.Get("X-Network"))
 	require.Equal(t, "t-9", r.Header.Get("X-Tenant"))
 	require.NotEqual(t, "forged", r.Header.Get("Webhook-Signature"))
-	require.NoError(t, outbox.Verify([]string{tb.secret}, r.Header, nil, time.Now()), "GET postbacks carry the same signature headers")
+	// The signature covers the request target, query and all: a captured
+	// postback replayed with another payout does not verify.
+	require.NoError(t, outbox.Verify([]string{tb.secret}, r.Header, []byte(r.Target), time.Now()), "signed over the request target")
+	require.True(t, strings.HasSuffix(r.Target, "?"+r.Query), r.Target)
+	forged := strings.Replace(r.Target, "payout=12.50", "payout=99.00", 1)
+	require.NotEqual(t, r.Target, forged)
+	require.ErrorIs(t, outbox.Verify([]string{tb.secret}, r.Header, []byte(forged), time.Now()), outbox.ErrNoMatch, "another payout")
+	require.ErrorIs(t, outbox.Verify([]string{tb.secret}, r.Header, nil, time.Now()), outbox.ErrNoMatch, "not over an empty body")
 
 	d := tb.delivery(t, ids[1])
 	require.Equal(t, state.DeadLetter, d.Status)
@@ -133,4 +140,54 @@ func TestPostBodyTemplate(t *testing.T) {
 	require.Equal(t, "cid=a+b%26c&amt=3.5", string(got[ids[1]].Body))
 	require.Equal(t, "application/x-www-form-urlencoded", got[ids[1]].Header.Get("Content-Type"))
 	require.NoError(t, outbox.Verify([]string{tb.secret}, got[ids[1]].Header, got[ids[1]].Body, time.Now()), "the signature covers the body sent")
+}
+
+// A row that names an endpoint configured with a url may not send that
+// endpoint's headers and signature to a url of its own, unless the
+// endpoint sets allow_row_url; an endpoint configured without a url (its
+// settings only) takes the row's url.
+func TestRowURLsAndConfiguredEndpoints(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	partner := newReceiver(t, nil)
+	elsewhere := newReceiver(t, nil)
+	withAuth := func(ec *config.EndpointConfig) {
+		ec.Headers = map[string]string{"Authorization": "Bearer partner-token"}
+	}
+	tb.endpoint(t, "partner", partner.URL+"/hook", withAuth)
+	tb.endpoint(t, "open", partner.URL+"/open", func(ec *config.EndpointConfig) {
+		withAuth(ec)
+		allow := true
+		ec.AllowRowURL = &allow
+	})
+	tb.endpoint(t, "settings-only", partner.URL, nil)
+	ec := tb.cfg.Endpoints["settings-only"]
+	ec.URL = nil
+	tb.cfg.Endpoints["settings-only"] = ec
+	tb.start(t, relay.Options{})
+
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "partner", URL: elsewhere.URL + "/steal"},
+		outbox.Event{Endpoint: "partner"},
+		outbox.Event{Endpoint: "open", URL: elsewhere.URL + "/chosen"},
+		outbox.Event{Endpoint: "settings-only", URL: elsewhere.URL + "/row"})
+	tb.waitSettled(t, 4, 30*time.Second)
+
+	refused := tb.delivery(t, ids[0])
+	require.Equal(t, state.DeadLetter, refused.Status)
+	require.Contains(t, refused.LastError, "row_url_not_allowed")
+	require.Equal(t, state.Delivered, tb.delivery(t, ids[1]).Status)
+	require.Equal(t, state.Delivered, tb.delivery(t, ids[2]).Status)
+	require.Equal(t, state.Delivered, tb.delivery(t, ids[3]).Status)
+
+	var paths []string
+	for _, r := range elsewhere.requests() {
+		paths = append(paths, r.Path)
+		if r.Path == "/steal" {
+			t.Fatalf("the partner's request went to the row's url, with Authorization %q", r.Header.Get("Authorization"))
+		}
+	}
+	require.ElementsMatch(t, []string{"/chosen", "/row"}, paths)
+	require.Len(t, partner.requests(), 1)
+	require.Equal(t, "/hook", partner.requests()[0].Path)
 }

@@ -93,6 +93,9 @@ type Endpoint struct {
 	Success      Success
 	RetryOn      []int
 	Ordered      bool
+	// AllowRowURL: rows may give their own url although the endpoint has
+	// one (see EndpointConfig.AllowRowURL).
+	AllowRowURL bool
 }
 
 // Endpoint returns the effective settings for the named endpoint: its own
@@ -391,6 +394,9 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 	}
 	if ec.Ordered != nil {
 		ep.Ordered = *ec.Ordered
+	}
+	if ec.AllowRowURL != nil {
+		ep.AllowRowURL = *ec.AllowRowURL
 	}
 	return ep, nil
 }

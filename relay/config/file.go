@@ -176,6 +176,10 @@ type EndpointConfig struct {
 	Success *Success `yaml:"success"`
 	RetryOn []int    `yaml:"retry_on"`
 	Ordered *bool    `yaml:"ordered"`
+	// AllowRowURL lets a row naming this endpoint send to the row's own
+	// url (with this endpoint's headers and secrets). Without it, an
+	// endpoint configured with a url refuses rows that carry one.
+	AllowRowURL *bool `yaml:"allow_row_url"`
 }
 
 // Success is a partner's own rule for a successful delivery.

@@ -135,7 +135,8 @@ func (c *Client) Do(ctx context.Context, req Request) Response {
 	hr.Header.Set(outbox.HeaderID, req.EventID)
 	hr.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
 	if len(req.Secrets) > 0 {
-		hr.Header.Set(outbox.HeaderSignature, outbox.SignatureHeader(req.Secrets, req.EventID, ts, req.Body))
+		signed := outbox.SignedContent(req.Method, hr.URL.RequestURI(), req.Body)
+		hr.Header.Set(outbox.HeaderSignature, outbox.SignatureHeader(req.Secrets, req.EventID, ts, signed))
 	} else {
 		hr.Header.Del(outbox.HeaderSignature)
 	}

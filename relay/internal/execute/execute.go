@@ -62,6 +62,10 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	case ev.Invalid != "":
 		t.Reason = ev.Invalid
 		return t
+	case ev.URL != "" && ep.URL != "" && !ep.AllowRowURL:
+		// The endpoint's headers and secrets are for its own URL: a row
+		// may not send them elsewhere.
+		return fail(policy.ReasonRowURLNotAllowed, "endpoint %q has a url of its own and does not set allow_row_url", ev.Endpoint)
 	case raw == "":
 		return fail(policy.ReasonUnknownEndpoint, "no endpoint %q is configured and the row has no url", ev.Endpoint)
 	case len(ev.Payload) > int(cfg.MaxBody):

@@ -82,6 +82,9 @@ const (
 	ReasonBlockedTarget   = "blocked_target"
 	ReasonPayloadTooLarge = "payload_too_large"
 	ReasonTemplateError   = "template_error"
+	// ReasonRowURLNotAllowed: the row named an endpoint configured with a
+	// url, gave its own, and the endpoint does not allow_row_url.
+	ReasonRowURLNotAllowed = "row_url_not_allowed"
 )
 
 // Classify decides an attempt's outcome for endpoint ep. Transport errors

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"net/http"
 	"os"
 	"strconv"
@@ -114,4 +115,32 @@ func TestSignAndVerify(t *testing.T) {
 	require.ErrorIs(t, outbox.Verify([]string{cur}, h, body, now.Add(6*time.Minute)), outbox.ErrTimestampTooOld)
 	require.ErrorIs(t, outbox.Verify([]string{cur}, h, body, now.Add(-6*time.Minute)), outbox.ErrTimestampFuture)
 	require.NotContains(t, sc.String(), cur[6:], "a secret never prints")
+}
+
+// TestDerivedSecretVectors checks DeriveSecret against vectors computed
+// outside postbox, and that a derived secret verifies only its own
+// endpoint's deliveries.
+func TestDerivedSecretVectors(t *testing.T) {
+	data, err := os.ReadFile("testdata/derived_secrets.json")
+	require.NoError(t, err)
+	var file struct {
+		Vectors []struct{ Master, Endpoint, Secret string }
+	}
+	require.NoError(t, json.Unmarshal(data, &file))
+	require.NotEmpty(t, file.Vectors)
+	for _, v := range file.Vectors {
+		master, err := outbox.ParseSecret(v.Master)
+		require.NoError(t, err)
+		require.Equal(t, v.Secret, outbox.DeriveSecret(master, v.Endpoint).Reveal(), v.Endpoint)
+	}
+	master, _ := outbox.ParseSecret(file.Vectors[0].Master)
+	a, b := outbox.DeriveSecret(master, "a"), outbox.DeriveSecret(master, "b")
+	now := time.Now()
+	h := http.Header{}
+	h.Set(outbox.HeaderID, "msg_1")
+	h.Set(outbox.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
+	h.Set(outbox.HeaderSignature, a.Sign("msg_1", now.Unix(), []byte(`{}`)))
+	require.NoError(t, outbox.Verify([]string{a.Reveal()}, h, []byte(`{}`), now))
+	require.ErrorIs(t, outbox.Verify([]string{b.Reveal()}, h, []byte(`{}`), now), outbox.ErrNoMatch, "b's secret does not verify a's deliveries")
+	require.ErrorIs(t, outbox.Verify([]string{file.Vectors[0].Master}, h, []byte(`{}`), now), outbox.ErrNoMatch, "nor does the master")
 }

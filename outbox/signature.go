@@ -69,6 +69,25 @@ func (s Secret) GoString() string { return s.String() }
 // MarshalText hides the key from encoders (JSON, YAML, logs).
 func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
+// EndpointKeyPrefix starts the message a master secret signs to derive an
+// endpoint's secret (see DeriveSecret).
+const EndpointKeyPrefix = "postbox/endpoint/v1/"
+
+// DeriveSecret is endpoint's own secret under master:
+// whsec_ + base64(HMAC-SHA256(master key, "postbox/endpoint/v1/" + endpoint)).
+// Each partner holds only its own, which forges nothing for the others,
+// and the relay needs to keep only the master.
+func DeriveSecret(master Secret, endpoint string) Secret {
+	m := hmac.New(sha256.New, master.key)
+	m.Write([]byte(EndpointKeyPrefix))
+	m.Write([]byte(endpoint))
+	return Secret{key: m.Sum(nil)}
+}
+
+// Reveal returns the secret in "whsec_" form, key and all: for handing a
+// derived secret to its partner, never for logs.
+func (s Secret) Reveal() string { return SecretPrefix + base64.StdEncoding.EncodeToString(s.key) }
+
 // Sign returns the "v1,<base64>" signature of body for id and timestamp.
 func (s Secret) Sign(id string, ts int64, body []byte) string {
 	return "v1," + base64.StdEncoding.EncodeToString(s.mac(id, ts, body))

@@ -191,3 +191,32 @@ func TestRowURLsAndConfiguredEndpoints(t *testing.T) {
 	require.Len(t, partner.requests(), 1)
 	require.Equal(t, "/hook", partner.requests()[0].Path)
 }
+
+// With signing.per_endpoint: derived, each endpoint's deliveries verify
+// with its own derived secret and not with the master or another
+// endpoint's.
+func TestDerivedSecretsSignEachEndpoint(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.Signing.PerEndpoint = config.PerEndpointDerived
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "a", rc.URL+"/a", nil)
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "a", Payload: []byte(`{"n":1}`)},
+		outbox.Event{Endpoint: "row-named", URL: rc.URL + "/row", Payload: []byte(`{"n":2}`)})
+	tb.waitSettled(t, 2, 30*time.Second)
+	master, err := outbox.ParseSecret(tb.secret)
+	require.NoError(t, err)
+	byID := map[string]received{}
+	for _, r := range rc.requests() {
+		byID[r.ID] = r
+	}
+	for i, name := range []string{"a", "row-named"} {
+		r := byID[ids[i]]
+		own := outbox.DeriveSecret(master, name).Reveal()
+		other := outbox.DeriveSecret(master, "someone-else").Reveal()
+		require.NoError(t, outbox.Verify([]string{own}, r.Header, r.Body, time.Now()), name)
+		require.ErrorIs(t, outbox.Verify([]string{tb.secret}, r.Header, r.Body, time.Now()), outbox.ErrNoMatch, "%s: not with the master", name)
+		require.ErrorIs(t, outbox.Verify([]string{other}, r.Header, r.Body, time.Now()), outbox.ErrNoMatch, "%s: not with another's", name)
+	}
+}

@@ -54,6 +54,8 @@ Commands:
                 the id went to several endpoints
   doctor        check the database for postbox and explain what to fix (exit 1 on errors)
   secret new    print a fresh signing secret (whsec_…)
+  secret show --endpoint NAME
+                print the secret(s) that endpoint's partner verifies with
   demo          run postbox against a throwaway PostgreSQL and local receivers
   bench         measure latency and catch-up throughput
   version       print the version
@@ -144,11 +146,52 @@ func newLogger(cfg *config.Config, w io.Writer) zerolog.Logger {
 }
 
 func cmdSecret(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) != 1 || args[0] != "new" {
-		fmt.Fprintln(stderr, "usage: postbox secret new")
+	const usage = "usage: postbox secret new | postbox secret show --endpoint NAME [--config FILE]"
+	switch {
+	case len(args) == 1 && args[0] == "new":
+		fmt.Fprintln(stdout, outbox.NewSecret())
+		return exitOK
+	case len(args) >= 1 && args[0] == "show":
+		return secretShow(args[1:], stdout, stderr)
+	}
+	fmt.Fprintln(stderr, usage)
+	return exitUsage
+}
+
+// secretShow prints the secrets an endpoint's partner verifies with, one a
+// line, the newest first: during a rotation the partner accepts each.
+func secretShow(args []string, stdout, stderr io.Writer) int {
+	var cf commonFlags
+	fs := newFlagSet("secret show", stderr, &cf)
+	endpoint := fs.String("endpoint", "", "the endpoint whose partner needs its secret(s)")
+	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	fmt.Fprintln(stdout, outbox.NewSecret())
+	if *endpoint == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: postbox secret show --endpoint NAME [--config FILE]")
+		return exitUsage
+	}
+	cfg, code := loadConfig(cf.config, stderr)
+	if cfg == nil {
+		return code
+	}
+	ep := cfg.Endpoint(*endpoint)
+	if len(ep.Secrets) == 0 {
+		fmt.Fprintln(stderr, "postbox: no signing secrets are configured: deliveries are not signed (set signing.secrets)")
+		return exitFailure
+	}
+	switch {
+	case ep.OwnSecrets:
+		fmt.Fprintf(stderr, "endpoint %s has secrets of its own\n", printable(*endpoint))
+	case cfg.Derived:
+		fmt.Fprintf(stderr, "endpoint %s signs with secrets derived for it alone (signing.per_endpoint: derived)\n", printable(*endpoint))
+	default:
+		fmt.Fprintf(stderr, "warning: endpoint %s signs with the shared secrets, which every partner without its own holds: "+
+			"each of them could forge deliveries to the others. Set signing.per_endpoint: derived.\n", printable(*endpoint))
+	}
+	for _, s := range ep.Secrets {
+		fmt.Fprintln(stdout, s.Reveal())
+	}
 	return exitOK
 }
 

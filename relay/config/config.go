@@ -52,6 +52,9 @@ type Config struct {
 	Alerts                Alerts
 	// Secrets are the global signing secrets, newest first.
 	Secrets []outbox.Secret
+	// Derived: endpoints without secrets of their own sign with secrets
+	// derived from the defaults' (signing.per_endpoint: derived).
+	Derived bool
 	// SecretFiles are the secrets files read, to watch for rotations.
 	SecretFiles []string
 	// Defaults are the settings of an endpoint that is not configured.
@@ -84,8 +87,10 @@ type Endpoint struct {
 	RateLimit        Rate
 	MaxInFlight      int
 	Secrets          []outbox.Secret
-	Headers          map[string]string
-	Body             string
+	// OwnSecrets: Secrets were set for this endpoint itself, not inherited.
+	OwnSecrets bool
+	Headers    map[string]string
+	Body       string
 	// URLTemplate and BodyTemplate are the parsed URL and body when they
 	// carry macros (nil otherwise).
 	URLTemplate  *deliver.Template
@@ -106,7 +111,20 @@ func (c *Config) Endpoint(name string) Endpoint {
 	}
 	ep := c.Defaults
 	ep.Name = name
+	if c.Derived && !ep.OwnSecrets {
+		ep.Secrets = DeriveSecrets(ep.Secrets, name)
+	}
 	return ep
+}
+
+// DeriveSecrets is endpoint's secret under each of masters, in their order
+// (so a rotation lists both).
+func DeriveSecrets(masters []outbox.Secret, endpoint string) []outbox.Secret {
+	out := make([]outbox.Secret, len(masters))
+	for i, m := range masters {
+		out[i] = outbox.DeriveSecret(m, endpoint)
+	}
+	return out
 }
 
 // secretsReader reads a secrets file: readSecretsFile when resolving, a
@@ -237,6 +255,13 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		secrets = append(secrets, fromFile...)
 	}
 	out.Secrets = secrets
+	switch c.Signing.PerEndpoint {
+	case "", PerEndpointShared:
+	case PerEndpointDerived:
+		out.Derived = true
+	default:
+		return nil, keyErr("signing.per_endpoint", "%q is not %s or %s", c.Signing.PerEndpoint, PerEndpointShared, PerEndpointDerived)
+	}
 
 	builtin := Endpoint{
 		Method:           "POST",
@@ -255,6 +280,8 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		return nil, err
 	}
 	def.URL = "" // a default URL would make every unknown endpoint deliverable
+	// The defaults' secrets are the masters endpoints derive theirs from.
+	def.OwnSecrets = false
 	if c.Defaults.URL != nil {
 		return nil, keyErr("defaults.url", "a URL cannot be a default; set it per endpoint or per row")
 	}
@@ -269,6 +296,9 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 			return nil, err
 		}
 		ep.Name, ep.Configured = name, true
+		if out.Derived && !ep.OwnSecrets {
+			ep.Secrets = DeriveSecrets(ep.Secrets, name)
+		}
 		out.Endpoints[name] = ep
 	}
 	return out, nil
@@ -361,7 +391,7 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 			}
 			s = append(s, fromFile...)
 		}
-		ep.Secrets = s
+		ep.Secrets, ep.OwnSecrets = s, true
 	}
 	if ec.Headers != nil {
 		h := make(map[string]string, len(base.Headers)+len(ec.Headers))

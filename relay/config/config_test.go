@@ -126,6 +126,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"defaults:\n  backoff_base: 2h\n  backoff_cap: 1h", "defaults.backoff_base"},
 		{"max_body: huge", "max_body"},
 		{"allow_private_targets: maybe", "allow_private_targets"},
+		{"signing:\n  per_endpoint: per-partner", "signing.per_endpoint"},
 		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
 	} {
 		_, err := config.Parse([]byte(tc.yaml))
@@ -336,4 +337,39 @@ func TestValidateIsPureResolveReads(t *testing.T) {
 	err = f.Validate()
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "lease", ce.Key, "validation still names the key")
+}
+
+// With signing.per_endpoint: derived, every endpoint without secrets of its
+// own signs with its own derived secret, one per master (a rotation lists
+// both); configured, unknown and row-named endpoints alike.
+func TestDerivedEndpointSecrets(t *testing.T) {
+	t.Parallel()
+	current, previous := outbox.NewSecret(), outbox.NewSecret()
+	own := outbox.NewSecret()
+	cfg, err := config.Parse([]byte("database_url: postgres://x@localhost/db\nsigning:\n  secrets: [" + current + ", " + previous + "]\n" +
+		"  per_endpoint: derived\nendpoints:\n  a:\n    url: https://a.example\n  b:\n    url: https://b.example\n    secrets: [" + own + "]\n"))
+	require.NoError(t, err)
+	reveal := func(ss []outbox.Secret) []string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.Reveal())
+		}
+		return out
+	}
+	masters := make([]outbox.Secret, 2)
+	for i, m := range []string{current, previous} {
+		masters[i], err = outbox.ParseSecret(m)
+		require.NoError(t, err)
+	}
+	want := func(name string) []string {
+		return []string{outbox.DeriveSecret(masters[0], name).Reveal(), outbox.DeriveSecret(masters[1], name).Reveal()}
+	}
+	require.Equal(t, want("a"), reveal(cfg.Endpoint("a").Secrets))
+	require.Equal(t, want("from-a-row"), reveal(cfg.Endpoint("from-a-row").Secrets))
+	require.Equal(t, []string{own}, reveal(cfg.Endpoint("b").Secrets), "an endpoint's own secrets override the derived one")
+	require.NotEqual(t, reveal(cfg.Endpoint("a").Secrets), reveal(cfg.Endpoint("c").Secrets))
+
+	shared, err := config.Parse([]byte("database_url: postgres://x@localhost/db\nsigning:\n  secrets: [" + current + "]\n"))
+	require.NoError(t, err)
+	require.Equal(t, []string{current}, reveal(shared.Endpoint("a").Secrets), "shared by default")
 }

@@ -150,7 +150,17 @@ type Signing struct {
 	// SecretsFile names a file of secrets, one a line (a mounted
 	// Kubernetes secret, say); postbox re-reads it when it changes.
 	SecretsFile string `yaml:"secrets_file"`
+	// PerEndpoint is how endpoints without secrets of their own sign:
+	// "shared" (the default) with the secrets above, "derived" each with
+	// its own secret derived from each of them (outbox.DeriveSecret).
+	PerEndpoint string `yaml:"per_endpoint"`
 }
+
+// Ways endpoints without secrets of their own sign (signing.per_endpoint).
+const (
+	PerEndpointShared  = "shared"
+	PerEndpointDerived = "derived"
+)
 
 // EndpointConfig is one endpoint's settings as written; unset keys inherit
 // from defaults.

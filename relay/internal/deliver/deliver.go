@@ -84,6 +84,9 @@ func NewClient(opts Options) *Client {
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
+		// A receiver's headers are read into memory: a partner cannot
+		// make postbox hold megabytes of them.
+		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
 	}
 	ua := opts.UserAgent
 	if ua == "" {
@@ -104,6 +107,9 @@ func NewClient(opts Options) *Client {
 		now:       now,
 	}
 }
+
+// MaxResponseHeaderBytes bounds the response headers postbox reads.
+const MaxResponseHeaderBytes = 64 << 10
 
 // CloseIdle closes idle keep-alive connections.
 func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }

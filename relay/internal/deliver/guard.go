@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -20,6 +21,9 @@ func (e *BlockedError) Error() string {
 	return fmt.Sprintf("%s is %s", e.Addr, e.Class)
 }
 
+// classMetadata starts the class of the cloud metadata addresses.
+const classMetadata = "the cloud metadata service"
+
 // blockedRanges are the address classes the guard refuses, with the name
 // it reports. IPv4-mapped, NAT64 and 6to4 IPv6 addresses are checked by
 // the IPv4 address they carry.
@@ -33,7 +37,7 @@ var blockedRanges = []struct {
 	{netip.MustParsePrefix("172.16.0.0/12"), "private (RFC 1918)"},
 	{netip.MustParsePrefix("192.168.0.0/16"), "private (RFC 1918)"},
 	{netip.MustParsePrefix("100.64.0.0/10"), "carrier-grade NAT (RFC 6598)"},
-	{netip.MustParsePrefix("169.254.169.254/32"), "the cloud metadata service (link-local)"},
+	{netip.MustParsePrefix("169.254.169.254/32"), classMetadata + " (link-local)"},
 	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
 	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol assignments"},
 	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking (RFC 2544)"},
@@ -41,7 +45,11 @@ var blockedRanges = []struct {
 	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
 	{netip.MustParsePrefix("::/128"), "unspecified"},
 	{netip.MustParsePrefix("::1/128"), "loopback"},
-	{netip.MustParsePrefix("fd00:ec2::254/128"), "the cloud metadata service (unique-local)"},
+	{netip.MustParsePrefix("::/96"), "IPv4-compatible (deprecated)"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "local-use NAT64 (RFC 8215)"},
+	{netip.MustParsePrefix("2001::/32"), "Teredo"},
+	{netip.MustParsePrefix("fec0::/10"), "site-local (deprecated)"},
+	{netip.MustParsePrefix("fd00:ec2::254/128"), classMetadata + " (unique-local)"},
 	{netip.MustParsePrefix("fc00::/7"), "unique-local"},
 	{netip.MustParsePrefix("fe80::/10"), "link-local"},
 	{netip.MustParsePrefix("ff00::/8"), "multicast"},
@@ -56,18 +64,24 @@ type Guard struct {
 	Allowed []netip.Prefix
 }
 
-// Check returns a *BlockedError when addr may not be reached.
+// Check returns a *BlockedError when addr may not be reached. AllowAll
+// opens every class but the cloud metadata service, which only an Allowed
+// range that contains it opens.
 func (g Guard) Check(addr netip.Addr) error {
-	if g.AllowAll {
-		return nil
-	}
 	addr = addr.WithZone("")
 	for _, p := range g.Allowed {
 		if p.Contains(addr) || (addr.Is4In6() && p.Contains(addr.Unmap())) {
 			return nil
 		}
 	}
-	if class := classify(addr); class != "" {
+	class := classify(addr)
+	if g.AllowAll {
+		if strings.HasPrefix(class, classMetadata) {
+			return &BlockedError{Addr: addr, Class: class + "; allow_private_targets does not open it, only an allowed_cidrs entry does"}
+		}
+		return nil
+	}
+	if class != "" {
 		return &BlockedError{Addr: addr, Class: class}
 	}
 	return nil

@@ -3,10 +3,12 @@ package deliver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,6 +49,11 @@ func TestGuardRefusesEveryPrivateClass(t *testing.T) {
 		"::ffff:169.254.169.254": "the cloud metadata service (link-local) (IPv4-mapped)",
 		"64:ff9b::a00:1":         "private (RFC 1918) (NAT64)",
 		"2002:7f00:1::1":         "loopback (6to4)",
+		"::a00:1":                "IPv4-compatible",
+		"::808:808":              "IPv4-compatible",
+		"64:ff9b:1::a00:1":       "local-use NAT64",
+		"2001:0:4136:e378::1":    "Teredo",
+		"fec0::1":                "site-local",
 	} {
 		err := g.Check(netip.MustParseAddr(addr))
 		var be *deliver.BlockedError
@@ -65,6 +72,41 @@ func TestGuardOpensDeliberately(t *testing.T) {
 	require.NoError(t, g.Check(netip.MustParseAddr("::ffff:10.20.3.4")))
 	require.Error(t, g.Check(netip.MustParseAddr("10.21.0.1")))
 	require.NoError(t, deliver.Guard{AllowAll: true}.Check(netip.MustParseAddr("127.0.0.1")))
+	require.NoError(t, deliver.Guard{AllowAll: true}.Check(netip.MustParseAddr("10.0.0.8")))
+}
+
+// allow_private_targets opens private ranges, never the cloud metadata
+// service in any of its forms: only an allowed_cidrs entry does.
+func TestAllowPrivateTargetsKeepsTheMetadataServiceClosed(t *testing.T) {
+	t.Parallel()
+	all := deliver.Guard{AllowAll: true}
+	for _, addr := range []string{"169.254.169.254", "::ffff:169.254.169.254", "fd00:ec2::254", "64:ff9b::a9fe:a9fe"} {
+		err := all.Check(netip.MustParseAddr(addr))
+		var be *deliver.BlockedError
+		require.True(t, errors.As(err, &be), "%s stays blocked", addr)
+		require.Contains(t, be.Error(), "allowed_cidrs", addr)
+	}
+	require.NoError(t, all.Check(netip.MustParseAddr("169.254.1.1")), "other link-local addresses open")
+	explicit := deliver.Guard{AllowAll: true, Allowed: []netip.Prefix{netip.MustParsePrefix("169.254.169.254/32")}}
+	require.NoError(t, explicit.Check(netip.MustParseAddr("169.254.169.254")))
+}
+
+// A receiver cannot make postbox read more than 64 KiB of response
+// headers.
+func TestResponseHeadersAreBounded(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for i := range 100 {
+			w.Header().Set(fmt.Sprintf("X-Pad-%d", i), strings.Repeat("x", 1000))
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	g := deliver.Guard{AllowAll: true}
+	c := deliver.NewClient(deliver.Options{DialContext: deliver.GuardedDialer(func() deliver.Guard { return g }, loopbackOnly(t))})
+	resp := c.Do(context.Background(), deliver.Request{EventID: "e", Method: http.MethodPost, URL: srv.URL, Body: []byte("{}"), Timeout: 5 * time.Second})
+	require.Error(t, resp.Err)
+	require.Contains(t, resp.Err.Error(), "header")
 }
 
 // loopbackOnly is a tripwire beneath the guard: these tests send traffic

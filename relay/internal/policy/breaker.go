@@ -37,6 +37,20 @@ type BreakerSettings struct {
 	// failures holds a worker for a whole timeout, so it trips at half the
 	// threshold.
 	SlowP95 bool
+	// Jitter, when set, returns floats in [0,1): each cooldown is shortened
+	// by up to a quarter at random, so that probes cannot fall into step
+	// with an endpoint that fails on a period of its own (every probe
+	// landing in its bad phase, forever).
+	Jitter func() float64
+}
+
+// jittered is d shortened by up to a quarter at random (d when s has no
+// Jitter).
+func (s BreakerSettings) jittered(d time.Duration) time.Duration {
+	if s.Jitter == nil {
+		return d
+	}
+	return d - time.Duration(float64(d)*0.25*s.Jitter())
 }
 
 // SlowP95 is the p95 latency above which the threshold is halved.
@@ -80,11 +94,11 @@ func (b Breaker) Record(failed bool, now time.Time, s BreakerSettings) Breaker {
 	switch b.State {
 	case state.BreakerClosed:
 		if b.Failures >= s.EffectiveThreshold() {
-			b.State, b.OpenedAt, b.Cooldown = state.BreakerOpen, now, s.Cooldown
+			b.State, b.OpenedAt, b.Cooldown = state.BreakerOpen, now, s.jittered(s.Cooldown)
 		}
 	case state.BreakerHalfOpen:
 		b.State, b.OpenedAt = state.BreakerOpen, now
-		b.Cooldown = min(2*b.Cooldown, s.MaxCooldown)
+		b.Cooldown = s.jittered(min(2*b.Cooldown, s.MaxCooldown))
 	}
 	// Open: failures of attempts that were already in flight change nothing.
 	return b

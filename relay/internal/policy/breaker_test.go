@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -64,4 +65,27 @@ func TestSlowEndpointsTripAtHalfTheThreshold(t *testing.T) {
 	}
 	require.Equal(t, state.BreakerOpen, b.State)
 	require.Equal(t, 1, policy.BreakerSettings{Threshold: 1, SlowP95: true}.EffectiveThreshold())
+}
+
+// With Jitter, each cooldown is shortened by up to a quarter at random,
+// never lengthened past the cap, so probes do not fall into step with an
+// endpoint that fails periodically.
+func TestBreakerCooldownsAreJittered(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	s := policy.BreakerSettings{Threshold: 1, Cooldown: 10 * time.Second, MaxCooldown: 10 * time.Second, Jitter: rng.Float64}
+	now := time.Unix(1_800_000_000, 0)
+	seen := map[time.Duration]bool{}
+	var b policy.Breaker
+	b = b.Record(true, now, s)
+	for range 50 {
+		require.Equal(t, state.BreakerOpen, b.State)
+		require.LessOrEqual(t, b.Cooldown, s.MaxCooldown)
+		require.GreaterOrEqual(t, b.Cooldown, s.MaxCooldown*3/4)
+		seen[b.Cooldown.Truncate(100*time.Millisecond)] = true
+		now = now.Add(b.Cooldown)
+		b.State = state.BreakerHalfOpen
+		b = b.Record(true, now, s)
+	}
+	require.Greater(t, len(seen), 10, "the cooldowns vary")
 }

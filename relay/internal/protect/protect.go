@@ -127,6 +127,7 @@ func (p *Protection) Apply(cur store.Health, rs []state.Result) store.Health {
 		Cooldown:    ep.Cooldown,
 		MaxCooldown: ep.MaxCooldown,
 		SlowP95:     time.Duration(cur.P95MS*float64(time.Millisecond)) > policy.SlowP95,
+		Jitter:      p.env.Rand,
 	}
 	b := policy.Breaker{State: cur.State, Failures: cur.ConsecutiveFailures, OpenedAt: cur.OpenedAt, Cooldown: cur.Cooldown}
 	if b.Cooldown <= 0 {

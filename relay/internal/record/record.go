@@ -23,6 +23,10 @@ import (
 )
 
 // Recorder bounds.
+// ProbeMarginDefault is how long after a breaker's cooldown the claimer
+// wakes for its probe, so the database's clock agrees it is due.
+const ProbeMarginDefault = 20 * time.Millisecond
+
 const (
 	// MaxBatchDefault bounds the results written in one transaction.
 	MaxBatchDefault = 1000
@@ -197,6 +201,13 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 		}
 	}
 	r.health.Recorded(changes, probed, now)
+	for _, c := range changes {
+		// A breaker that (re)opened: claim its probe the moment it is due,
+		// not at the next sweep.
+		if c.New.State == state.BreakerOpen && !c.New.OpenedAt.Equal(c.Old.OpenedAt) {
+			r.claim.RetryAt(c.New.OpenedAt.Add(c.New.Cooldown + ProbeMarginDefault))
+		}
+	}
 	for _, res := range results {
 		r.env.Metrics.Recorded(res)
 		switch res.Status {

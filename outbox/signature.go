@@ -84,6 +84,9 @@ func DeriveSecret(master Secret, endpoint string) Secret {
 	return Secret{key: m.Sum(nil)}
 }
 
+// Len is the key's length in bytes.
+func (s Secret) Len() int { return len(s.key) }
+
 // Reveal returns the secret in "whsec_" form, key and all: for handing a
 // derived secret to its partner, never for logs.
 func (s Secret) Reveal() string { return SecretPrefix + base64.StdEncoding.EncodeToString(s.key) }

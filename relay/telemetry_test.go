@@ -92,7 +92,7 @@ func TestAdminTokenRequiredOffLoopback(t *testing.T) {
 	tb := setup(t)
 	tb.cfg.AdminListen = "0.0.0.0:0"
 	require.Error(t, tb.cfg.Validate(), "no token: refused")
-	tb.cfg.AdminToken = "s3cret-token"
+	tb.cfg.AdminToken = "s3cret-admin-token"
 	require.NoError(t, tb.cfg.Validate())
 	r := tb.start(t, relay.Options{})
 	port := r.AdminAddr()[strings.LastIndex(r.AdminAddr(), ":"):]
@@ -102,7 +102,7 @@ func TestAdminTokenRequiredOffLoopback(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	req, _ := http.NewRequest(http.MethodGet, url+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer s3cret-token")
+	req.Header.Set("Authorization", "Bearer s3cret-admin-token")
 	resp, err = http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()

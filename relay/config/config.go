@@ -186,6 +186,9 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 	if c.AdminListen != "" && err != nil {
 		return nil, keyErr("admin_listen", "%q is not host:port", c.AdminListen)
 	}
+	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenLen {
+		return nil, keyErr("admin_token", "too short to guard the admin listener: at least %d characters (`postbox secret new` makes a good one)", MinAdminTokenLen)
+	}
 	if c.AdminListen != "" && !isLoopback(host) && c.AdminToken == "" {
 		return nil, keyErr("admin_token", "required when admin_listen (%s) is not a loopback address", c.AdminListen)
 	}
@@ -439,10 +442,20 @@ func parseSecrets(key string, in []string) ([]outbox.Secret, error) {
 			// Never echo the value: it is a secret, even when malformed.
 			return nil, keyErr(fmt.Sprintf("%s[%d]", key, i), "not a valid secret (want whsec_ followed by base64; `postbox secret new` makes one)")
 		}
+		if sec.Len() < MinSecretBytes {
+			return nil, keyErr(fmt.Sprintf("%s[%d]", key, i), "a key of %d bytes is too short to sign with (at least %d; `postbox secret new` makes one of 32)", sec.Len(), MinSecretBytes)
+		}
 		out = append(out, sec)
 	}
 	return out, nil
 }
+
+// Shortest secrets accepted: a signing key of MinSecretBytes, an admin
+// token of MinAdminTokenLen characters.
+const (
+	MinSecretBytes   = 24
+	MinAdminTokenLen = 16
+)
 
 // readSecretsFile reads one secret a line; blank lines and # comments are
 // skipped. Errors never show the file's content.

@@ -127,6 +127,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"max_body: huge", "max_body"},
 		{"allow_private_targets: maybe", "allow_private_targets"},
 		{"signing:\n  per_endpoint: per-partner", "signing.per_endpoint"},
+		{"signing:\n  secrets: [whsec_c2hvcnQta2V5LW9mLTE5Ynl0ZXM=]", "signing.secrets[0]"}, // 20 bytes
+		{"admin_token: short", "admin_token"},
 		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
 	} {
 		_, err := config.Parse([]byte(tc.yaml))
@@ -175,7 +177,7 @@ func TestEnvironmentOverridesTheFile(t *testing.T) {
 		config.EnvLogLevel:            "debug",
 		config.EnvAllowPrivateTargets: "true",
 		config.EnvAdminListen:         "0.0.0.0:9999",
-		config.EnvAdminToken:          "t0ken",
+		config.EnvAdminToken:          "t0ken-of-enough-length",
 		config.EnvSigningSecrets:      s1 + "," + s2,
 	}
 	cfg, err := config.Load(path, func(k string) string { return env[k] })
@@ -184,7 +186,7 @@ func TestEnvironmentOverridesTheFile(t *testing.T) {
 	require.Equal(t, "debug", cfg.LogLevel)
 	require.True(t, cfg.Guard.AllowAll)
 	require.Equal(t, "0.0.0.0:9999", cfg.AdminListen)
-	require.Equal(t, "t0ken", cfg.AdminToken, "off loopback with the token from the environment")
+	require.Equal(t, "t0ken-of-enough-length", cfg.AdminToken, "off loopback with the token from the environment")
 	require.Len(t, cfg.Secrets, 2)
 
 	env[config.EnvAllowPrivateTargets] = "perhaps"
@@ -301,7 +303,7 @@ func TestSidecarExampleConfig(t *testing.T) {
 	var ce *config.Error
 	require.ErrorAs(t, err, &ce, "off loopback without a token is refused")
 	require.Equal(t, "admin_token", ce.Key)
-	env[config.EnvAdminToken] = "from-the-secret"
+	env[config.EnvAdminToken] = "from-the-kubernetes-secret"
 	cfg, err := config.Load(path, func(k string) string { return env[k] })
 	require.NoError(t, err)
 	require.Len(t, cfg.Secrets, 2, "both keys of a rotation sign")

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"sort"
 	"strings"
 	"time"
 
@@ -130,6 +131,19 @@ var forbiddenHeaders = map[string]bool{
 	"Idempotency-Key": true,
 }
 
+// Bounds on the headers a row may add.
+const (
+	MaxRowHeaders      = 32
+	MaxRowHeaderBytes  = 8 << 10
+	maxRowHeaderNameLn = 64
+)
+
+// requestHeader is the endpoint's configured headers and, beside them, the
+// row's: at most MaxRowHeaders of at most MaxRowHeaderBytes in all, names
+// of letters, digits and '-' only, never a forbidden header and never one
+// the endpoint configures (its Authorization, its Content-Type): the
+// configuration is what the partner trusts. Row headers outside these
+// bounds are dropped, in name order, so the choice does not vary.
 func requestHeader(ep config.Endpoint, rowHeaders []byte) http.Header {
 	h := http.Header{}
 	for k, v := range ep.Headers {
@@ -137,20 +151,47 @@ func requestHeader(ep config.Endpoint, rowHeaders []byte) http.Header {
 			h.Set(k, v)
 		}
 	}
-	if len(rowHeaders) > 0 {
-		var m map[string]any
-		if json.Unmarshal(rowHeaders, &m) == nil {
-			for k, v := range m {
-				if forbiddenHeaders[http.CanonicalHeaderKey(k)] || strings.ContainsAny(k, " :\r\n") {
-					continue
-				}
-				if s, ok := v.(string); ok && !strings.ContainsAny(s, "\r\n") {
-					h.Set(k, s)
-				}
-			}
+	if len(rowHeaders) == 0 {
+		return h
+	}
+	var m map[string]any
+	if json.Unmarshal(rowHeaders, &m) != nil {
+		return h
+	}
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	added, size := 0, 0
+	for _, k := range names {
+		s, ok := m[k].(string)
+		canon := http.CanonicalHeaderKey(k)
+		switch {
+		case !ok, !headerName(k), strings.ContainsAny(s, "\r\n\x00"), forbiddenHeaders[canon], h.Get(canon) != "":
+			continue
+		case added == MaxRowHeaders, size+len(k)+len(s) > MaxRowHeaderBytes:
+			return h
 		}
+		h.Set(k, s)
+		added++
+		size += len(k) + len(s)
 	}
 	return h
+}
+
+// headerName reports whether k is a header name a row may use: letters,
+// digits and '-', at most 64 of them.
+func headerName(k string) bool {
+	if k == "" || len(k) > maxRowHeaderNameLn {
+		return false
+	}
+	for _, r := range k {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // Executor makes attempts: it resolves a job's request under the

@@ -96,9 +96,14 @@ type MemoryDeduper struct {
 	writes int
 }
 
-// NewMemoryDeduper remembers each id for ttl.
+// MinDedupTTL is the shortest a MemoryDeduper remembers an id: a signed
+// request verifies for DefaultTolerance either side of its timestamp, so
+// an id forgotten sooner could be replayed while it still verifies.
+const MinDedupTTL = 2 * DefaultTolerance
+
+// NewMemoryDeduper remembers each id for ttl, at least MinDedupTTL.
 func NewMemoryDeduper(ttl time.Duration) *MemoryDeduper {
-	return &MemoryDeduper{ttl: ttl, now: time.Now, seen: map[string]time.Time{}}
+	return &MemoryDeduper{ttl: max(ttl, MinDedupTTL), now: time.Now, seen: map[string]time.Time{}}
 }
 
 // First implements Deduper.

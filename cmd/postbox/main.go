@@ -68,7 +68,9 @@ Run 'postbox <command> -h' for a command's flags.
 `
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	// Whatever reaches standard error, a fatal error included, passes the
+	// log policy's redaction: never a secret or a URL's user:pass@.
+	os.Exit(run(os.Args[1:], os.Stdout, relay.LogWriter(os.Stderr, true)))
 }
 
 // command is one subcommand.

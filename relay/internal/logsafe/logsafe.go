@@ -140,14 +140,31 @@ func (w *Writer) value(v any) any {
 	return v
 }
 
-// scrub removes secrets and, unless payloads are shown, URL query strings
-// from free text.
+// scrub removes secrets and the user info of URLs (user:pass@) from free
+// text, and URL query strings too unless payloads are shown.
 func (w *Writer) scrub(s string) string {
 	s = secretRe.ReplaceAllString(s, Redacted)
 	if w.showPayloads {
-		return s
+		return urlRe.ReplaceAllStringFunc(s, withoutUserInfo)
 	}
 	return urlRe.ReplaceAllStringFunc(s, URL)
+}
+
+// withoutUserInfo is raw with any user:pass@ replaced by the redaction
+// mark, the rest as it was.
+func withoutUserInfo(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+		return scheme + "://" + Redacted + "@" + rest[at+1:]
+	}
+	return raw
 }
 
 // Text is free text (a response body's start, an error) as the policy
@@ -158,14 +175,15 @@ func Text(s string, showPayloads bool) string {
 }
 
 // URL is raw without its query string, fragment and user info:
-// scheme://host/path. Unparsable input is cut at the first ? or #.
+// scheme://host/path. Unparsable input is cut at the first ? or #, and
+// loses its user info.
 func URL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		if i := strings.IndexAny(raw, "?#"); i >= 0 {
-			return raw[:i]
+			raw = raw[:i]
 		}
-		return raw
+		return withoutUserInfo(raw)
 	}
 	u.RawQuery, u.Fragment, u.RawFragment, u.User, u.ForceQuery = "", "", "", nil, false
 	return u.String()

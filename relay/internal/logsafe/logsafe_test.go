@@ -35,12 +35,28 @@ func TestPayloadsShownOnlyWhenAsked(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
 	log := zerolog.New(logsafe.NewWriter(&buf, true))
-	log.Debug().Str("url", "https://t.example/pb?click_id=CLK-1").RawJSON("payload", []byte(`{"payout":"9.99"}`)).
+	log.Debug().Str("url", "https://partner:hunter2@t.example/pb?click_id=CLK-1").RawJSON("payload", []byte(`{"payout":"9.99"}`)).
 		Str("token", "tok-123").Msg("attempt")
 	line := buf.String()
 	require.Contains(t, line, "click_id=CLK-1")
 	require.Contains(t, line, "9.99")
 	require.NotContains(t, line, "tok-123", "secrets never show")
+	require.NotContains(t, line, "hunter2", "nor a URL's password")
+	require.Contains(t, line, "https://[redacted]@t.example/pb?click_id=CLK-1")
+}
+
+// Plain text (a fatal error on standard error) passes the same policy:
+// no URL's user:pass@, with payloads shown or not.
+func TestFreeTextLosesUserInfo(t *testing.T) {
+	t.Parallel()
+	for _, show := range []bool{false, true} {
+		var buf bytes.Buffer
+		_, err := logsafe.NewWriter(&buf, show).Write([]byte("postbox: connect postgres://relay:s3cr3t-pw@db.internal:5432/app: refused; also http://a:b@[::1\n"))
+		require.NoError(t, err)
+		require.NotContains(t, buf.String(), "s3cr3t-pw")
+		require.NotContains(t, buf.String(), "a:b@")
+		require.Contains(t, buf.String(), "db.internal:5432/app")
+	}
 }
 
 func TestLinesWithoutTriggersPassUntouched(t *testing.T) {

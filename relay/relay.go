@@ -173,7 +173,7 @@ func (r *Relay) start(ctx context.Context) error {
 	if cfg.AdminListen != "" {
 		pages := console.New(console.Options{Pool: r.pool, Config: r.cfg.Load, Loopback: admin.LoopbackAddr(cfg.AdminListen),
 			Version: Version, Log: r.opts.Logger, Now: r.opts.Now})
-		srv, err := admin.Listen(cfg.AdminListen, cfg.AdminToken, r.metrics.Registry,
+		srv, err := admin.Listen(cfg.AdminListen, func() string { return r.cfg.Load().AdminToken }, r.metrics.Registry,
 			admin.Checks{Ready: r.ready, Status: r.status}, pages, r.log)
 		if err != nil {
 			return fmt.Errorf("admin listener on %s: %w", cfg.AdminListen, err)
@@ -441,6 +441,12 @@ func (r *Relay) Reload(cfg *config.Config) error {
 	old := r.cfg.Load()
 	if cfg.DatabaseURL != old.DatabaseURL || cfg.Slot != old.Slot || cfg.Publication != old.Publication || cfg.Table != old.Table {
 		return errors.New("relay: database_url, slot, publication and outbox_table need a restart")
+	}
+	if cfg.AdminListen != old.AdminListen {
+		// The listener stays where it is bound; a token meant for a new
+		// address must not quietly guard the old one, nor the old token
+		// stay valid: the whole reload is refused.
+		return fmt.Errorf("relay: admin_listen changed from %q to %q, which needs a restart; the reload is refused and the configuration in force is unchanged", old.AdminListen, cfg.AdminListen)
 	}
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)

@@ -112,3 +112,31 @@ func TestAdminTokenRequiredOffLoopback(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "liveness needs no token")
 }
+
+// A reload that changes admin_token applies it at once: the old token
+// stops working. One that changes admin_listen is refused whole.
+func TestReloadedAdminTokenApplies(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.AdminToken = "first-admin-token"
+	r := tb.start(t, relay.Options{})
+	metrics := func(token string) int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+r.AdminAddr()+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, metrics("first-admin-token"))
+
+	tb.cfg.AdminToken = "second-admin-token"
+	require.NoError(t, r.Reload(tb.resolved(t)))
+	require.Equal(t, http.StatusUnauthorized, metrics("first-admin-token"), "the old token no longer works")
+	require.Equal(t, http.StatusOK, metrics("second-admin-token"))
+
+	tb.cfg.AdminToken = "third-admin-token"
+	tb.cfg.AdminListen = "127.0.0.1:1"
+	require.ErrorContains(t, r.Reload(tb.resolved(t)), "admin_listen")
+	require.Equal(t, http.StatusOK, metrics("second-admin-token"), "a refused reload changes nothing")
+}

@@ -43,12 +43,14 @@ type Server struct {
 var ErrTokenRequired = errors.New("admin: admin_token is required when admin_listen is not a loopback address")
 
 // Listen binds addr now, so a taken port fails at start, not later.
-// console, when not nil, serves every path the listener does not.
-func Listen(addr, token string, reg *prometheus.Registry, checks Checks, console http.Handler, log zerolog.Logger) (*Server, error) {
+// console, when not nil, serves every path the listener does not. token
+// is asked on every request, so a reloaded admin_token applies at once
+// and the old one stops working.
+func Listen(addr string, token func() string, reg *prometheus.Registry, checks Checks, console http.Handler, log zerolog.Logger) (*Server, error) {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, err
 	}
-	if token == "" && !LoopbackAddr(addr) {
+	if token() == "" && !LoopbackAddr(addr) {
 		return nil, ErrTokenRequired
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -85,10 +87,7 @@ func Listen(addr, token string, reg *prometheus.Registry, checks Checks, console
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}))
-	var h http.Handler = mux
-	if token != "" {
-		h = requireToken(token, mux)
-	}
+	var h http.Handler = requireToken(token, mux)
 	if console != nil {
 		probes := h
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -127,10 +126,12 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func requireToken(token string, next http.Handler) http.Handler {
-	want := []byte("Bearer " + token)
+// requireToken asks for the current token, when there is one, on every
+// path but /healthz.
+func requireToken(token func() string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		t := token()
+		if t != "" && r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+t)) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="postbox"`)
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +33,8 @@ type part struct {
 	lit   string
 	macro *macro
 	where position // for URLs: where the macro stands
+	// inString: in a body, the macro stands inside a JSON string's quotes.
+	inString bool
 }
 
 type macro struct {
@@ -61,6 +64,7 @@ func ParseTemplate(s string, isURL bool) (Template, error) {
 	var lit strings.Builder
 	where := inPath
 	hostEnd := -1
+	inString, escaped := false, false // in a body: within a JSON string, after a backslash
 	if isURL {
 		if i := strings.Index(s, "://"); i >= 0 {
 			hostEnd = i + 3
@@ -97,8 +101,9 @@ func ParseTemplate(s string, isURL bool) (Template, error) {
 				t.parts = append(t.parts, part{lit: lit.String()})
 				lit.Reset()
 			}
-			t.parts = append(t.parts, part{macro: m, where: where})
+			t.parts = append(t.parts, part{macro: m, where: where, inString: inString})
 			i += end
+			escaped = false
 			continue
 		case c == '}' && isURL:
 			return t, fmt.Errorf("unopened } at position %d", i)
@@ -106,7 +111,10 @@ func ParseTemplate(s string, isURL bool) (Template, error) {
 			where = inQuery
 		case isURL && c == '#':
 			where = inFragment
+		case !isURL && c == '"' && !escaped:
+			inString = !inString
 		}
+		escaped = !isURL && c == '\\' && !escaped
 		lit.WriteByte(c)
 	}
 	if lit.Len() > 0 {
@@ -161,16 +169,51 @@ type Values struct {
 }
 
 // ExpandURL expands a URL template, escaping each value for its position.
+// A path segment's value may not be "." or "..": the request would go
+// elsewhere on the partner's host than the template says.
 func (t Template) ExpandURL(v Values) (string, error) {
-	return t.expand(v, func(p part, s string) string {
+	var dots, dotsVal string
+	out, err := t.expand(v, func(p part, s string) string {
 		switch p.where {
 		case inQuery:
 			return url.QueryEscape(s)
 		case inFragment:
 			return url.PathEscape(s)
 		}
+		if s == "." || s == ".." {
+			dots, dotsVal = p.macro.text, s
+		}
 		return url.PathEscape(s)
 	})
+	if err == nil && dots != "" {
+		return "", fmt.Errorf("%w: %s is %q, which may not stand in the path", ErrTemplate, dots, dotsVal)
+	}
+	return out, err
+}
+
+// ExpandJSON expands a JSON body template: a value inside a JSON string's
+// quotes is escaped as string contents; one outside them is inserted as a
+// JSON number, true, false or null when it is one, and as a JSON string,
+// quoted whole, otherwise, so no value can add keys to the document.
+func (t Template) ExpandJSON(v Values) (string, error) {
+	return t.expand(v, func(p part, s string) string {
+		if p.inString {
+			return JSONEscape(s)
+		}
+		return jsonValue(s)
+	})
+}
+
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$`)
+
+// jsonValue is s as one JSON value: itself when a number or a literal, a
+// quoted string otherwise.
+func jsonValue(s string) string {
+	if s == "true" || s == "false" || s == "null" || jsonNumber.MatchString(s) {
+		return s
+	}
+	b, _ := json.Marshal(s)
+	return string(b)
 }
 
 // ExpandBody expands a body template: values are escaped as JSON string

@@ -1,6 +1,7 @@
 package deliver_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/url"
 	"testing"
@@ -70,11 +71,62 @@ func TestBodyTemplate(t *testing.T) {
 	t.Parallel()
 	tp, err := deliver.ParseTemplate(`{"click":"{payload.click_id}","amount":{payload.payout},"note":"{payload.quote|he said "hi"}"}`, false)
 	require.NoError(t, err)
-	out, err := tp.ExpandBody(values, deliver.JSONEscape)
+	out, err := tp.ExpandJSON(values)
 	require.NoError(t, err)
 	require.JSONEq(t, `{"click":"abc&d=1 x/y","amount":12.50,"note":"he said \"hi\""}`, out)
 	form, _ := deliver.ParseTemplate("cid={payload.click_id}&amt={payload.payout}", false)
 	out, err = form.ExpandBody(values, url.QueryEscape)
 	require.NoError(t, err)
 	require.Equal(t, "cid=abc%26d%3D1+x%2Fy&amt=12.50", out)
+}
+
+// A macro outside a JSON string's quotes is inserted as one JSON value: a
+// number or literal as it is, anything else quoted whole, so a payload
+// value cannot add keys to the body.
+func TestBodyMacrosOutsideQuotesAreOneValue(t *testing.T) {
+	t.Parallel()
+	tp, err := deliver.ParseTemplate(`{"amount": {payload.amount}, "ok": {payload.ok}, "note": "{payload.amount}", "esc": "a\\", "after": {payload.amount}}`, false)
+	require.NoError(t, err)
+	evil := values
+	evil.Payload = []byte(`{"amount": "1, \"admin\": true", "ok": true}`)
+	out, err := tp.ExpandJSON(evil)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	require.Len(t, doc, 5, "no key added: %s", out)
+	require.Equal(t, `1, "admin": true`, doc["amount"])
+	require.Equal(t, `1, "admin": true`, doc["after"], "after an escaped backslash the quotes still pair up")
+	require.Equal(t, true, doc["ok"])
+	require.Equal(t, `1, "admin": true`, doc["note"])
+
+	plain := values
+	plain.Payload = []byte(`{"amount": 12.5, "ok": false}`)
+	out, err = tp.ExpandJSON(plain)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"amount": 12.5, "ok": false, "note": "12.5", "esc": "a\\", "after": 12.5}`, out)
+}
+
+// A path macro whose value is "." or ".." is refused: the request would
+// go elsewhere on the partner's host.
+func TestPathMacrosRefuseDots(t *testing.T) {
+	t.Parallel()
+	tp, err := deliver.ParseTemplate("https://t.example/pb/{payload.seg}/x?v={payload.seg}", true)
+	require.NoError(t, err)
+	for _, seg := range []string{".", ".."} {
+		v := values
+		v.Payload = []byte(`{"seg": "` + seg + `"}`)
+		_, err := tp.ExpandURL(v)
+		require.ErrorIs(t, err, deliver.ErrTemplate, seg)
+	}
+	v := values
+	v.Payload = []byte(`{"seg": "..."}`)
+	out, err := tp.ExpandURL(v)
+	require.NoError(t, err)
+	require.Equal(t, "https://t.example/pb/.../x?v=...", out)
+	q, err := deliver.ParseTemplate("https://t.example/pb?v={payload.seg}", true)
+	require.NoError(t, err)
+	v.Payload = []byte(`{"seg": ".."}`)
+	out, err = q.ExpandURL(v)
+	require.NoError(t, err, "in the query a dot is only a value")
+	require.Equal(t, "https://t.example/pb?v=..", out)
 }

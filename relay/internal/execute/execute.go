@@ -99,11 +99,11 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	if ep.Method != http.MethodGet {
 		t.Body = ev.Payload
 		if ep.BodyTemplate != nil {
-			escape := deliver.JSONEscape
+			expand := ep.BodyTemplate.ExpandJSON
 			if strings.HasPrefix(strings.ToLower(headerValue(ep.Headers, "Content-Type")), "application/x-www-form-urlencoded") {
-				escape = url.QueryEscape
+				expand = func(v deliver.Values) (string, error) { return ep.BodyTemplate.ExpandBody(v, url.QueryEscape) }
 			}
-			b, err := ep.BodyTemplate.ExpandBody(vals, escape)
+			b, err := expand(vals)
 			if err != nil {
 				return fail(policy.ReasonTemplateError, "body: %s", strings.TrimPrefix(err.Error(), deliver.ErrTemplate.Error()+": "))
 			}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -373,54 +372,10 @@ func cmdResume(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return exitOK
 }
 
-// printable drops control characters, so names and messages from the
-// database cannot rewrite the operator's terminal.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return -1
-		}
-		return r
-	}, s)
-}
-
-// shellQuote quotes s for a command the operator may paste: as is when it
-// is plain, in single quotes otherwise, and with ANSI-C quoting ($'…')
-// when it holds control characters.
-func shellQuote(s string) string {
-	plain := s != ""
-	control := false
-	for _, r := range s {
-		switch {
-		case unicode.IsControl(r):
-			control, plain = true, false
-		case !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-.,:/@%+=", r)):
-			plain = false
-		}
-	}
-	switch {
-	case plain:
-		return s
-	case !control:
-		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-	}
-	var b strings.Builder
-	b.WriteString("$'")
-	for _, r := range s {
-		switch {
-		case r == '\'' || r == '\\':
-			b.WriteString(`\` + string(r))
-		case unicode.IsControl(r) && r < 0x80:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case unicode.IsControl(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteString("'")
-	return b.String()
-}
+// printable and shellQuote are telemetry's: the console, the dead-letter
+// advice and the commands quote alike.
+func printable(s string) string  { return telemetry.Printable(s) }
+func shellQuote(s string) string { return telemetry.ShellQuote(s) }
 
 func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	analyze := len(args) > 0 && args[0] == "analyze"

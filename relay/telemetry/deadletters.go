@@ -131,19 +131,22 @@ var badInputAdvice = map[string]string{
 
 func classifyDeadLetters(a Analysis) (pattern, advice string) {
 	code, _, _ := strings.Cut(a.PrimaryError, ":")
-	replay := fmt.Sprintf("postbox replay --dead-letters --endpoint %s --since %s", a.Endpoint, a.FirstDead.UTC().Format(time.RFC3339))
+	// The endpoint's name may come from a row: quoted where it stands in
+	// a command to paste, stripped of control characters elsewhere.
+	replay := fmt.Sprintf("postbox replay --dead-letters --endpoint %s --since %s", ShellQuote(a.Endpoint), a.FirstDead.UTC().Format(time.RFC3339))
+	ep := Printable(a.Endpoint)
 	days := max(1, a.LastDead.Sub(a.FirstDead).Hours()/24)
 	switch {
 	case badInputAdvice[code] != "":
-		return PatternBadInput, strings.ReplaceAll(badInputAdvice[code], "{endpoint}", a.Endpoint)
+		return PatternBadInput, strings.ReplaceAll(badInputAdvice[code], "{endpoint}", ep)
 	case a.AuthFailures*2 >= a.DeadCount:
-		return PatternCredentials, fmt.Sprintf("mostly 401/403: the endpoint's credentials changed and its configuration was not updated; fix them (headers or secrets of endpoints.%s), then replay: %s", a.Endpoint, replay)
+		return PatternCredentials, fmt.Sprintf("mostly 401/403: the endpoint's credentials changed and its configuration was not updated; fix them (headers or secrets of endpoints.%s), then replay: %s", ep, replay)
 	case a.RateLimited*2 >= a.DeadCount:
-		return PatternRateLimited, fmt.Sprintf("mostly 429: postbox sends faster than the partner allows; set endpoints.%s.rate_limit below its limit, then replay: %s", a.Endpoint, replay)
+		return PatternRateLimited, fmt.Sprintf("mostly 429: postbox sends faster than the partner allows; set endpoints.%s.rate_limit below its limit, then replay: %s", ep, replay)
 	case a.MaxInOneHour >= 10 && a.MaxInOneHour*2 >= a.DeadCount:
-		return PatternOutageCluster, fmt.Sprintf("%d within one hour: the endpoint was down longer than the retry window; widen it (max_attempts, backoff_cap of endpoints.%s) or replay the outage: %s", a.MaxInOneHour, a.Endpoint, replay)
+		return PatternOutageCluster, fmt.Sprintf("%d within one hour: the endpoint was down longer than the retry window; widen it (max_attempts, backoff_cap of endpoints.%s) or replay the outage: %s", a.MaxInOneHour, ep, replay)
 	case a.DeadCount > 1 && float64(a.DeadCount)/days <= 5 && a.LastDead.Sub(a.FirstDead) >= 12*time.Hour:
-		return PatternGradual, fmt.Sprintf("a few a day (%.1f/day): sporadic failures exhaust the retries; raise endpoints.%s.max_attempts or lower its timeout", float64(a.DeadCount)/days, a.Endpoint)
+		return PatternGradual, fmt.Sprintf("a few a day (%.1f/day): sporadic failures exhaust the retries; raise endpoints.%s.max_attempts or lower its timeout", float64(a.DeadCount)/days, ep)
 	}
 	return PatternOther, fmt.Sprintf("see last_error; once the cause is fixed, replay: %s", replay)
 }

@@ -35,6 +35,21 @@ type bucket struct {
 	waiters atomic.Int32
 }
 
+// prune forgets the buckets no attempt waits on whose tokens have gone
+// stale: the shared bucket in the database keeps the endpoint's pace.
+func (l *limiter) prune(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for ep, b := range l.buckets {
+		if b.waiters.Load() == 0 && b.mu.TryLock() {
+			if now.Sub(b.takenAt) >= TokenStaleDefault {
+				delete(l.buckets, ep)
+			}
+			b.mu.Unlock()
+		}
+	}
+}
+
 // Burst is how many events a rate may send at once: one second's worth,
 // at least one, at most the rate's own count.
 func Burst(r config.Rate) float64 {

@@ -74,9 +74,18 @@ func (p *Protection) Refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	now := p.env.Now()
 	p.mu.Lock()
 	p.unhealthy = m
+	// A streak that holds nothing any more is forgotten, so endpoints
+	// that failed once and were never heard of again cost nothing.
+	for ep, s := range p.streaks {
+		if now.Sub(s.last) >= StreakHoldDefault {
+			delete(p.streaks, ep)
+		}
+	}
 	p.mu.Unlock()
+	p.limit.prune(now)
 	return nil
 }
 

@@ -252,3 +252,14 @@ func TestUningestedOutboxNullsAreInvalidRows(t *testing.T) {
 	require.Equal(t, "ep", rows[2].Endpoint)
 	require.JSONEq(t, `{"ok":1}`, string(rows[2].Payload))
 }
+
+// The queue table is vacuumed by a fixed count of dead rows, not by a
+// fraction of a table that grows with retention.
+func TestQueueTablesVacuumByCount(t *testing.T) {
+	s := setup(t)
+	var opts []string
+	require.NoError(t, s.Pool.QueryRow(context.Background(),
+		`SELECT reloptions FROM pg_class WHERE oid = 'postbox.deliveries'::regclass`).Scan(&opts))
+	require.Contains(t, opts, "autovacuum_vacuum_scale_factor=0")
+	require.Contains(t, opts, "autovacuum_vacuum_threshold=20000")
+}

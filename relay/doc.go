@@ -19,7 +19,10 @@
 // internal/protect (breakers, pauses, rate limits) and internal/execute
 // (one attempt) own none: the dispatcher's goroutines run them. Services
 // share one internal/service.Env (store, current configuration, logger,
-// clock, metrics) and talk through small interfaces, never through Relay.
+// clock, metrics, and the database faults each part reports: the first
+// report of a cause is logged once, and /readyz, /status and the
+// instance's heartbeat carry it until the parts that met it succeed
+// again) and talk through small interfaces, never through Relay.
 //
 // # The path of an event
 //
@@ -33,7 +36,7 @@
 //	      │  checkpoint := commit end LSN; DELETE the outbox rows      │        │ claims (FOR UPDATE
 //	      └─ COMMIT ──▶ durable LSN ──▶ reported to PostgreSQL as flushed      │ SKIP LOCKED) for pending
 //	                                                                            │ rows, due retries, other
-//	  results (batched) ──▶ deliveries, latency samples, endpoint health ◀─────┘ instances' work
+//	  results (batched) ──▶ deliveries, attempts, endpoint health        ◀─────┘ instances' work
 //
 // # The LSN checkpoint
 //

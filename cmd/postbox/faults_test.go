@@ -707,9 +707,13 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	frozenAt := time.Now()
 	release()
 	var oldXID string
+	// Its transaction stays open: idle, or, when the rest of the ingest's
+	// pipeline already reached the server, waiting on a lock (the
+	// checkpoint row, once the standby leads).
 	waitForT(t, 30*time.Second, "the frozen leader's insert to complete, its transaction open", func() bool {
 		return pool.QueryRow(ctx, `SELECT backend_xid::text FROM pg_stat_activity
-			WHERE pid = $1 AND state = 'idle in transaction' AND backend_xid IS NOT NULL`, ingestPID).Scan(&oldXID) == nil
+			WHERE pid = $1 AND backend_xid IS NOT NULL
+			  AND (state = 'idle in transaction' OR (state = 'active' AND wait_event_type = 'Lock'))`, ingestPID).Scan(&oldXID) == nil
 	})
 
 	waitForT(t, 30*time.Second, "the standby to take over", func() bool {

@@ -185,9 +185,11 @@ func TestKilledInstancesClaimsReturnAtOnce(t *testing.T) {
 			WHERE i.pid = $1 AND d.status = 'in_flight' LIMIT 1`, victim.cmd.Process.Pid).Scan(&victimID)
 		return victimID != ""
 	})
+	// Counted just before the kill: just after it, the survivor may have
+	// returned them already.
+	held := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1`, victimID)
 	victim.kill(t)
 	killedAt := time.Now()
-	held := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1`, victimID)
 	require.Positive(t, held)
 
 	waitForT(t, 30*time.Second, "the killed instance's claims returned (its lease is 60 s)", func() bool {

@@ -86,6 +86,19 @@ func TestAllowPrivateTargetsKeepsTheMetadataServiceClosed(t *testing.T) {
 		require.True(t, errors.As(err, &be), "%s stays blocked", addr)
 		require.Contains(t, be.Error(), "allowed_cidrs", addr)
 	}
+	// The dialer refuses them in its check before the connect: the
+	// tripwire beneath it is never reached, so nothing is dialled.
+	var reached atomic.Int32
+	dial := deliver.GuardedDialer(func() deliver.Guard { return all }, func(ap netip.AddrPort) error {
+		reached.Add(1)
+		return errors.New("tripwire: the guard let " + ap.String() + " through")
+	})
+	for _, addr := range []string{"169.254.169.254:80", "[fd00:ec2::254]:80", "[::ffff:169.254.169.254]:80"} {
+		_, err := dial(context.Background(), "tcp", addr)
+		var be *deliver.BlockedError
+		require.True(t, errors.As(err, &be), "%s: %v", addr, err)
+	}
+	require.Zero(t, reached.Load(), "allow_private_targets: the guard refused them itself")
 	require.NoError(t, all.Check(netip.MustParseAddr("169.254.1.1")), "other link-local addresses open")
 	explicit := deliver.Guard{AllowAll: true, Allowed: []netip.Prefix{netip.MustParsePrefix("169.254.169.254/32")}}
 	require.NoError(t, explicit.Check(netip.MustParseAddr("169.254.169.254")))

@@ -66,8 +66,14 @@ type Writer struct {
 	mu           sync.Mutex
 }
 
-// NewWriter wraps out. showPayloads is log_payloads.
+// NewWriter wraps out. showPayloads is log_payloads. Wrapping a Writer
+// gives one Writer with the stricter of the two policies, so a line is
+// filtered once (the process's standard error and the relay's logger on
+// top of it).
 func NewWriter(out io.Writer, showPayloads bool) *Writer {
+	if inner, ok := out.(*Writer); ok {
+		return &Writer{out: inner.out, showPayloads: showPayloads && inner.showPayloads}
+	}
 	return &Writer{out: out, showPayloads: showPayloads}
 }
 

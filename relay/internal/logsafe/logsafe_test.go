@@ -68,3 +68,13 @@ func TestLinesWithoutTriggersPassUntouched(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, string(in), buf.String())
 }
+
+// A Writer over a Writer filters once, under the stricter policy: the
+// process's standard error (payloads shown) under a relay that hides them.
+func TestNestedWritersKeepTheStricterPolicy(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	log := zerolog.New(logsafe.NewWriter(logsafe.NewWriter(&buf, true), false))
+	log.Info().RawJSON("payload", []byte(`{"click_id":"CLK-9"}`)).Msg("x")
+	require.NotContains(t, buf.String(), "CLK-9")
+}

@@ -109,15 +109,25 @@ func (o Options) WithDefaults() Options {
 	return o
 }
 
+// choices splits a comma-separated list and checks each entry against
+// allowed; what names the entries in errors.
+func choices(what, list string, allowed []string) ([]string, error) {
+	var out []string
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(allowed, s) {
+			return nil, fmt.Errorf("unknown %s %q (want %s)", what, s, strings.Join(allowed, ", "))
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
 // validate checks o after WithDefaults and returns its scenarios.
 func (o Options) validate() ([]string, error) {
-	var names []string
-	for _, s := range strings.Split(o.Scenarios, ",") {
-		s = strings.TrimSpace(s)
-		if !slices.Contains(scenarios, s) {
-			return nil, fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(scenarios, ", "))
-		}
-		names = append(names, s)
+	names, err := choices("scenario", o.Scenarios, scenarios)
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case o.Rate < 0 || o.Rate > maxRate:

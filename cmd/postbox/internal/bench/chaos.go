@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -57,15 +56,11 @@ func (o Options) faultKinds() ([]string, error) {
 	if strings.TrimSpace(o.Faults) == "" {
 		return faultKinds, nil
 	}
-	var out []string
-	for _, k := range strings.Split(o.Faults, ",") {
-		k = strings.TrimSpace(k)
-		if !slices.Contains(faultKinds, k) {
-			return nil, fmt.Errorf("faults: unknown fault %q (want %s)", k, strings.Join(faultKinds, ", "))
-		}
-		out = append(out, k)
+	kinds, err := choices("fault", o.Faults, faultKinds)
+	if err != nil {
+		return nil, fmt.Errorf("faults: %w", err)
 	}
-	return out, nil
+	return kinds, nil
 }
 
 // ChaosResult is the chaos scenario's.

@@ -793,3 +793,48 @@ func TestDoctor(t *testing.T) {
 	require.Contains(t, out, `"severity": "error"`)
 	require.Contains(t, out, "WITH REPLICATION")
 }
+
+// TestHugePayloadIsRefusedUnread commits a 100 MB payload between small
+// events: it becomes a payload_too_large dead letter without being stored,
+// the events after it arrive, and the relay's memory rises by the one
+// copy it cannot avoid (the replication message as pgconn reads it), not
+// by the copies decoding and storing it would make.
+func TestHugePayloadIsRefusedUnread(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("a 100 MB row")
+	}
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "endpoints:\n  bulk:\n    url: "+rc.URL+"\n")
+	p := startBuilt(t, "run", "--config", cfg) // without the race detector: its RSS is the point
+	waitStreaming(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, 100) i`)
+	require.NoError(t, err)
+	waitForT(t, time.Minute, "the first 100 deliveries", func() bool { d, _, _ := rc.snapshot(); return d == 100 })
+	before := peakRSS(p.cmd.Process.Pid)
+
+	const size = 100 << 20
+	var huge string
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint, payload)
+		VALUES ('bulk', jsonb_build_object('pad', repeat('x', $1))) RETURNING event_id::text`, size).Scan(&huge))
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('bulk', '{"after": 1}')`)
+	require.NoError(t, err)
+	waitForT(t, 2*time.Minute, "the event after the huge one", func() bool { d, _, _ := rc.snapshot(); return d == 101 })
+
+	var status, reason string
+	var stored, dropped int
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT d.status, d.last_error, octet_length(e.payload::text), e.payload_dropped
+		FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id WHERE e.event_id = $1`, huge).
+		Scan(&status, &reason, &stored, &dropped))
+	require.Equal(t, "dead_letter", status)
+	require.Contains(t, reason, "payload_too_large: ")
+	require.Greater(t, dropped, size, "its size is kept")
+	require.Less(t, stored, 10, "its payload is not")
+	after := peakRSS(p.cmd.Process.Pid)
+	t.Logf("a %d MB payload: relay peak RSS %.0f MB before, %.0f MB after", size>>20, before, after)
+	require.Less(t, after-before, 1.5*float64(size>>20), "one copy of the payload at most")
+}

@@ -195,6 +195,13 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
 		CommitLSN: commitLSN, CommittedAt: commitTime, Status: state.Pending,
 	}
+	if row.PayloadTooLarge > 0 {
+		// Too large to have been read: refused whatever else the row says.
+		ev.Status = state.DeadLetter
+		ev.LastError = fmt.Sprintf("%s: %d bytes is above max_body (%d)", policy.ReasonPayloadTooLarge, row.PayloadTooLarge, cfg.MaxBody)
+		ev.Payload, ev.PayloadDropped = []byte("null"), row.PayloadTooLarge
+		return ev, false
+	}
 	t := execute.Resolve(cfg, execute.Event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid})
 	switch {

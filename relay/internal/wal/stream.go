@@ -24,8 +24,11 @@ type Row struct {
 	URL       string
 	EventType string
 	Payload   []byte
-	Headers   []byte    // nil when NULL
-	CreatedAt time.Time // zero when NULL (the ingest time is stored)
+	// PayloadTooLarge is the payload's size when it was above max_body
+	// and so not read into Payload (which is then nil).
+	PayloadTooLarge int
+	Headers         []byte    // nil when NULL
+	CreatedAt       time.Time // zero when NULL (the ingest time is stored)
 	// Invalid says why the row cannot be delivered as it stands (a contract
 	// column missing or unreadable, a created_at that is not a time); it
 	// becomes a dead letter with it.
@@ -67,9 +70,12 @@ type Options struct {
 	// DrainTimeout bounds the wait for the consumer at the end of a
 	// session before the final status update.
 	DrainTimeout time.Duration
-	ChunkRows    int // ChunkRowsDefault when zero
-	ChunkBytes   int // ChunkBytesDefault when zero
-	Logger       zerolog.Logger
+	// MaxBody, when set, is the current max_body: a payload above it is
+	// not read (Row.PayloadTooLarge).
+	MaxBody    func() int
+	ChunkRows  int // ChunkRowsDefault when zero
+	ChunkBytes int // ChunkBytesDefault when zero
+	Logger     zerolog.Logger
 	// Flushed, when set, is called with each flushed position reported to
 	// the server.
 	Flushed func(pglogrepl.LSN)
@@ -88,6 +94,18 @@ const (
 	ChunkRowsDefault      = 1000
 	ChunkBytesDefault     = 1 << 20
 )
+
+// minKeep is the length up to which the stream reads any column's value,
+// whatever max_body: a url, headers or an event type longer than this (or
+// than max_body if larger) make the row invalid rather than fill memory.
+const minKeep = 64 << 10
+
+func (o Options) maxBody() int {
+	if o.MaxBody == nil {
+		return 0
+	}
+	return o.MaxBody()
+}
 
 // WithDefaults fills unset options from the …Default constants (a stall
 // timeout of three status intervals).
@@ -332,7 +350,9 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 		return nil
 	}
 	switch pglogrepl.MessageType(data[0]) {
-	case pglogrepl.MessageTypeBegin, pglogrepl.MessageTypeCommit, pglogrepl.MessageTypeRelation, pglogrepl.MessageTypeInsert:
+	case pglogrepl.MessageTypeBegin, pglogrepl.MessageTypeCommit, pglogrepl.MessageTypeRelation:
+	case pglogrepl.MessageTypeInsert:
+		return ss.insert(ctx, data)
 	default:
 		// Update, Delete, Truncate, Type, Origin, Message: not ours to
 		// deliver; the position still advances with the commit or the
@@ -350,25 +370,6 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 		ss.inTx = true
 		ss.skip = m.FinalLSN < ss.skipBefore
 		ss.cur = Chunk{CommitLSN: m.FinalLSN, CommitTime: m.CommitTime}
-	case *pglogrepl.InsertMessage:
-		if ss.skip {
-			return nil
-		}
-		rel, ok := ss.rels[m.RelationID]
-		if !ok {
-			return fmt.Errorf("insert for relation %d before its Relation message", m.RelationID)
-		}
-		if !rel.outbox {
-			return nil
-		}
-		row := rel.decode(m.Tuple, ss.cur.CommitLSN)
-		ss.cur.Rows = append(ss.cur.Rows, row)
-		ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
-		if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
-			part := ss.cur
-			ss.cur = Chunk{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime}
-			return ss.send(ctx, part)
-		}
 	case *pglogrepl.CommitMessage:
 		ss.inTx = false
 		if ss.skip {
@@ -382,6 +383,35 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 			return err
 		}
 		ss.sentEnd = m.TransactionEndLSN
+	}
+	return nil
+}
+
+// insert adds an inserted outbox row to the transaction's chunk, sending
+// the chunk on when it is full.
+func (ss *session) insert(ctx context.Context, data []byte) error {
+	if ss.skip {
+		return nil
+	}
+	maxBody := ss.opts.maxBody()
+	relID, tuple, err := parseInsert(data, max(maxBody, minKeep))
+	if err != nil {
+		return err
+	}
+	rel, ok := ss.rels[relID]
+	if !ok {
+		return fmt.Errorf("insert for relation %d before its Relation message", relID)
+	}
+	if !rel.outbox {
+		return nil
+	}
+	row := rel.decode(tuple, ss.cur.CommitLSN, maxBody)
+	ss.cur.Rows = append(ss.cur.Rows, row)
+	ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
+	if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
+		part := ss.cur
+		ss.cur = Chunk{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime}
+		return ss.send(ctx, part)
 	}
 	return nil
 }
@@ -440,19 +470,27 @@ func newRelation(m *pglogrepl.RelationMessage, t outbox.Table, types *pgtype.Map
 
 // value is column name's text value in t; ok is false when the column is
 // missing or its value was not sent as text.
-func (r *relation) value(t *pglogrepl.TupleData, name string) (v []byte, oid uint32, null, ok bool) {
+func (r *relation) value(t []column, name string) (v []byte, oid uint32, null, ok bool) {
 	i, ok := r.col[name]
-	if !ok || i >= len(t.Columns) {
+	if !ok || i >= len(t) {
 		return nil, 0, false, false
 	}
-	c := t.Columns[i]
-	switch c.DataType {
-	case pglogrepl.TupleDataTypeNull:
+	c := t[i]
+	switch {
+	case c.kind == pglogrepl.TupleDataTypeNull:
 		return nil, r.oids[i], true, true
-	case pglogrepl.TupleDataTypeText:
-		return c.Data, r.oids[i], false, true
+	case c.kind == pglogrepl.TupleDataTypeText && !c.over():
+		return c.data, r.oids[i], false, true
 	}
 	return nil, 0, false, false
+}
+
+// size is the length of column name's value as sent, kept or not.
+func (r *relation) size(t []column, name string) int {
+	if i, ok := r.col[name]; ok && i < len(t) && t[i].kind == pglogrepl.TupleDataTypeText {
+		return t[i].size
+	}
+	return 0
 }
 
 // timeOID is the type a time column's text is decoded as: its own when it
@@ -475,7 +513,10 @@ func (r *relation) decodeTime(v []byte, oid uint32) (time.Time, error) {
 	return t, nil
 }
 
-func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
+// decode reads an outbox row from the tuple's columns. A payload longer
+// than maxBody is left out, its size kept (PayloadTooLarge); another
+// column too long to keep makes the row invalid.
+func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) Row {
 	var row Row
 	var missing []string
 	text := func(name string) string {
@@ -510,7 +551,9 @@ func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
 	} else if !null {
 		row.CreatedAt, badTime = r.decodeTime(v, oid)
 	}
-	if v, _, null, ok := r.value(t, "payload"); ok && !null {
+	if n := r.size(t, "payload"); maxBody > 0 && n > maxBody {
+		row.PayloadTooLarge = n
+	} else if v, _, null, ok := r.value(t, "payload"); ok && !null {
 		row.Payload = v
 	} else {
 		missing = append(missing, "payload")
@@ -527,6 +570,9 @@ func (r *relation) decode(t *pglogrepl.TupleData, commit pglogrepl.LSN) Row {
 	for _, name := range missing {
 		if name != "url" && name != "headers" && name != "id" {
 			row.Invalid = "invalid_row: column " + name + " missing or unreadable in " + r.name
+			if n := r.size(t, name); n > 0 {
+				row.Invalid = fmt.Sprintf("invalid_row: column %s in %s is %d bytes, too long to read", name, r.name, n)
+			}
 			break
 		}
 	}

@@ -1,6 +1,8 @@
 package wal
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +63,9 @@ func TestDecodeCreatedAt(t *testing.T) {
 	decode := func(t *testing.T, oid uint32, createdAt *pglogrepl.TupleDataColumn) Row {
 		rel := newRelation(outboxRelation(oid), table, pgtype.NewMap())
 		require.True(t, rel.outbox)
-		return rel.decode(insertTuple(createdAt), pglogrepl.LSN(0x16B3748))
+		_, cols, err := parseInsert(encodeInsert(16384, insertTuple(createdAt)), 1<<20)
+		require.NoError(t, err)
+		return rel.decode(cols, pglogrepl.LSN(0x16B3748), 1<<20)
 	}
 
 	t.Run("timestamptz", func(t *testing.T) {
@@ -130,8 +134,51 @@ func TestDecodeNullEndpoint(t *testing.T) {
 	tuple := insertTuple(textCol("2026-03-01 12:34:56+00"))
 	tuple.Columns[2] = nullCol // endpoint: a table whose NOT NULL was dropped
 
-	row := rel.decode(tuple, pglogrepl.LSN(0x16B3748))
+	_, cols, err := parseInsert(encodeInsert(16384, tuple), minKeep)
+	require.NoError(t, err)
+	row := rel.decode(cols, pglogrepl.LSN(0x16B3748), 1<<20)
 	require.Equal(t, "invalid_row: column endpoint missing or unreadable in public.outbox", row.Invalid)
 	require.Empty(t, row.Endpoint)
 	require.Equal(t, "0190f3a4-5b6c-7d8e-9f01-23456789abcd", row.EventID, "the rest of the row is still decoded")
+}
+
+// TestOversizedValuesAreNotRead: a payload above max_body is measured, not
+// copied, and refused by size; any other column too long to keep makes the
+// row invalid; a message cut short is an error, not a panic.
+func TestOversizedValuesAreNotRead(t *testing.T) {
+	t.Parallel()
+	table, err := outbox.ParseTable("public.outbox")
+	require.NoError(t, err)
+	rel := newRelation(outboxRelation(pgtype.TimestamptzOID), table, pgtype.NewMap())
+	big := `{"pad": "` + strings.Repeat("x", 100<<10) + `"}`
+
+	tup := insertTuple(textCol("2026-03-01 12:34:56+00"))
+	tup.Columns[5] = textCol(big)
+	msg := encodeInsert(16384, tup)
+	_, cols, err := parseInsert(msg, minKeep)
+	require.NoError(t, err)
+	require.Nil(t, cols[5].data, "not copied")
+	row := rel.decode(cols, 0x16B3748, 1<<10)
+	require.Empty(t, row.Invalid)
+	require.Nil(t, row.Payload)
+	require.Equal(t, len(big), row.PayloadTooLarge)
+	require.Equal(t, "network", row.Endpoint, "the rest of the row is read")
+
+	_, cols, err = parseInsert(msg, 1<<20)
+	require.NoError(t, err)
+	row = rel.decode(cols, 0x16B3748, 200<<10)
+	require.Zero(t, row.PayloadTooLarge, "within max_body")
+	require.Equal(t, big, string(row.Payload))
+
+	tup = insertTuple(textCol("2026-03-01 12:34:56+00"))
+	tup.Columns[4] = textCol(big) // event_type
+	_, cols, err = parseInsert(encodeInsert(16384, tup), minKeep)
+	require.NoError(t, err)
+	row = rel.decode(cols, 0x16B3748, 1<<10)
+	require.Equal(t, fmt.Sprintf("invalid_row: column event_type in public.outbox is %d bytes, too long to read", len(big)), row.Invalid)
+
+	for cut := 1; cut < len(msg); cut += 13 {
+		_, _, err := parseInsert(msg[:len(msg)-cut], minKeep)
+		require.Error(t, err, "cut by %d", cut)
+	}
 }

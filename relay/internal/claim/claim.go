@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
@@ -48,6 +49,8 @@ type Dispatcher interface {
 // view of held-back endpoints before each claim, and the probes due.
 type Protection interface {
 	Refresh(ctx context.Context) error
+	// Invalidate makes the next Refresh read the database.
+	Invalidate()
 	ClaimProbes(ctx context.Context) []store.Claimed
 }
 
@@ -232,8 +235,12 @@ func (c *Claimer) listenLoop(ctx context.Context) {
 			_, err = conn.Exec(ctx, "LISTEN "+store.WakeChannel)
 			for err == nil {
 				attempt = 1
-				_, err = conn.Conn().WaitForNotification(ctx)
+				var n *pgconn.Notification
+				n, err = conn.Conn().WaitForNotification(ctx)
 				if err == nil {
+					if n.Payload == store.WakeHealth {
+						c.prot.Invalidate()
+					}
 					c.Queued()
 				}
 			}

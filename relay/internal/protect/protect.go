@@ -13,6 +13,17 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
+// ProbeIdleRecheckDefault is how long an endpoint whose breaker was due a
+// probe but had nothing queued waits before it is looked at again: ten
+// thousand dead endpoints with nothing to send cost one statement now and
+// then, not one query each per claim cycle.
+const ProbeIdleRecheckDefault = 2 * time.Second
+
+// RefreshIntervalDefault is the shortest time between two reads of the
+// endpoints held back: claim cycles come faster than breakers change, and
+// a claim checks the database's view itself.
+const RefreshIntervalDefault = 250 * time.Millisecond
+
 // StreakHoldDefault is how long a local failure streak holds an endpoint
 // without the shared breaker confirming it.
 const StreakHoldDefault = 2 * time.Second
@@ -26,6 +37,11 @@ type Protection struct {
 	mu        sync.RWMutex
 	unhealthy map[string]store.Health
 	probing   map[string]bool // endpoints whose probe this instance has in flight
+	// idle holds, per endpoint due a probe that had nothing queued, when
+	// to look again (ProbeIdleRecheckDefault).
+	idle map[string]time.Time
+	// refreshed is when the view was last read from the database.
+	refreshed time.Time
 	// streaks counts this instance's own consecutive failures per
 	// endpoint. Recording results takes a round trip, and fast failures
 	// would meanwhile empty an endpoint's whole buffer into a receiver
@@ -48,6 +64,7 @@ func New(env *service.Env) *Protection {
 		log:       env.Logger("protect"),
 		unhealthy: map[string]store.Health{},
 		probing:   map[string]bool{},
+		idle:      map[string]time.Time{},
 		streaks:   map[string]streak{},
 		limit:     limiter{s: env.Store, buckets: map[string]*bucket{}},
 	}
@@ -68,15 +85,35 @@ func (p *Protection) Observe(endpoint string, sig state.Signal, now time.Time) {
 	p.streaks[endpoint] = streak{n: s.n + 1, last: now}
 }
 
-// Refresh replaces the view of held-back endpoints with the database's.
+// Invalidate makes the next Refresh read the database, however recent
+// the view (a pause or resume was announced).
+func (p *Protection) Invalidate() {
+	p.mu.Lock()
+	p.refreshed = time.Time{}
+	p.mu.Unlock()
+}
+
+// Refresh replaces the view of held-back endpoints with the database's,
+// unless it was read less than RefreshIntervalDefault ago.
 func (p *Protection) Refresh(ctx context.Context) error {
+	p.mu.RLock()
+	fresh := time.Since(p.refreshed) < RefreshIntervalDefault
+	p.mu.RUnlock()
+	if fresh {
+		return nil
+	}
 	m, err := p.env.Store.UnhealthyEndpoints(ctx)
 	if err != nil {
 		return err
 	}
 	now := p.env.Now()
 	p.mu.Lock()
-	p.unhealthy = m
+	p.unhealthy, p.refreshed = m, time.Now()
+	for ep, until := range p.idle {
+		if _, held := m[ep]; !held || !now.Before(until) {
+			delete(p.idle, ep)
+		}
+	}
 	// A streak that holds nothing any more is forgotten, so endpoints
 	// that failed once and were never heard of again cost nothing.
 	for ep, s := range p.streaks {
@@ -225,7 +262,7 @@ func (p *Protection) probeCandidates(now time.Time) []probeCandidate {
 	defer p.mu.RUnlock()
 	var out []probeCandidate
 	for name, h := range p.unhealthy {
-		if p.probing[name] || h.PausedUntil.After(now) {
+		if p.probing[name] || h.PausedUntil.After(now) || now.Before(p.idle[name]) {
 			continue
 		}
 		b := policy.Breaker{State: h.State, OpenedAt: h.OpenedAt, Cooldown: h.Cooldown}
@@ -240,27 +277,41 @@ func (p *Protection) probeCandidates(now time.Time) []probeCandidate {
 }
 
 // ClaimProbes claims one probe delivery for each endpoint whose breaker is
-// due for one, where this instance wins it, and returns them.
+// due for one, where this instance wins it, and returns them: one
+// statement for all of them.
 func (p *Protection) ClaimProbes(ctx context.Context) []store.Claimed {
-	var out []store.Claimed
+	now := time.Now()
+	pcs := p.probeCandidates(now)
+	if len(pcs) == 0 {
+		return nil
+	}
 	cfg := p.env.Config()
-	for _, pc := range p.probeCandidates(time.Now()) {
-		c, ok, err := p.env.Store.ClaimProbe(ctx, p.env.Owner, pc.endpoint, pc.retry, cfg.Endpoint(pc.endpoint).Ordered)
-		if err != nil {
-			p.log.Warn().Err(err).Str("endpoint", pc.endpoint).Msg("claiming a probe failed")
-			continue
-		}
-		if !ok {
-			continue
-		}
-		p.mu.Lock()
-		h := p.unhealthy[pc.endpoint]
+	cands := make([]store.ProbeCandidate, len(pcs))
+	for i, pc := range pcs {
+		cands[i] = store.ProbeCandidate{Endpoint: pc.endpoint, Retry: pc.retry, Ordered: cfg.Endpoint(pc.endpoint).Ordered}
+	}
+	out, err := p.env.Store.ClaimProbes(ctx, p.env.Owner, cands)
+	if err != nil {
+		p.log.Warn().Err(err).Int("endpoints", len(cands)).Msg("claiming probes failed")
+		return nil
+	}
+	won := make(map[string]bool, len(out))
+	p.mu.Lock()
+	for _, c := range out {
+		won[c.Endpoint] = true
+		h := p.unhealthy[c.Endpoint]
 		h.State, h.ProbeOwner = state.BreakerHalfOpen, p.env.Owner
-		p.unhealthy[pc.endpoint] = h
-		p.probing[pc.endpoint] = true
-		p.mu.Unlock()
-		p.log.Info().Str("endpoint", pc.endpoint).Str("event_id", c.EventID).Msg("circuit breaker half-open: probing with one delivery")
-		out = append(out, c)
+		p.unhealthy[c.Endpoint] = h
+		p.probing[c.Endpoint] = true
+	}
+	for _, pc := range pcs {
+		if !won[pc.endpoint] {
+			p.idle[pc.endpoint] = now.Add(ProbeIdleRecheckDefault)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range out {
+		p.log.Info().Str("endpoint", c.Endpoint).Str("event_id", c.EventID).Msg("circuit breaker half-open: probing with one delivery")
 	}
 	return out
 }

@@ -81,3 +81,69 @@ func BenchmarkClaimAndRecord(b *testing.B) {
 	}
 	b.ReportMetric(float64(100*b.N)/b.Elapsed().Seconds(), "deliveries/s")
 }
+
+// BenchmarkClaimBesideDeadEndpoints claims from ten healthy endpoints while
+// dead endpoints, each with an open breaker and deliveries waiting on it,
+// share the queue: a claim's database time should not grow with them.
+func BenchmarkClaimBesideDeadEndpoints(b *testing.B) {
+	for _, dead := range []int{0, 1000, 10000} {
+		b.Run(fmt.Sprintf("dead=%d", dead), func(b *testing.B) {
+			s := setup(b)
+			ctx := context.Background()
+			if dead > 0 {
+				queueDead(b, s, dead)
+			}
+			for i := range 10 {
+				queue(b, s, fmt.Sprintf("live-%d", i), 10)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				claimed, err := s.Claim(ctx, "me", 10, nil, 100, nil)
+				if err != nil || len(claimed) != 100 {
+					b.Fatal(len(claimed), err)
+				}
+				b.StopTimer()
+				if _, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'pending', lease_owner = NULL WHERE status = 'in_flight'`); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// queueDead gives n endpoints three failed deliveries each and an open
+// breaker with an hour's cooldown.
+func queueDead(b *testing.B, s *store.Store, n int) {
+	ctx := context.Background()
+	for start := 0; start < n; start += 1000 {
+		ic, err := s.AcquireIngest(ctx, "me")
+		if err != nil {
+			b.Fatal(err)
+		}
+		var evs []store.NewEvent
+		for i := start; i < min(n, start+1000); i++ {
+			for range 3 {
+				evs = append(evs, store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("dead-%05d", i), Payload: []byte(`{}`),
+					CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending})
+			}
+		}
+		if _, err := ic.Insert(ctx, evs, false); err != nil {
+			b.Fatal(err)
+		}
+		if err := ic.Commit(ctx, 0, false); err != nil {
+			b.Fatal(err)
+		}
+		ic.Release()
+	}
+	if _, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'failed', attempt_count = 1 WHERE endpoint LIKE 'dead-%'`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, cooldown_seconds)
+		SELECT DISTINCT endpoint, 'open', now(), 3600 FROM postbox.deliveries WHERE endpoint LIKE 'dead-%'`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.Pool.Exec(ctx, `VACUUM ANALYZE postbox.deliveries`); err != nil {
+		b.Fatal(err)
+	}
+}

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -128,28 +127,37 @@ func (s *Store) UnhealthyEndpoints(ctx context.Context) (map[string]Health, erro
 	return h, nil
 }
 
-// claimProbeSQL turns an open breaker whose cooldown has passed (or a
-// half-open one whose prober is gone, or whose probe $3 says this instance
-// never got) half-open for owner, and claims the one delivery that probes
-// it: the earliest queued, due or not. Only one instance can win the
-// transition, so there is exactly one probe however many there are.
-const claimProbeSQL = `
-WITH probe AS (
+// claimProbesSQL turns each candidate's open breaker whose cooldown has
+// passed (or a half-open one whose prober is gone, or whose probe the
+// candidate's retry says this instance never got) half-open for owner, and
+// claims the one delivery that probes it: the earliest queued, due or not,
+// or for an ordered endpoint the oldest. Only one instance can win a
+// transition, so there is exactly one probe however many there are. A
+// breaker with nothing queued is left as it is, to be probed once
+// something is.
+const claimProbesSQL = `
+WITH cand AS (
+  SELECT * FROM unnest($1::text[], $3::bool[], $4::bool[]) AS c(endpoint, retry, ordered)
+),
+probe AS (
   UPDATE postbox.endpoint_health h
   SET state = 'half_open', probe_owner = $2, probe_started_at = now()
-  WHERE h.endpoint = $1
+  FROM cand
+  WHERE h.endpoint = cand.endpoint
     AND ((h.state = 'open' AND h.opened_at + h.cooldown_seconds * interval '1 second' <= now())
-      OR (h.state = 'half_open' AND h.probe_owner = $2 AND $3)
+      OR (h.state = 'half_open' AND h.probe_owner = $2 AND cand.retry)
       OR (h.state = 'half_open' AND NOT EXISTS (
             SELECT 1 FROM postbox.instances i WHERE i.id = h.probe_owner AND i.expires_at > now())))
     AND coalesce(h.paused_until, '-infinity') <= now()
-  RETURNING h.endpoint
+    AND EXISTS (SELECT 1 FROM postbox.deliveries q WHERE q.endpoint = h.endpoint AND q.status IN ('pending', 'failed'))
+  RETURNING h.endpoint, cand.ordered
 ),
 next AS (
-  SELECT d.id FROM postbox.deliveries d, probe
-  WHERE d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed')
-  ORDER BY CASE WHEN $4 THEN d.id END, d.next_attempt_at, d.id LIMIT 1
-  FOR UPDATE OF d SKIP LOCKED
+  SELECT n.id FROM probe CROSS JOIN LATERAL (
+    SELECT d.id FROM postbox.deliveries d
+    WHERE d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed')
+    ORDER BY CASE WHEN probe.ordered THEN d.id END, d.next_attempt_at, d.id LIMIT 1
+    FOR UPDATE OF d SKIP LOCKED) n
 )
 UPDATE postbox.deliveries d
 SET status = 'in_flight', lease_owner = $2, updated_at = now()
@@ -157,21 +165,34 @@ FROM next, postbox.events e
 WHERE d.id = next.id AND e.id = d.event_pk
 RETURNING ` + claimedColumns
 
-// ClaimProbe tries to make owner the prober of endpoint's breaker and to
-// claim the probe delivery. retry says owner already holds the half-open
-// state but its probe claim found nothing. It reports false when another
-// instance probes, the cooldown has not passed, or nothing is queued (the
-// breaker then stays half-open with owner, to probe once something is).
-// An ordered endpoint is probed with its oldest delivery.
-func (s *Store) ClaimProbe(ctx context.Context, owner, endpoint string, retry, ordered bool) (Claimed, bool, error) {
-	c, err := scanClaimed(s.Pool.QueryRow(ctx, claimProbeSQL, endpoint, owner, retry, ordered))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Claimed{}, false, nil
+// ProbeCandidate is an endpoint whose breaker an instance may probe.
+type ProbeCandidate struct {
+	Endpoint string
+	// Retry says the instance already holds the half-open state but its
+	// probe claim found nothing.
+	Retry   bool
+	Ordered bool // probed with its oldest delivery
+}
+
+// ClaimProbes tries, in one statement, to make owner the prober of each
+// candidate's breaker and to claim its probe delivery. It returns the
+// probes won; a candidate is left out when another instance probes, the
+// cooldown has not passed, or nothing is queued.
+func (s *Store) ClaimProbes(ctx context.Context, owner string, cands []ProbeCandidate) ([]Claimed, error) {
+	if len(cands) == 0 {
+		return nil, nil
 	}
+	names := make([]string, len(cands))
+	retry := make([]bool, len(cands))
+	ordered := make([]bool, len(cands))
+	for i, c := range cands {
+		names[i], retry[i], ordered[i] = c.Endpoint, c.Retry, c.Ordered
+	}
+	out, err := s.claim(ctx, claimProbesSQL, names, owner, retry, ordered)
 	if err != nil {
-		return Claimed{}, false, fmt.Errorf("claim probe for %s: %w", endpoint, err)
+		return nil, fmt.Errorf("claim probes: %w", err)
 	}
-	return c, true, nil
+	return out, nil
 }
 
 // TakeTokens takes up to want tokens from endpoint's shared bucket, which
@@ -224,7 +245,7 @@ func (s *Store) Pause(ctx context.Context, endpoint string, until time.Time) err
 			ON CONFLICT (endpoint) DO UPDATE SET paused_until = excluded.paused_until`, endpoint, until); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, WakeChannel, WakeHealth)
 		return err
 	})
 	if err != nil {
@@ -242,7 +263,7 @@ func (s *Store) Resume(ctx context.Context, endpoint string) error {
 			WHERE endpoint = $1 AND paused_until IS NOT NULL`, endpoint); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, WakeChannel, WakeHealth)
 		return err
 	})
 	if err != nil {

@@ -24,6 +24,10 @@ import (
 // new work (pending rows written without the fast path, replays).
 const WakeChannel = "postbox_queue"
 
+// WakeHealth is the payload of a wake that also says an endpoint's pause
+// changed: instances read the endpoints held back again at once.
+const WakeHealth = "health"
+
 // Store is postbox's schema on one database.
 type Store struct {
 	Pool  *pgxpool.Pool

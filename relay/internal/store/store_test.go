@@ -123,8 +123,8 @@ func TestOneProbeWins(t *testing.T) {
 		owner := fmt.Sprintf("inst-%d", i)
 		require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: owner}, time.Minute, false))
 		go func() {
-			_, ok, err := s.ClaimProbe(ctx, owner, "ep", false, false)
-			wins <- win{ok, err}
+			got, err := s.ClaimProbes(ctx, owner, []store.ProbeCandidate{{Endpoint: "ep"}})
+			wins <- win{len(got) == 1, err}
 		}()
 	}
 	n := 0
@@ -262,4 +262,38 @@ func TestQueueTablesVacuumByCount(t *testing.T) {
 		`SELECT reloptions FROM pg_class WHERE oid = 'postbox.deliveries'::regclass`).Scan(&opts))
 	require.Contains(t, opts, "autovacuum_vacuum_scale_factor=0")
 	require.Contains(t, opts, "autovacuum_vacuum_threshold=20000")
+}
+
+// TestProbesAreClaimedInOneStatement: of the candidates, the breaker due
+// with work queued is probed; one with nothing queued stays open, to be
+// probed once something is; one still cooling down is left alone.
+func TestProbesAreClaimedInOneStatement(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "due", 3)
+	queue(t, s, "cooling", 3)
+	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, cooldown_seconds) VALUES
+		('due', 'open', now() - interval '10 seconds', 5),
+		('idle', 'open', now() - interval '10 seconds', 5),
+		('cooling', 'open', now(), 60)`)
+	require.NoError(t, err)
+	got, err := s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: "due"}, {Endpoint: "idle"}, {Endpoint: "cooling"}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"due": 1}, count(got))
+	states := map[string]string{}
+	rows, err := s.Pool.Query(ctx, `SELECT endpoint, state FROM postbox.endpoint_health`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var ep, st string
+		require.NoError(t, rows.Scan(&ep, &st))
+		states[ep] = st
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]string{"due": "half_open", "idle": "open", "cooling": "open"}, states)
+
+	queue(t, s, "idle", 1)
+	got, err = s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: "idle"}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"idle": 1}, count(got), "probed once something is queued")
 }

@@ -16,7 +16,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var asJSON bool
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, hanging, failing, catchup, load, chaos, soak")
+	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, hanging, failing, catchup, load, chaos, soak, dead")
 	fs.IntVar(&o.Rate, "rate", 0, fmt.Sprintf("latency, chaos, soak: events per second (default %d, chaos %d)", bench.RateDefault, bench.ChaosRateDefault))
 	fs.IntVar(&o.Endpoints, "endpoints", bench.EndpointsDefault, "number of endpoints")
 	fs.DurationVar(&o.Duration, "duration", bench.DurationDefault, "latency, load, chaos, soak: how long to produce")
@@ -25,6 +25,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Uint64Var(&o.Seed, "seed", 0, "chaos: seed of the faults and their moments (default random, printed)")
 	fs.StringVar(&o.Faults, "faults", "", "chaos: comma-separated faults to inject (default all: kill, freeze, restart-fast, restart-immediate, drop-slot, read-only)")
 	fs.IntVar(&o.Relays, "relays", bench.ChaosRelays, "chaos: relays run against the one database")
+	fs.IntVar(&o.Dead, "dead", bench.DeadDefault, "dead: endpoints with open breakers and deliveries waiting, beside the healthy ones")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage

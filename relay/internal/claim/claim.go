@@ -152,7 +152,7 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 
 // claimOnce claims what the dispatcher has room for and submits it. It
 // reports whether the queue may hold more: it claimed something, or the
-// dispatcher had no room to claim at all.
+// dispatcher had no room to claim at all or for some endpoint.
 func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	if c.disp.Stopping() {
 		return false, nil
@@ -161,7 +161,8 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	if err := c.prot.Refresh(ctx); err != nil {
 		return false, err
 	}
-	for _, p := range c.prot.ClaimProbes(ctx) {
+	probes := c.prot.ClaimProbes(ctx)
+	for _, p := range probes {
 		j := jobFromClaim(p)
 		j.Probe = true
 		c.disp.Submit(j, false)
@@ -169,6 +170,14 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	free, total := c.disp.Free()
 	if total == 0 {
 		return true, nil
+	}
+	// A full lane may leave its endpoint's work behind: the queue may hold
+	// more once it frees.
+	full := len(probes) > 0
+	for _, n := range free {
+		if n <= 0 {
+			full = true
+		}
 	}
 	var ordered []string
 	for name, ep := range cfg.Endpoints {
@@ -193,7 +202,7 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	for _, cl := range heads {
 		c.disp.Submit(jobFromClaim(cl), false)
 	}
-	return len(claimed)+len(heads) > 0, err
+	return full || len(claimed)+len(heads) > 0, err
 }
 
 // rescue returns to the queue the deliveries this instance has had in

@@ -52,6 +52,8 @@ type Health interface {
 type Claimer interface {
 	Queued()
 	Wake()
+	// LaneFreed wakes the claimer only if its last cycle left work behind.
+	LaneFreed()
 	RetryAt(t time.Time)
 }
 
@@ -217,5 +219,27 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			r.claim.Queued()
 		}
 	}
-	r.claim.Wake()
+	// The room the results free is worth a claim cycle when the last one
+	// left work behind (the claimer knows), when an ordered endpoint's
+	// next delivery may now be due, or when a breaker closed. A cycle
+	// after every batch regardless would cost a claim query per batch
+	// even while the fast path takes every event.
+	wake := false
+	for _, c := range changes {
+		if c.Old.State != state.BreakerClosed && c.New.State == state.BreakerClosed {
+			wake = true
+		}
+	}
+	cfg := r.env.Config()
+	for _, j := range recorded {
+		if cfg.Endpoint(j.Endpoint).Ordered {
+			wake = true
+			break
+		}
+	}
+	if wake {
+		r.claim.Wake()
+	} else {
+		r.claim.LaneFreed()
+	}
 }

@@ -30,7 +30,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos", "soak"}
+var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos", "soak", "dead"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -46,7 +46,7 @@ const maxRate = 100000
 // Options say what to measure. Zero values take the …Default constants.
 type Options struct {
 	// Scenarios is a comma-separated list of latency, hanging, failing,
-	// catchup, load, chaos and soak, run in the order given.
+	// catchup, load, chaos, soak and dead, run in the order given.
 	Scenarios string
 	// Rate is the latency and chaos scenarios' events per second; zero
 	// means RateDefault, and ChaosRateDefault for chaos.
@@ -70,6 +70,9 @@ type Options struct {
 	// Relays is how many relays the chaos scenario runs (ChaosRelays when
 	// zero).
 	Relays int
+	// Dead is how many dead endpoints the dead scenario adds (DeadDefault
+	// when zero).
+	Dead int
 
 	// RelayBinary is the postbox binary run as the relay. Empty means this
 	// executable, which is what `postbox bench` wants; tests build one.
@@ -105,6 +108,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.Relays == 0 {
 		o.Relays = ChaosRelays
+	}
+	if o.Dead == 0 {
+		o.Dead = DeadDefault
 	}
 	return o
 }
@@ -161,6 +167,7 @@ type Result struct {
 	Load    *LoadResult    `json:"load,omitempty"`
 	Chaos   *ChaosResult   `json:"chaos,omitempty"`
 	Soak    *SoakResult    `json:"soak,omitempty"`
+	Dead    *DeadResult    `json:"dead_endpoints,omitempty"`
 }
 
 // LoadResult is the load scenario's.
@@ -210,6 +217,9 @@ type LatencyResult struct {
 	P99ms          float64 `json:"p99_ms"`
 	Maxms          float64 `json:"max_ms"`
 	RSSMB          float64 `json:"relay_peak_rss_mb"`
+	// PostgresCPUms is PostgreSQL's CPU time per 1,000 events, in ms,
+	// from the first insert until the last arrived.
+	PostgresCPUms float64 `json:"postgres_cpu_ms_per_1000_events,omitempty"`
 }
 
 // CatchupResult is the catchup scenario's.
@@ -294,6 +304,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			res.Chaos, err = env.chaos(ctx, opts, chaosRate)
 		case "soak":
 			res.Soak, err = env.soak(ctx, opts)
+		case "dead":
+			res.Dead, err = env.dead(ctx, opts)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s, err)

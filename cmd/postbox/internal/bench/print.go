@@ -9,17 +9,27 @@ import (
 // Print writes r for a person to read.
 func (r *Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "postbox bench (%s)\n", r.Machine)
-	for _, l := range []*LatencyResult{r.Latency, r.Hanging} {
+	lat := []*LatencyResult{r.Latency, r.Hanging}
+	if r.Dead != nil {
+		lat = append(lat, r.Dead.Alone, r.Dead.Beside)
+	}
+	for i, l := range lat {
 		if l == nil {
 			continue
 		}
-		if l.Hanging {
+		switch {
+		case i == 3:
+			fmt.Fprintf(w, "\nthe same beside %d dead endpoints (open breakers, three deliveries waiting on each):\n", r.Dead.Dead)
+		case l.Hanging:
 			fmt.Fprintf(w, "\ncommit → receiver latency of the %d healthy endpoints at %d events/s, one of %d endpoints hanging:\n", l.Endpoints-1, l.Rate, l.Endpoints)
-		} else {
+		default:
 			fmt.Fprintf(w, "\ncommit → receiver latency at %d events/s over %d endpoints:\n", l.Rate, l.Endpoints)
 		}
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+		if l.PostgresCPUms > 0 {
+			fmt.Fprintf(w, "  PostgreSQL CPU %.0f ms per 1,000 events\n", l.PostgresCPUms)
+		}
 	}
 	if f := r.Failing; f != nil {
 		fmt.Fprintf(w, "\nan endpoint answering only 500, %d events queued for it:\n", f.Queued)

@@ -32,6 +32,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		return nil, err
 	}
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
+	pgBefore := e.postgresCPU()
 	interval := time.Second / time.Duration(o.Rate)
 	total := int(o.Duration / interval)
 	var wg sync.WaitGroup
@@ -62,6 +63,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	close(jobs)
 	wg.Wait()
 	err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	pgCPU := e.postgresCPU() - pgBefore
 	rss := e.stopRelay()
 	if err != nil {
 		return nil, err
@@ -76,8 +78,16 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		RSSMB: rss,
+		RSSMB: rss, PostgresCPUms: perThousand(pgCPU, t.sent),
 	}, nil
+}
+
+// perThousand is seconds of CPU per 1,000 events, in milliseconds.
+func perThousand(seconds float64, events int) float64 {
+	if events == 0 {
+		return 0
+	}
+	return seconds * 1000 / float64(events) * 1000
 }
 
 // insertFlat inserts single-row transactions into table from o.Producers

@@ -1,11 +1,14 @@
 package relay_test
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,22 +17,34 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // TestBlockedTargetsAreNeverContacted: with the guard on (the default),
 // events aimed at loopback, a name resolving to it, IPv6 loopback, the
 // metadata service or a private network become blocked_target dead
-// letters; the listening receiver sees nothing. The relay dials through
-// the tests' loopback-only tripwire (startAny), so even a guard that
-// regressed could not reach the metadata or private addresses.
+// letters, and nothing is dialled: an address literal is refused when the
+// request is resolved, a name by the dialer's check before its connect.
+// Beneath the guard the relay dials through a tripwire that refuses every
+// address and records it, so even a guard that regressed could not reach
+// the metadata or private addresses; the test asserts none got there. The
+// dialer's own refusal of the metadata addresses is
+// TestGuardedDialerRefusesBeforeConnecting's (relay/internal/deliver).
 func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	tb.cfg.AllowPrivateTargets = false
 	rc := newReceiver(t, nil)
 	_, port, _ := net.SplitHostPort(rc.Listener.Addr().String())
-	tb.start(t, relay.Options{})
+	var mu sync.Mutex
+	var dialled []string
+	tb.start(t, relay.Options{HTTP: deliver.Options{BeneathGuard: func(ap netip.AddrPort) error {
+		mu.Lock()
+		dialled = append(dialled, ap.String())
+		mu.Unlock()
+		return errors.New("tripwire: the guard let " + ap.String() + " through")
+	}}})
 	cases := map[string]string{
 		"http://127.0.0.1:" + port + "/hook":      "blocked_target: 127.0.0.1 is loopback",
 		"http://localhost:" + port + "/hook":      "blocked_target: ",
@@ -52,6 +67,9 @@ func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 		require.True(t, strings.HasPrefix(d.LastError, want[i]), "%q should start with %q", d.LastError, want[i])
 	}
 	require.Zero(t, rc.count(), "nothing reached the listening receiver")
+	mu.Lock()
+	require.Empty(t, dialled, "the guard refused every target before a dial")
+	mu.Unlock()
 
 	// allowed_cidrs opens a range deliberately.
 	tb2 := setup(t)

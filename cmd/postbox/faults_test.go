@@ -492,6 +492,19 @@ func TestStalledReplicationConnection(t *testing.T) {
 		noticed.Round(time.Millisecond), res.sent, res.received, res.duplicated)
 }
 
+// bulkRelay starts a relay process built without the race detector (its
+// RSS is the point) with one endpoint, bulk, whose deliveries rc counts;
+// extra is more of bulk's settings.
+func bulkRelay(t *testing.T, extra string) (*pgxpool.Pool, *counter, *proc) {
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	cfg := writeConfig(t, dbURL, "log_level: info\nendpoints:\n  bulk:\n    url: "+rc.URL+"\n"+extra)
+	p := startBuilt(t, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	return pool, rc, p
+}
+
 // TestHugeTransactionRSS commits 200,000 outbox rows in one transaction
 // and measures the relay process's peak resident memory.
 func TestHugeTransactionRSS(t *testing.T) {
@@ -499,12 +512,7 @@ func TestHugeTransactionRSS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("200,000 deliveries")
 	}
-	dbURL := pgtest.NewDatabase(t)
-	pool := newPool(t, dbURL)
-	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "log_level: info\nendpoints:\n  bulk:\n    url: "+rc.URL+"\n    max_in_flight: 32\n")
-	p := startBuilt(t, "run", "--config", cfg) // without the race detector: its RSS is the point
-	waitStreaming(t, pool)
+	pool, rc, p := bulkRelay(t, "    max_in_flight: 32\n")
 	const n = 200000
 	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint, payload)
 		SELECT 'bulk', jsonb_build_object('i', i, 'click_id', md5(i::text), 'pad', repeat('x', 200)) FROM generate_series(1, $1) i`, n)
@@ -804,12 +812,7 @@ func TestHugePayloadIsRefusedUnread(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 100 MB row")
 	}
-	dbURL := pgtest.NewDatabase(t)
-	pool := newPool(t, dbURL)
-	rc := newCounter(t)
-	cfg := writeConfig(t, dbURL, "endpoints:\n  bulk:\n    url: "+rc.URL+"\n")
-	p := startBuilt(t, "run", "--config", cfg) // without the race detector: its RSS is the point
-	waitStreaming(t, pool)
+	pool, rc, p := bulkRelay(t, "")
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, 100) i`)
 	require.NoError(t, err)

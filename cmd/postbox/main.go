@@ -178,7 +178,8 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	ep := cfg.Endpoint(*endpoint)
-	if len(ep.Secrets) == 0 {
+	secrets := cfg.SigningSecrets(ep)
+	if len(secrets) == 0 {
 		fmt.Fprintln(stderr, "postbox: no signing secrets are configured: deliveries are not signed (set signing.secrets)")
 		return exitFailure
 	}
@@ -191,7 +192,7 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "warning: endpoint %s signs with the shared secrets, which every partner without its own holds: "+
 			"each of them could forge deliveries to the others. Set signing.per_endpoint: derived.\n", printable(*endpoint))
 	}
-	for _, s := range ep.Secrets {
+	for _, s := range secrets {
 		fmt.Fprintln(stdout, s.Reveal())
 	}
 	return exitOK

@@ -86,7 +86,9 @@ type Endpoint struct {
 	MaxCooldown      time.Duration
 	RateLimit        Rate
 	MaxInFlight      int
-	Secrets          []outbox.Secret
+	// Secrets are the endpoint's own or the shared secrets, as configured;
+	// Config.SigningSecrets gives those its requests are signed with.
+	Secrets []outbox.Secret
 	// OwnSecrets: Secrets were set for this endpoint itself, not inherited.
 	OwnSecrets bool
 	Headers    map[string]string
@@ -111,10 +113,18 @@ func (c *Config) Endpoint(name string) Endpoint {
 	}
 	ep := c.Defaults
 	ep.Name = name
-	if c.Derived && !ep.OwnSecrets {
-		ep.Secrets = DeriveSecrets(ep.Secrets, name)
-	}
 	return ep
+}
+
+// SigningSecrets are the secrets ep's deliveries are signed with: its own,
+// or with signing.per_endpoint: derived those derived for its name from
+// each master, or the shared ones. They are derived here, where a request
+// is signed, so that looking up an endpoint's settings costs no HMAC.
+func (c *Config) SigningSecrets(ep Endpoint) []outbox.Secret {
+	if c.Derived && !ep.OwnSecrets {
+		return DeriveSecrets(ep.Secrets, ep.Name)
+	}
+	return ep.Secrets
 }
 
 // DeriveSecrets is endpoint's secret under each of masters, in their order
@@ -299,9 +309,6 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 			return nil, err
 		}
 		ep.Name, ep.Configured = name, true
-		if out.Derived && !ep.OwnSecrets {
-			ep.Secrets = DeriveSecrets(ep.Secrets, name)
-		}
 		out.Endpoints[name] = ep
 	}
 	return out, nil

@@ -366,10 +366,10 @@ func TestDerivedEndpointSecrets(t *testing.T) {
 	want := func(name string) []string {
 		return []string{outbox.DeriveSecret(masters[0], name).Reveal(), outbox.DeriveSecret(masters[1], name).Reveal()}
 	}
-	require.Equal(t, want("a"), reveal(cfg.Endpoint("a").Secrets))
-	require.Equal(t, want("from-a-row"), reveal(cfg.Endpoint("from-a-row").Secrets))
-	require.Equal(t, []string{own}, reveal(cfg.Endpoint("b").Secrets), "an endpoint's own secrets override the derived one")
-	require.NotEqual(t, reveal(cfg.Endpoint("a").Secrets), reveal(cfg.Endpoint("c").Secrets))
+	require.Equal(t, want("a"), reveal(cfg.SigningSecrets(cfg.Endpoint("a"))))
+	require.Equal(t, want("from-a-row"), reveal(cfg.SigningSecrets(cfg.Endpoint("from-a-row"))))
+	require.Equal(t, []string{own}, reveal(cfg.SigningSecrets(cfg.Endpoint("b"))), "an endpoint's own secrets override the derived one")
+	require.NotEqual(t, reveal(cfg.SigningSecrets(cfg.Endpoint("a"))), reveal(cfg.Endpoint("c").Secrets))
 
 	shared, err := config.Parse([]byte("database_url: postgres://x@localhost/db\nsigning:\n  secrets: [" + current + "]\n"))
 	require.NoError(t, err)

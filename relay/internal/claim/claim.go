@@ -161,8 +161,7 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	if err := c.prot.Refresh(ctx); err != nil {
 		return false, err
 	}
-	probes := c.prot.ClaimProbes(ctx)
-	for _, p := range probes {
+	for _, p := range c.prot.ClaimProbes(ctx) {
 		j := jobFromClaim(p)
 		j.Probe = true
 		c.disp.Submit(j, false)
@@ -173,11 +172,9 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	}
 	// A full lane may leave its endpoint's work behind: the queue may hold
 	// more once it frees.
-	full := len(probes) > 0
+	full := false
 	for _, n := range free {
-		if n <= 0 {
-			full = true
-		}
+		full = full || n <= 0
 	}
 	var ordered []string
 	for name, ep := range cfg.Endpoints {

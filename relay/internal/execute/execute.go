@@ -243,7 +243,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		URL:     t.URL,
 		Body:    t.Body,
 		Header:  requestHeader(ep, j.Headers),
-		Secrets: ep.Secrets,
+		Secrets: cfg.SigningSecrets(ep),
 		Timeout: ep.Timeout,
 	}
 	resp := x.client.Do(ctx, req)

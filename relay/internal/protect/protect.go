@@ -106,11 +106,11 @@ func (p *Protection) Refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now := p.env.Now()
+	now, wall := p.env.Now(), time.Now()
 	p.mu.Lock()
-	p.unhealthy, p.refreshed = m, time.Now()
+	p.unhealthy, p.refreshed = m, wall
 	for ep, until := range p.idle {
-		if _, held := m[ep]; !held || !now.Before(until) {
+		if _, held := m[ep]; !held || !wall.Before(until) {
 			delete(p.idle, ep)
 		}
 	}

@@ -22,11 +22,11 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
-// Recorder bounds.
 // ProbeMarginDefault is how long after a breaker's cooldown the claimer
 // wakes for its probe, so the database's clock agrees it is due.
 const ProbeMarginDefault = 20 * time.Millisecond
 
+// Recorder bounds.
 const (
 	// MaxBatchDefault bounds the results written in one transaction.
 	MaxBatchDefault = 1000
@@ -232,7 +232,8 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	}
 	cfg := r.env.Config()
 	for _, j := range recorded {
-		if cfg.Endpoint(j.Endpoint).Ordered {
+		// Only configured endpoints are claimed in order (see the claimer).
+		if cfg.Endpoints[j.Endpoint].Ordered {
 			wake = true
 			break
 		}

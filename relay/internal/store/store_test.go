@@ -281,15 +281,12 @@ func TestProbesAreClaimedInOneStatement(t *testing.T) {
 	got, err := s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: "due"}, {Endpoint: "idle"}, {Endpoint: "cooling"}})
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"due": 1}, count(got))
-	states := map[string]string{}
-	rows, err := s.Pool.Query(ctx, `SELECT endpoint, state FROM postbox.endpoint_health`)
+	held, err := s.UnhealthyEndpoints(ctx)
 	require.NoError(t, err)
-	for rows.Next() {
-		var ep, st string
-		require.NoError(t, rows.Scan(&ep, &st))
-		states[ep] = st
+	states := map[string]string{}
+	for ep, h := range held {
+		states[ep] = h.State.String()
 	}
-	require.NoError(t, rows.Err())
 	require.Equal(t, map[string]string{"due": "half_open", "idle": "open", "cooling": "open"}, states)
 
 	queue(t, s, "idle", 1)

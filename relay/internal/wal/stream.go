@@ -493,6 +493,15 @@ func (r *relation) size(t []column, name string) int {
 	return 0
 }
 
+// unread is the length of column name's value when it was sent but too
+// long to keep, else 0.
+func (r *relation) unread(t []column, name string) int {
+	if i, ok := r.col[name]; ok && i < len(t) && t[i].over() {
+		return t[i].size
+	}
+	return 0
+}
+
 // timeOID is the type a time column's text is decoded as: its own when it
 // is one of PostgreSQL's time types, else (text, a domain, an unknown
 // type) timestamptz.
@@ -551,7 +560,7 @@ func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) Row {
 	} else if !null {
 		row.CreatedAt, badTime = r.decodeTime(v, oid)
 	}
-	if n := r.size(t, "payload"); maxBody > 0 && n > maxBody {
+	if n := r.size(t, "payload"); r.unread(t, "payload") > 0 || maxBody > 0 && n > maxBody {
 		row.PayloadTooLarge = n
 	} else if v, _, null, ok := r.value(t, "payload"); ok && !null {
 		row.Payload = v
@@ -567,13 +576,18 @@ func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) Row {
 		// seen and replayed once the table is fixed.
 		row.EventID = derivedID(r.name, row.OutboxID, commit)
 	}
-	for _, name := range missing {
-		if name != "url" && name != "headers" && name != "id" {
-			row.Invalid = "invalid_row: column " + name + " missing or unreadable in " + r.name
-			if n := r.size(t, name); n > 0 {
-				row.Invalid = fmt.Sprintf("invalid_row: column %s in %s is %d bytes, too long to read", name, r.name, n)
-			}
+	// Any other value too long to read makes the row invalid, the
+	// optional columns too: a row is not delivered without its url or
+	// headers.
+	for _, name := range []string{"id", "event_id", "endpoint", "url", "event_type", "created_at", "headers"} {
+		if n := r.unread(t, name); n > 0 {
+			row.Invalid = fmt.Sprintf("invalid_row: column %s in %s is %d bytes, too long to read", name, r.name, n)
 			break
+		}
+	}
+	for _, name := range missing {
+		if row.Invalid == "" && name != "url" && name != "headers" && name != "id" {
+			row.Invalid = "invalid_row: column " + name + " missing or unreadable in " + r.name
 		}
 	}
 	if row.Invalid == "" && badTime != nil {

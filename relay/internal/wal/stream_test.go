@@ -177,6 +177,13 @@ func TestOversizedValuesAreNotRead(t *testing.T) {
 	row = rel.decode(cols, 0x16B3748, 1<<10)
 	require.Equal(t, fmt.Sprintf("invalid_row: column event_type in public.outbox is %d bytes, too long to read", len(big)), row.Invalid)
 
+	tup = insertTuple(textCol("2026-03-01 12:34:56+00"))
+	tup.Columns[6] = textCol(big) // headers: optional, but never dropped unread
+	_, cols, err = parseInsert(encodeInsert(16384, tup), minKeep)
+	require.NoError(t, err)
+	row = rel.decode(cols, 0x16B3748, 1<<20)
+	require.Equal(t, fmt.Sprintf("invalid_row: column headers in public.outbox is %d bytes, too long to read", len(big)), row.Invalid)
+
 	for cut := 1; cut < len(msg); cut += 13 {
 		_, _, err := parseInsert(msg[:len(msg)-cut], minKeep)
 		require.Error(t, err, "cut by %d", cut)

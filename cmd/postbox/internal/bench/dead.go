@@ -3,10 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 )
 
 // DeadDefault is how many dead endpoints the dead scenario adds.
@@ -67,77 +63,3 @@ func (e *env) seedDead(ctx context.Context, n int) error {
 	}
 	return nil
 }
-
-// postgresCPU is the CPU time, in seconds, the bench's PostgreSQL server
-// has used: its processes alive now and those it has reaped. Zero with a
-// given database, whose processes are not the bench's to read.
-func (e *env) postgresCPU() float64 {
-	if e.cluster == nil {
-		return 0
-	}
-	data, err := os.ReadFile(filepath.Join(e.cluster.Dir(), "data", "postmaster.pid"))
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[0]))
-	if err != nil {
-		return 0
-	}
-	total := cpuSeconds(pid, true)
-	entries, _ := os.ReadDir("/proc")
-	for _, ent := range entries {
-		child, err := strconv.Atoi(ent.Name())
-		if err != nil || child == pid {
-			continue
-		}
-		if parentOf(child) == pid {
-			total += cpuSeconds(child, false)
-		}
-	}
-	return total
-}
-
-// stat is the fields of /proc/PID/stat after the command name.
-func stat(pid int) []string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(data[i+1:]))
-}
-
-func parentOf(pid int) int {
-	f := stat(pid)
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
-}
-
-// cpuSeconds is a process's user and system time, with reaped children's
-// when children is set.
-func cpuSeconds(pid int, children bool) float64 {
-	f := stat(pid)
-	// After the name: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
-	if len(f) < 15 {
-		return 0
-	}
-	n := 13
-	if children {
-		n = 15
-	}
-	var ticks float64
-	for _, s := range f[11:n] {
-		v, _ := strconv.ParseFloat(s, 64)
-		ticks += v
-	}
-	return ticks / clockTicks
-}
-
-// clockTicks is USER_HZ, 100 on Linux.
-const clockTicks = 100

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -242,4 +243,62 @@ func machineDescription(ownServer bool) string {
 		return fmt.Sprintf("%d CPUs, a given PostgreSQL, receiver on this machine", cpus)
 	}
 	return fmt.Sprintf("%d CPUs, PostgreSQL and receiver on the same machine, fsync on", cpus)
+}
+
+// postgresCPU is the CPU time, in seconds, the bench's PostgreSQL server
+// has used: its processes alive now and those it has reaped. Zero with a
+// given database, whose processes are not the bench's to read.
+func (e *env) postgresCPU() float64 {
+	if e.cluster == nil {
+		return 0
+	}
+	data, err := os.ReadFile(filepath.Join(e.cluster.Dir(), "data", "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[0]))
+	if err != nil {
+		return 0
+	}
+	// /proc/PID/stat after the command name: state(0) ppid(1) …
+	// utime(11) stime(12) cutime(13) cstime(14), in clock ticks.
+	ticks := func(f []string, to int) float64 {
+		var n float64
+		for _, s := range f[11:to] {
+			v, _ := strconv.ParseFloat(s, 64)
+			n += v
+		}
+		return n
+	}
+	var total float64
+	if f := procStat(pid); len(f) >= 15 {
+		total += ticks(f, 15) // with the reaped children's
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, ent := range entries {
+		child, err := strconv.Atoi(ent.Name())
+		if err != nil || child == pid {
+			continue
+		}
+		if f := procStat(child); len(f) >= 15 && f[1] == strconv.Itoa(pid) {
+			total += ticks(f, 13)
+		}
+	}
+	return total / clockTicks
+}
+
+// clockTicks is USER_HZ, 100 on Linux.
+const clockTicks = 100
+
+// procStat is the fields of /proc/PID/stat after the command name.
+func procStat(pid int) []string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(data[i+1:]))
 }

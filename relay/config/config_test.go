@@ -125,6 +125,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"signing:\n  secrets: [not-a-secret!]", "signing.secrets[0]"},
 		{"defaults:\n  backoff_base: 2h\n  backoff_cap: 1h", "defaults.backoff_base"},
 		{"max_body: huge", "max_body"},
+		{"max_body: 9999999999999GiB", "max_body"},
 		{"allow_private_targets: maybe", "allow_private_targets"},
 		{"signing:\n  per_endpoint: per-partner", "signing.per_endpoint"},
 		{"signing:\n  secrets: [whsec_c2hvcnQta2V5LW9mLTE5Ynl0ZXM=]", "signing.secrets[0]"}, // 20 bytes

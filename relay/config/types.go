@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -145,6 +146,9 @@ func ParseByteSize(s string) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n <= 0 {
 		return 0, fmt.Errorf("invalid size %q (want e.g. 1MiB, 512KiB, 1048576)", s)
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return n * mult, nil
 }

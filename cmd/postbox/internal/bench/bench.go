@@ -189,6 +189,9 @@ type LoadResult struct {
 	Unacknowledged int     `json:"unacknowledged_delivered"`
 	BadSignatures  int     `json:"bad_signatures"`
 	RSSMB          float64 `json:"relay_peak_rss_mb"`
+	// Costs are from the first insert until the last arrival: the
+	// producers' work is in the bench's CPU and the WAL.
+	Costs *Costs `json:"costs,omitempty"`
 }
 
 // FailingResult is the failing scenario's.
@@ -217,9 +220,8 @@ type LatencyResult struct {
 	P99ms          float64 `json:"p99_ms"`
 	Maxms          float64 `json:"max_ms"`
 	RSSMB          float64 `json:"relay_peak_rss_mb"`
-	// PostgresCPUms is PostgreSQL's CPU time per 1,000 events, in ms,
-	// from the first insert until the last arrived.
-	PostgresCPUms float64 `json:"postgres_cpu_ms_per_1000_events,omitempty"`
+	// Costs are from the first insert until the last arrival.
+	Costs *Costs `json:"costs,omitempty"`
 }
 
 // CatchupResult is the catchup scenario's.
@@ -235,6 +237,9 @@ type CatchupResult struct {
 	Unacknowledged int     `json:"unacknowledged_delivered"`
 	BadSignatures  int     `json:"bad_signatures"`
 	RSSMB          float64 `json:"relay_peak_rss_mb"`
+	// Costs are from the relay's start until the last arrival: the
+	// backlog was inserted before.
+	Costs *Costs `json:"costs,omitempty"`
 }
 
 // Run measures the scenarios of opts, writing progress (and the relay's

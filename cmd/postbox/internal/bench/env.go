@@ -262,18 +262,7 @@ func (e *env) postgresCPU() float64 {
 	}
 	// /proc/PID/stat after the command name: state(0) ppid(1) …
 	// utime(11) stime(12) cutime(13) cstime(14), in clock ticks.
-	ticks := func(f []string, to int) float64 {
-		var n float64
-		for _, s := range f[11:to] {
-			v, _ := strconv.ParseFloat(s, 64)
-			n += v
-		}
-		return n
-	}
-	var total float64
-	if f := procStat(pid); len(f) >= 15 {
-		total += ticks(f, 15) // with the reaped children's
-	}
+	total := ticks(procStat(pid), 15) // with the reaped children's
 	entries, _ := os.ReadDir("/proc")
 	for _, ent := range entries {
 		child, err := strconv.Atoi(ent.Name())
@@ -285,6 +274,23 @@ func (e *env) postgresCPU() float64 {
 		}
 	}
 	return total / clockTicks
+}
+
+// procCPU is a process's own CPU time in seconds (0 when it is gone).
+func procCPU(pid int) float64 { return ticks(procStat(pid), 13) / clockTicks }
+
+// ticks sums the stat fields from utime up to field to (13: the process's
+// own; 15: with its reaped children's).
+func ticks(f []string, to int) float64 {
+	if len(f) < to {
+		return 0
+	}
+	var n float64
+	for _, s := range f[11:to] {
+		v, _ := strconv.ParseFloat(s, 64)
+		n += v
+	}
+	return n
 }
 
 // clockTicks is USER_HZ, 100 on Linux.

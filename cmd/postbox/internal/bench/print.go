@@ -27,9 +27,7 @@ func (r *Result) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
-		if l.PostgresCPUms > 0 {
-			fmt.Fprintf(w, "  PostgreSQL CPU %.0f ms per 1,000 events\n", l.PostgresCPUms)
-		}
+		l.Costs.print(w)
 	}
 	if f := r.Failing; f != nil {
 		fmt.Fprintf(w, "\nan endpoint answering only 500, %d events queued for it:\n", f.Queued)
@@ -40,11 +38,13 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  inserts %.0f/s with the relay running (%.0f/s without it); deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.BaselinePerS, l.DeliveriesPerS)
 		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
 		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms; sent %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, l.Sent, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+		l.Costs.print(w)
 	}
 	if c := r.Catchup; c != nil {
 		fmt.Fprintf(w, "\ncatch-up of a %d-event backlog over %d endpoints:\n", c.Backlog, c.Endpoints)
 		fmt.Fprintf(w, "  %.0f deliveries/s from relay start (%.1f s); %.0f/s first to last delivery (%.1f s)\n", c.Rate, c.Seconds, c.DrainRate, c.DrainSeconds)
 		fmt.Fprintf(w, "  lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", c.Lost, c.Dups, anomalies(c.Unacknowledged, c.BadSignatures), c.RSSMB)
+		c.Costs.print(w)
 	}
 	if c := r.Chaos; c != nil {
 		fmt.Fprintf(w, "\nchaos (seed %d): %d relays, %d events/s over %d endpoints (one flapping) for %.0f s, %d faults:\n", c.Seed, c.Relays, c.Rate, c.Endpoints, c.Seconds, len(c.Faults))
@@ -92,4 +92,13 @@ func anomalies(unacknowledged, badSignatures int) string {
 		s += fmt.Sprintf(", delivered without an acknowledged commit %d", unacknowledged)
 	}
 	return s
+}
+
+// print writes the costs on one line, when there are any.
+func (c *Costs) print(w io.Writer) {
+	if c == nil {
+		return
+	}
+	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL, %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.0f WAL bytes\n",
+		c.PostgresCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALPerEvent)
 }

@@ -32,7 +32,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		return nil, err
 	}
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
-	pgBefore := e.postgresCPU()
+	from := e.read(ctx)
 	interval := time.Second / time.Duration(o.Rate)
 	total := int(o.Duration / interval)
 	var wg sync.WaitGroup
@@ -63,11 +63,12 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	close(jobs)
 	wg.Wait()
 	err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
-	pgCPU := e.postgresCPU() - pgBefore
+	to := e.read(ctx)
 	rss := e.stopRelay()
 	if err != nil {
 		return nil, err
 	}
+	e.settle(ctx)
 	t := led.tally()
 	lat, err := e.latencies(ctx, t.first)
 	if err != nil {
@@ -78,16 +79,8 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		RSSMB: rss, PostgresCPUms: perThousand(pgCPU, t.sent),
+		RSSMB: rss, Costs: costs(from, to, e.rowsWritten(ctx), t.sent),
 	}, nil
-}
-
-// perThousand is seconds of CPU per 1,000 events, in milliseconds.
-func perThousand(seconds float64, events int) float64 {
-	if events == 0 {
-		return 0
-	}
-	return seconds * 1000 / float64(events) * 1000
 }
 
 // insertFlat inserts single-row transactions into table from o.Producers
@@ -149,6 +142,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 			res.MaxLag = max(res.MaxLag, led.pending())
 		}
 	}()
+	from := e.read(ctx)
 	start := time.Now()
 	sent := e.insertFlat(ctx, o, "postbox.outbox", o.Duration, func(id string) { led.commit(id) })
 	loadEnd := time.Now()
@@ -159,10 +153,13 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	res.DeliveriesPerS = float64(led.received()) / loadEnd.Sub(start).Seconds()
 	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(loadEnd).Seconds()
+	to := e.read(ctx)
 	res.RSSMB = e.stopRelay()
 	if err != nil {
 		return nil, err
 	}
+	e.settle(ctx)
+	res.Costs = costs(from, to, e.rowsWritten(ctx), sent)
 	t := led.tally()
 	lat, err := e.latencies(ctx, t.first)
 	if err != nil {
@@ -215,16 +212,20 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 			return nil, err
 		}
 	}
+	e.settle(ctx)
+	from := e.read(ctx)
 	start := time.Now()
 	if err := e.startRelay(ctx); err != nil {
 		return nil, err
 	}
 	err := waitFor(ctx, 10*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	elapsed := time.Since(start)
+	to := e.read(ctx)
 	rss := e.stopRelay()
 	if err != nil {
 		return nil, err
 	}
+	e.settle(ctx)
 	t := led.tally()
 	var lo, hi time.Time
 	for _, at := range t.first {
@@ -241,6 +242,7 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,
 		Rate: float64(t.received) / elapsed.Seconds(), DrainRate: float64(t.received) / drain,
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(), RSSMB: rss,
+		Costs: costs(from, to, e.rowsWritten(ctx), t.received),
 	}, nil
 }
 

@@ -112,7 +112,9 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
-	eps, err := telemetry.LoadEndpoints(ctx, env.pool, "")
+	// The alerts as the relays evaluate them: from the percentiles of the
+	// last refresh, not every sample of the day sorted again.
+	eps, err := telemetry.LoadStoredEndpoints(ctx, env.pool)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
@@ -263,7 +265,7 @@ func pausedUntil(t time.Time) string {
 // health of its own (rows that carry their own url name endpoints the
 // configuration does not list).
 func knownEndpoint(ctx context.Context, env *opsEnv, name string) (telemetry.EndpointStats, bool, error) {
-	eps, err := telemetry.LoadEndpoints(ctx, env.pool, name)
+	eps, err := telemetry.LoadEndpointsRefreshed(ctx, env.pool, name)
 	if err != nil {
 		return telemetry.EndpointStats{}, false, err
 	}

@@ -53,7 +53,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 	defer conn.Release()
 	var after, total int64
 	for ctx.Err() == nil {
-		rows, err := s.env.Store.UningestedOutbox(ctx, after, ReconcileBatchDefault, snapshot)
+		rows, err := s.env.Store.UningestedOutbox(ctx, after, ReconcileBatchDefault, snapshot, cfg.MaxBody)
 		if err != nil {
 			return err
 		}
@@ -63,7 +63,8 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 		evs := make([]store.NewEvent, len(rows))
 		for i, o := range rows {
 			evs[i], _ = s.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
-				EventType: o.EventType, Payload: o.Payload, Headers: o.Headers, CreatedAt: o.CreatedAt, Invalid: o.Invalid}, 0, time.Time{}, false)
+				EventType: o.EventType, Payload: o.Payload, PayloadTooLarge: o.PayloadTooLarge, Headers: o.Headers, CreatedAt: o.CreatedAt,
+				Invalid: o.Invalid}, 0, time.Time{}, false)
 		}
 		conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := conn.Insert(ctx, evs, cfg.OutboxRetention == 0)

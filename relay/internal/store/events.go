@@ -456,8 +456,11 @@ type OutboxRow struct {
 	URL       string
 	EventType string
 	Payload   []byte
-	Headers   []byte
-	CreatedAt time.Time // zero when NULL
+	// PayloadTooLarge is the payload's size when it was above the
+	// maxBody asked for and so not read (Payload is then nil).
+	PayloadTooLarge int
+	Headers         []byte
+	CreatedAt       time.Time // zero when NULL
 	// Invalid says why the row cannot be delivered as it stands (a
 	// created_at that is not a finite time); it becomes a dead letter.
 	Invalid string
@@ -483,21 +486,22 @@ func (s *Store) Snapshot(ctx context.Context) (string, pglogrepl.LSN, error) {
 // form pg_visible_in_snapshot takes with the epoch of the snapshot's
 // xmax (one less when the id is above xmax's low half, i.e. from before
 // the last wraparound).
-func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, snapshot string) ([]OutboxRow, error) {
+func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, snapshot string, maxBody int64) ([]OutboxRow, error) {
 	rows, err := s.Pool.Query(ctx, `
 		WITH snap AS (
 		  SELECT $3::text::pg_snapshot AS s, pg_snapshot_xmax($3::text::pg_snapshot)::text::int8 AS xmax8
 		  WHERE $3::text <> ''
 		)
 		SELECT o.id, o.event_id::text, o.endpoint, coalesce(o.url, ''), o.event_type,
-		       o.payload::text, o.headers::text, o.created_at::timestamptz
+		       CASE WHEN octet_length(o.payload::text) <= $4 THEN o.payload::text END, octet_length(o.payload::text),
+		       o.headers::text, o.created_at::timestamptz
 		FROM `+s.Table.Ident()+` o
 		WHERE o.id > $1
 		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = o.endpoint)
 		  AND ($3::text = '' OR (SELECT pg_visible_in_snapshot(
 		        ((((snap.xmax8 >> 32) - CASE WHEN o.xmin::text::int8 > (snap.xmax8 & 4294967295) THEN 1 ELSE 0 END) << 32)
 		          | o.xmin::text::int8)::text::xid8, snap.s) FROM snap))
-		ORDER BY o.id LIMIT $2`, after, limit, snapshot)
+		ORDER BY o.id LIMIT $2`, after, limit, snapshot, maxBody)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}
@@ -506,9 +510,14 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 	for rows.Next() {
 		var r OutboxRow
 		var endpoint, eventType, payload, headers *string
+		var size *int
 		var created pgtype.Timestamptz
-		if err := rows.Scan(&r.ID, &r.EventID, &endpoint, &r.URL, &eventType, &payload, &headers, &created); err != nil {
+		if err := rows.Scan(&r.ID, &r.EventID, &endpoint, &r.URL, &eventType, &payload, &size, &headers, &created); err != nil {
 			return nil, fmt.Errorf("read outbox: %w", err)
+		}
+		if payload == nil && size != nil {
+			// Above maxBody: measured, not read, as the stream does.
+			r.PayloadTooLarge = *size
 		}
 		// A NULL where the contract wants a value (a table made by hand)
 		// makes the row a dead letter, as the stream does; it never stops
@@ -519,7 +528,7 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 			dst  *string
 		}{{"endpoint", endpoint, &r.Endpoint}, {"payload", payload, nil}, {"event_type", eventType, &r.EventType}} {
 			switch {
-			case c.v == nil && c.name != "event_type":
+			case c.v == nil && c.name != "event_type" && (c.name != "payload" || r.PayloadTooLarge == 0):
 				r.Invalid = "invalid_row: column " + c.name + " missing or unreadable"
 			case c.v != nil && c.dst != nil:
 				*c.dst = *c.v

@@ -241,16 +241,20 @@ func TestUningestedOutboxNullsAreInvalidRows(t *testing.T) {
 	ctx := context.Background()
 	_, err := s.Pool.Exec(ctx, `ALTER TABLE postbox.outbox ALTER COLUMN endpoint DROP NOT NULL, ALTER COLUMN payload DROP NOT NULL`)
 	require.NoError(t, err)
-	_, err = s.Pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES (NULL, '{}'), ('ep', NULL), ('ep', '{"ok":1}')`)
+	_, err = s.Pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES (NULL, '{}'), ('ep', NULL), ('ep', '{"ok":1}'),
+		('ep', jsonb_build_object('pad', repeat('x', 2000)))`)
 	require.NoError(t, err)
-	rows, err := s.UningestedOutbox(ctx, 0, 10, "")
+	rows, err := s.UningestedOutbox(ctx, 0, 10, "", 1000)
 	require.NoError(t, err)
-	require.Len(t, rows, 3)
+	require.Len(t, rows, 4)
 	require.Equal(t, "invalid_row: column endpoint missing or unreadable", rows[0].Invalid)
 	require.Equal(t, "invalid_row: column payload missing or unreadable", rows[1].Invalid)
 	require.Empty(t, rows[2].Invalid)
 	require.Equal(t, "ep", rows[2].Endpoint)
 	require.JSONEq(t, `{"ok":1}`, string(rows[2].Payload))
+	require.Empty(t, rows[3].Invalid, "a payload above max_body is measured, not read")
+	require.Nil(t, rows[3].Payload)
+	require.Greater(t, rows[3].PayloadTooLarge, 2000)
 }
 
 // The queue table is vacuumed by a fixed count of dead rows, not by a

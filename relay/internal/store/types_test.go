@@ -23,7 +23,7 @@ func TestCreatedAtTravelsAsTime(t *testing.T) {
 		('ep', '2026-03-01 12:34:56.5+01'), ('ep', 'infinity')`)
 	require.NoError(t, err)
 
-	rows, err := s.UningestedOutbox(ctx, 0, 10, "")
+	rows, err := s.UningestedOutbox(ctx, 0, 10, "", 1<<20)
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
 	want := time.Date(2026, 3, 1, 11, 34, 56, 500_000_000, time.UTC)

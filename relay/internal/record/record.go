@@ -32,6 +32,13 @@ const (
 	MaxBatchDefault = 1000
 	// FinalDrainDefault bounds the last drain after Stop.
 	FinalDrainDefault = 10 * time.Second
+	// LingerDefault is how long the recorder gathers outcomes before it
+	// writes them, unless LingerBatchDefault are waiting or one of them
+	// is a probe's or an ordered endpoint's (whose next delivery waits for
+	// it). Recording is off the delivery path, and at a live rate each
+	// write of one result costs as many statements as a write of many.
+	LingerDefault      = 10 * time.Millisecond
+	LingerBatchDefault = 100
 )
 
 // Dispatcher is what the recorder needs of the dispatcher: to release a
@@ -105,6 +112,24 @@ func (r *Recorder) Pending() int {
 	return len(r.outcomes)
 }
 
+// gather reports whether to wait for more outcomes before writing: fewer
+// than LingerBatchDefault are waiting, none of them a probe's or an
+// ordered endpoint's.
+func (r *Recorder) gather() bool {
+	cfg := r.env.Config()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.outcomes) >= LingerBatchDefault {
+		return false
+	}
+	for _, o := range r.outcomes {
+		if o.Job.Probe || cfg.Endpoints[o.Job.Endpoint].Ordered {
+			return false
+		}
+	}
+	return true
+}
+
 func (r *Recorder) take(limit int) []dispatch.Outcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -116,10 +141,20 @@ func (r *Recorder) take(limit int) []dispatch.Outcome {
 }
 
 func (r *Recorder) loop(stop context.Context) {
+	linger := time.NewTimer(time.Hour)
+	defer linger.Stop()
 	for {
 		final := false
 		select {
 		case <-r.wake:
+			if r.gather() {
+				linger.Reset(LingerDefault)
+				select {
+				case <-linger.C:
+				case <-stop.Done():
+					final = true
+				}
+			}
 		case <-stop.Done():
 			final = true
 		}

@@ -232,7 +232,9 @@ func (tb *testBundle) delivery(t *testing.T, eventID string) delivery {
 	var lastErr, lastResp *string
 	var code *int
 	err := tb.pool.QueryRow(context.Background(), `
-		SELECT d.status, d.attempt_count, d.last_error, d.last_status_code, d.next_attempt_at, d.delivered_at,
+		SELECT d.status, d.attempt_count, d.last_error, d.last_status_code,
+		       least(d.next_attempt_at, '9999-01-01'), -- 'infinity' when parked (store.Park)
+		       d.delivered_at,
 		       d.commit_to_delivery_ms, d.last_response
 		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
 		WHERE e.event_id = $1 ORDER BY d.id DESC LIMIT 1`, eventID).

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -376,4 +377,66 @@ func TestOrderedEndpointKeepsCommitOrder(t *testing.T) {
 	require.Equal(t, 11, rc.count(), "ten events, one retried")
 	require.EqualValues(t, 1, maxInFlight.Load(), "one at a time")
 	require.Equal(t, 10, other.count(), "the other endpoint was not held back")
+}
+
+// TestOneHostHangingDoesNotHoldAnotherUnderOneEndpoint: an endpoint
+// configured with settings only takes each row's URL, and each host gets
+// its own in-flight lane and breaker. One host hangs with the endpoint's
+// max_in_flight attempts open, another fails until its breaker opens, and
+// a third, under the same endpoint, still gets every event at once.
+// Keyed by the endpoint's name, the hanging host's attempts would hold
+// the third's events until the 60 s timeout.
+func TestOneHostHangingDoesNotHoldAnotherUnderOneEndpoint(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	const capacity, threshold = 2, 3
+	hang := make(chan struct{})
+	var hangingNow atomic.Int32
+	hanging := newReceiver(t, func(int, received) int {
+		hangingNow.Add(1)
+		defer hangingNow.Add(-1)
+		<-hang
+		return http.StatusOK
+	})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(hang) }) })
+	failing := newReceiver(t, func(int, received) int { return http.StatusInternalServerError })
+	healthy := newReceiver(t, nil)
+	tb.cfg.Endpoints = map[string]config.EndpointConfig{"partners": {
+		MaxInFlight: intp(capacity), Timeout: durp(60 * time.Second), MaxAttempts: intp(100),
+		FailureThreshold: intp(threshold), Cooldown: durp(time.Hour),
+	}}
+	require.NoError(t, tb.cfg.Validate())
+	tb.start(t, relay.Options{})
+	events := func(n int, url string) []outbox.Event {
+		evs := make([]outbox.Event, n)
+		for i := range evs {
+			evs[i] = outbox.Event{Endpoint: "partners", URL: url + "/pb"}
+		}
+		return evs
+	}
+
+	tb.insert(t, events(2*capacity, hanging.URL)...)
+	waitUntil(t, 30*time.Second, "the hanging host to hold the endpoint's max_in_flight", func() bool { return hangingNow.Load() == capacity })
+	tb.insert(t, events(2*threshold, failing.URL)...)
+	waitUntil(t, 30*time.Second, "the failing host's breaker to open", func() bool {
+		var st string
+		_ = tb.pool.QueryRow(context.Background(), `SELECT state FROM postbox.endpoint_health WHERE endpoint = $1`,
+			"partners → "+strings.TrimPrefix(failing.URL, "http://")).Scan(&st)
+		return st == "open"
+	})
+	ids := tb.insert(t, events(10, healthy.URL)...)
+	waitUntil(t, 30*time.Second, "the healthy host's events", func() bool { return len(healthy.byID()) == len(ids) })
+
+	require.EqualValues(t, capacity, hangingNow.Load(), "the hanging host still holds its lane")
+	require.Equal(t, capacity, hanging.count(), "its other events wait in its own lane")
+	// The breaker opens at the threshold; attempts already in flight then
+	// still count.
+	require.GreaterOrEqual(t, failing.count(), threshold)
+	require.LessOrEqual(t, failing.count(), threshold+capacity-1, "the open breaker holds the failing host's other events")
+	rows, err := tb.pool.Query(context.Background(), `SELECT DISTINCT lane FROM postbox.deliveries WHERE endpoint = 'partners' ORDER BY 1`)
+	require.NoError(t, err)
+	lanes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, lanes, 3, "a lane per host: %v", lanes)
 }

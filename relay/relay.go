@@ -203,7 +203,10 @@ func (r *Relay) start(ctx context.Context) error {
 	// The dispatcher, the recorder and the claimer call one another; the
 	// closures resolve once all three exist, before anything runs.
 	s.disp = dispatch.New(dispatch.Options{
-		Capacity:       func(ep string) int { return r.cfg.Load().Endpoint(ep).MaxInFlight },
+		Capacity: func(lane string) int {
+			cfg := r.cfg.Load()
+			return cfg.Endpoint(cfg.NameOf(lane)).MaxInFlight
+		},
 		Execute:        s.exec.Execute,
 		OnOutcome:      func(o dispatch.Outcome) { s.recorder.Add(o) },
 		OnFree:         func() { s.claimer.LaneFreed() },

@@ -116,6 +116,43 @@ func (c *Config) Endpoint(name string) Endpoint {
 	return ep
 }
 
+// LaneSep joins an endpoint's name and a row URL's host in a lane key.
+const LaneSep = " → "
+
+// Lane is the key a delivery of endpoint name to rowURL is queued and
+// protected under: its in-flight lane, circuit breaker, pause and rate
+// limit. For a request to the endpoint's own URL it is the name; for one
+// to the row's own URL, the name and that URL's host and port
+// ("partners → pb.example.com:8443"), so that one partner's hanging or
+// failing host holds back only its own deliveries, not another partner's
+// under the same endpoint. An ordered endpoint keeps one lane: its order
+// is the endpoint's. A URL's user info never reaches a key, which is
+// shown and logged.
+func (c *Config) Lane(name, rowURL string) string {
+	if rowURL == "" {
+		return name
+	}
+	if ep := c.Endpoint(name); ep.Ordered || ep.URL != "" && !ep.AllowRowURL {
+		return name
+	}
+	u, err := url.Parse(rowURL)
+	if err != nil || u.Host == "" {
+		return name
+	}
+	return name + LaneSep + strings.ToLower(u.Host)
+}
+
+// NameOf is the endpoint a lane key belongs to (see Lane).
+func (c *Config) NameOf(lane string) string {
+	if _, ok := c.Endpoints[lane]; ok {
+		return lane
+	}
+	if i := strings.LastIndex(lane, LaneSep); i >= 0 {
+		return lane[:i]
+	}
+	return lane
+}
+
 // SigningSecrets are the secrets ep's deliveries are signed with: its own,
 // or with signing.per_endpoint: derived those derived for its name from
 // each master, or the shared ones. They are derived here, where a request

@@ -376,3 +376,34 @@ func TestDerivedEndpointSecrets(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{current}, reveal(shared.Endpoint("a").Secrets), "shared by default")
 }
+
+// TestLanes: a row's own URL gets a lane of its host under the endpoint,
+// without the URL's user info; a configured URL, an ordered endpoint or an
+// unparsable URL keeps the endpoint's lane; NameOf inverts Lane.
+func TestLanes(t *testing.T) {
+	t.Parallel()
+	u, yes := "https://hooks.example.com/x", true
+	f := config.Default()
+	f.DatabaseURL = "postgres://localhost/x"
+	f.Endpoints = map[string]config.EndpointConfig{
+		"fixed":    {URL: &u},
+		"open":     {URL: &u, AllowRowURL: &yes},
+		"ordered":  {Ordered: &yes},
+		"settings": {},
+	}
+	cfg, err := f.Resolve()
+	require.NoError(t, err)
+	for _, c := range []struct{ name, url, lane string }{
+		{"settings", "", "settings"},
+		{"settings", "https://user:pw@PB.Example.com:8443/pb?click_id=1", "settings → pb.example.com:8443"},
+		{"unknown", "http://a.test/pb", "unknown → a.test"},
+		{"open", "http://b.test/", "open → b.test"},
+		{"fixed", "http://b.test/", "fixed"},
+		{"ordered", "http://b.test/", "ordered"},
+		{"settings", "::not a url", "settings"},
+	} {
+		lane := cfg.Lane(c.name, c.url)
+		require.Equal(t, c.lane, lane, "%s %s", c.name, c.url)
+		require.Equal(t, c.name, cfg.NameOf(lane))
+	}
+}

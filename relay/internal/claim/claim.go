@@ -69,6 +69,9 @@ type Claimer struct {
 	wake    service.Signal
 	backlog atomic.Bool // the queue table may hold due deliveries
 	due     dueTimes
+
+	mu     sync.Mutex
+	closed []string // lanes whose breaker closed: their parked deliveries are due
 }
 
 // New returns a Claimer feeding disp.
@@ -106,6 +109,15 @@ func (c *Claimer) LaneFreed() {
 	}
 }
 
+// BreakersClosed says these lanes' breakers closed: their parked
+// deliveries are due again (see store.Park), at the next cycle.
+func (c *Claimer) BreakersClosed(lanes []string) {
+	c.mu.Lock()
+	c.closed = append(c.closed, lanes...)
+	c.mu.Unlock()
+	c.Queued()
+}
+
 // RetryAt remembers when a retry this instance scheduled falls due.
 func (c *Claimer) RetryAt(t time.Time) { c.due.add(t) }
 
@@ -129,6 +141,7 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			c.due.popDue(time.Now())
 		case <-sweep.C:
 			c.rescue(c.hard)
+			c.park(c.hard)
 		}
 		more, err := c.claimOnce(c.hard)
 		c.env.Faults.Observe("claimer", err)
@@ -161,6 +174,16 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	if err := c.prot.Refresh(ctx); err != nil {
 		return false, err
 	}
+	c.mu.Lock()
+	closed := c.closed
+	c.closed = nil
+	c.mu.Unlock()
+	if len(closed) > 0 {
+		// The sweep unparks what this misses (park).
+		if _, err := c.env.Store.Unpark(ctx, closed, store.ParkBatchDefault); err != nil {
+			c.log.Warn().Err(err).Msg("could not return the deliveries of closed breakers to the queue; the next sweep will")
+		}
+	}
 	for _, p := range c.prot.ClaimProbes(ctx) {
 		j := jobFromClaim(p)
 		j.Probe = true
@@ -177,16 +200,17 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 		full = full || n <= 0
 	}
 	var ordered []string
+	caps := make(map[string]int, len(cfg.Endpoints))
 	for name, ep := range cfg.Endpoints {
 		if ep.Ordered {
 			ordered = append(ordered, name)
 		}
-		if _, ok := free[name]; !ok {
-			free[name] = dispatch.LaneLimit(ep.MaxInFlight)
-		}
+		caps[name] = dispatch.LaneLimit(ep.MaxInFlight)
 	}
+	// free holds the lanes the dispatcher has; a lane it has not is
+	// claimed up to its endpoint's cap.
 	defaultFree := dispatch.LaneLimit(cfg.Endpoint("").MaxInFlight)
-	claimed, err := c.env.Store.Claim(ctx, c.env.Owner, defaultFree, free, min(total, MaxClaimDefault), ordered)
+	claimed, err := c.env.Store.Claim(ctx, c.env.Owner, defaultFree, free, caps, min(total, MaxClaimDefault), ordered)
 	if err != nil {
 		return false, err
 	}
@@ -223,9 +247,33 @@ func (c *Claimer) rescue(ctx context.Context) {
 	}
 }
 
+// park keeps the claim's scans to lanes that may deliver: it parks the
+// queued deliveries of lanes whose breaker is open (a claim skips those
+// lanes; parked, it need not look at them), and returns to the queue the
+// parked deliveries of lanes whose breaker has closed, on any instance. A
+// breaker that closes on this instance unparks its lane at once
+// (BreakersClosed); this is the safety net, and it parks deep backlogs a
+// batch per sweep.
+func (c *Claimer) park(ctx context.Context) {
+	parked, err := c.env.Store.Park(ctx, store.ParkBatchDefault)
+	var unparked int64
+	if err == nil {
+		unparked, err = c.env.Store.Unpark(ctx, nil, store.ParkBatchDefault)
+	}
+	if err != nil && ctx.Err() == nil {
+		c.log.Warn().Err(err).Msg("could not park or unpark held deliveries; trying again at the next sweep")
+	}
+	if parked > 0 || unparked > 0 {
+		c.log.Debug().Int64("parked", parked).Int64("unparked", unparked).Msg("parked the deliveries of open breakers")
+	}
+	if unparked > 0 {
+		c.backlog.Store(true)
+	}
+}
+
 func jobFromClaim(c store.Claimed) *dispatch.Job {
 	return &dispatch.Job{
-		DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Attempt: c.AttemptCount + 1,
+		DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Lane: c.Lane, Attempt: c.AttemptCount + 1,
 		EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
 		CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt,
 	}

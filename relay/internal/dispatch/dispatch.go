@@ -20,8 +20,12 @@ import (
 
 // Job is one delivery attempt to make.
 type Job struct {
-	DeliveryID  int64
-	Endpoint    string
+	DeliveryID int64
+	Endpoint   string
+	// Lane is the job's lane when it is not its endpoint's own: the
+	// endpoint and its row URL's host (config.Config.Lane). Lanes, not
+	// endpoints, hold in-flight caps, breakers, pauses and rate limits.
+	Lane        string
 	Attempt     int // the number of this attempt, from 1
 	EventID     string
 	URL         string // the row's own URL ("" for the endpoint's)
@@ -35,6 +39,14 @@ type Job struct {
 	Ingest *Ingest
 	// Probe marks the one attempt that tests a half-open circuit breaker.
 	Probe bool
+}
+
+// Key is the job's lane key: its Lane, or its endpoint's.
+func (j *Job) Key() string {
+	if j.Lane != "" {
+		return j.Lane
+	}
+	return j.Endpoint
 }
 
 // Ingest tracks an ingest transaction that jobs depend on.
@@ -241,7 +253,7 @@ func (d *Dispatcher) Unreserve(endpoint string) {
 // A job submitted while stopping is released at once.
 func (d *Dispatcher) Submit(j *Job, reserved bool) {
 	d.mu.Lock()
-	l := d.laneLocked(j.Endpoint)
+	l := d.laneLocked(j.Key())
 	if reserved && l.reserved > 0 {
 		l.reserved--
 		d.heldJobs--
@@ -250,7 +262,7 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 	d.heldBytes += len(j.Payload)
 	d.heldIDs[j.DeliveryID]++
 	if d.stopping {
-		d.dropIdleLocked(j.Endpoint, l)
+		d.dropIdleLocked(j.Key(), l)
 		d.mu.Unlock()
 		d.opts.OnOutcome(Outcome{Job: j, Result: Released(j)})
 		return
@@ -376,7 +388,7 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 			if p := recover(); p != nil {
 				// A bug must not take the relay down or lose the event:
 				// count it as a failed attempt, to be retried.
-				res = state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: state.Failed,
+				res = state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Failed,
 					Attempted: true, Delay: time.Minute, At: time.Now(), CommitToDeliveryMS: -1,
 					LastError: fmt.Sprintf("internal error: %v", p)}
 				debug.PrintStack()
@@ -394,7 +406,7 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 		d.pumpLocked(l)
 	}
 	low := l.held() <= l.limit()/2
-	d.dropIdleLocked(j.Endpoint, l)
+	d.dropIdleLocked(j.Key(), l)
 	d.mu.Unlock()
 	d.opts.OnOutcome(Outcome{Job: j, Result: res})
 	if low {
@@ -449,6 +461,6 @@ func (d *Dispatcher) InFlight() int {
 // Released is the result that returns a job's delivery to the queue
 // without counting an attempt.
 func Released(j *Job) state.Result {
-	return state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Status: state.Released,
+	return state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Released,
 		At: time.Now(), CommitToDeliveryMS: -1}
 }

@@ -215,7 +215,7 @@ func New(env *service.Env, client *deliver.Client, prot *protect.Protection) *Ex
 // then handed back untouched.
 func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	cfg := x.env.Config()
-	res := state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, CommitToDeliveryMS: -1}
+	res := state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, CommitToDeliveryMS: -1}
 	t := Resolve(cfg, Event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
 		Payload: j.Payload, CreatedAt: j.CreatedAt})
 	if t.Reason != "" {
@@ -226,14 +226,14 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	ep := t.Endpoint
 	// Held back (breaker open or half-open, or paused by the receiver):
 	// back to the queue without spending an attempt; claims skip the
-	// endpoint until it may be tried again.
-	if hold, _ := x.prot.Hold(j.Endpoint, ep.FailureThreshold, j.Probe, x.env.Now()); hold {
+	// lane until it may be tried again.
+	if hold, _ := x.prot.Hold(j.Key(), ep.FailureThreshold, j.Probe, x.env.Now()); hold {
 		return dispatch.Released(j)
 	}
 	if !ep.RateLimit.IsZero() {
-		// Above the rate the event waits, holding only its own endpoint's
+		// Above the rate the event waits, holding only its own lane's
 		// slot; it never fails for it.
-		if err := x.prot.Wait(ctx, j.Endpoint, ep.RateLimit); err != nil {
+		if err := x.prot.Wait(ctx, j.Key(), ep.RateLimit); err != nil {
 			return dispatch.Released(j)
 		}
 	}
@@ -262,9 +262,9 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	res.LastError = v.Reason
 	res.ErrorClass = errorClass(v, resp.StatusCode)
 	res.Signal = signal(v, resp.StatusCode)
-	x.prot.Observe(j.Endpoint, res.Signal, res.At)
+	x.prot.Observe(j.Key(), res.Signal, res.At)
 	if resp.StatusCode == http.StatusTooManyRequests || v.RetryAfter > 0 {
-		// The receiver asks for less: the whole endpoint waits, so the
+		// The receiver asks for less: the whole lane waits, so the
 		// other queued events do not burn their attempts meanwhile.
 		res.Pause = v.RetryAfter
 		if res.Pause == 0 {
@@ -297,6 +297,9 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	if cfg.LogPayloads {
 		// Only with log_payloads: the full URL and the body sent.
 		ev = ev.Str("url", t.URL).Bytes("body", t.Body)
+	}
+	if j.Lane != "" {
+		ev = ev.Str("lane", j.Lane)
 	}
 	ev.Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Int("attempt", j.Attempt).
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Stringer("outcome", res.Status).

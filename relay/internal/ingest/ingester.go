@@ -145,7 +145,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		if err != nil {
 			for i, ok := range reserved {
 				if ok {
-					s.deps.Fast.Unreserve(evs[i].Endpoint)
+					s.deps.Fast.Unreserve(evs[i].Key())
 				}
 			}
 			return fmt.Errorf("ingest: %w", err)
@@ -195,6 +195,9 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
 		CommitLSN: commitLSN, CommittedAt: commitTime, Status: state.Pending,
 	}
+	if lane := cfg.Lane(row.Endpoint, row.URL); lane != row.Endpoint {
+		ev.Lane = lane
+	}
 	if row.PayloadTooLarge > 0 {
 		// Too large to have been read: refused whatever else the row says.
 		ev.Status = state.DeadLetter
@@ -211,7 +214,7 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 		ev.Payload, ev.PayloadDropped = []byte("null"), len(row.Payload)
 	case t.Reason != "":
 		ev.Status, ev.LastError = state.DeadLetter, t.Reason
-	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(row.Endpoint, s.env.Now()) && s.deps.Fast.Reserve(row.Endpoint):
+	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(ev.Key(), s.env.Now()) && s.deps.Fast.Reserve(ev.Key()):
 		ev.Status = state.InFlight
 		return ev, true
 	}
@@ -233,10 +236,10 @@ func (s *Supervisor) afterInsert(evs []store.NewEvent, reserved []bool, got []st
 		id := inserted[i]
 		switch {
 		case reserved[i] && id == 0:
-			s.deps.Fast.Unreserve(ev.Endpoint)
+			s.deps.Fast.Unreserve(ev.Key())
 		case reserved[i]:
 			s.deps.Fast.Submit(&dispatch.Job{
-				DeliveryID: id, Endpoint: ev.Endpoint, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
+				DeliveryID: id, Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
 				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
 				CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: tx,
 			}, true)

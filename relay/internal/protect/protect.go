@@ -126,16 +126,21 @@ func (p *Protection) Refresh(ctx context.Context) error {
 	return nil
 }
 
-// Hold reports whether an attempt for endpoint must wait, and until when
+// Hold reports whether an attempt in lane (an endpoint, or an endpoint
+// and a row URL's host: config.Config.Lane) must wait, and until when
 // (zero: until the probe decides). A probe job passes a half-open breaker
-// that this instance probes.
-func (p *Protection) Hold(endpoint string, threshold int, probe bool, now time.Time) (bool, time.Time) {
+// that this instance probes. A pause of the endpoint holds all its lanes.
+func (p *Protection) Hold(lane string, threshold int, probe bool, now time.Time) (bool, time.Time) {
 	p.mu.RLock()
-	h, ok := p.unhealthy[endpoint]
-	s := p.streaks[endpoint]
+	h, ok := p.unhealthy[lane]
+	s := p.streaks[lane]
+	whole := p.endpointPauseLocked(lane)
 	p.mu.RUnlock()
 	if !probe && s.n >= threshold && now.Sub(s.last) < StreakHoldDefault {
 		return true, time.Time{}
+	}
+	if whole.After(now) {
+		return true, whole
 	}
 	if !ok {
 		return false, time.Time{}
@@ -155,19 +160,30 @@ func (p *Protection) Hold(endpoint string, threshold int, probe bool, now time.T
 	return false, time.Time{}
 }
 
-// Blocked reports whether endpoint takes no new work now (the fast path
-// asks before it reserves a slot).
-func (p *Protection) Blocked(endpoint string, now time.Time) bool {
+// Blocked reports whether lane takes no new work now (the fast path asks
+// before it reserves a slot).
+func (p *Protection) Blocked(lane string, now time.Time) bool {
 	p.mu.RLock()
-	h, ok := p.unhealthy[endpoint]
+	h, ok := p.unhealthy[lane]
+	whole := p.endpointPauseLocked(lane)
 	p.mu.RUnlock()
-	return ok && (h.State != state.BreakerClosed || h.PausedUntil.After(now))
+	return whole.After(now) || ok && (h.State != state.BreakerClosed || h.PausedUntil.After(now))
+}
+
+// endpointPauseLocked is the pause of the endpoint lane belongs to when
+// lane is one of its row URLs' hosts (zero otherwise).
+func (p *Protection) endpointPauseLocked(lane string) time.Time {
+	if name := p.env.Config().NameOf(lane); name != lane {
+		return p.unhealthy[name].PausedUntil
+	}
+	return time.Time{}
 }
 
 // Apply is the store.HealthFunc: it runs the endpoint's breaker over a
 // batch's results and records pauses and the latest failure.
 func (p *Protection) Apply(cur store.Health, rs []state.Result) store.Health {
-	ep := p.env.Config().Endpoint(cur.Endpoint)
+	cfg := p.env.Config()
+	ep := cfg.Endpoint(cfg.NameOf(cur.Endpoint)) // cur.Endpoint is a lane key
 	settings := policy.BreakerSettings{
 		Threshold:   ep.FailureThreshold,
 		Cooldown:    ep.Cooldown,
@@ -262,7 +278,7 @@ func (p *Protection) probeCandidates(now time.Time) []probeCandidate {
 	defer p.mu.RUnlock()
 	var out []probeCandidate
 	for name, h := range p.unhealthy {
-		if p.probing[name] || h.PausedUntil.After(now) || now.Before(p.idle[name]) {
+		if p.probing[name] || h.PausedUntil.After(now) || p.endpointPauseLocked(name).After(now) || now.Before(p.idle[name]) {
 			continue
 		}
 		b := policy.Breaker{State: h.State, OpenedAt: h.OpenedAt, Cooldown: h.Cooldown}
@@ -288,7 +304,7 @@ func (p *Protection) ClaimProbes(ctx context.Context) []store.Claimed {
 	cfg := p.env.Config()
 	cands := make([]store.ProbeCandidate, len(pcs))
 	for i, pc := range pcs {
-		cands[i] = store.ProbeCandidate{Endpoint: pc.endpoint, Retry: pc.retry, Ordered: cfg.Endpoint(pc.endpoint).Ordered}
+		cands[i] = store.ProbeCandidate{Endpoint: pc.endpoint, Retry: pc.retry, Ordered: cfg.Endpoint(cfg.NameOf(pc.endpoint)).Ordered}
 	}
 	out, err := p.env.Store.ClaimProbes(ctx, p.env.Owner, cands)
 	if err != nil {
@@ -298,11 +314,12 @@ func (p *Protection) ClaimProbes(ctx context.Context) []store.Claimed {
 	won := make(map[string]bool, len(out))
 	p.mu.Lock()
 	for _, c := range out {
-		won[c.Endpoint] = true
-		h := p.unhealthy[c.Endpoint]
+		lane := c.Key()
+		won[lane] = true
+		h := p.unhealthy[lane]
 		h.State, h.ProbeOwner = state.BreakerHalfOpen, p.env.Owner
-		p.unhealthy[c.Endpoint] = h
-		p.probing[c.Endpoint] = true
+		p.unhealthy[lane] = h
+		p.probing[lane] = true
 	}
 	for _, pc := range pcs {
 		if !won[pc.endpoint] {
@@ -311,7 +328,7 @@ func (p *Protection) ClaimProbes(ctx context.Context) []store.Claimed {
 	}
 	p.mu.Unlock()
 	for _, c := range out {
-		p.log.Info().Str("endpoint", c.Endpoint).Str("event_id", c.EventID).Msg("circuit breaker half-open: probing with one delivery")
+		p.log.Info().Str("endpoint", c.Key()).Str("event_id", c.EventID).Msg("circuit breaker half-open: probing with one delivery")
 	}
 	return out
 }

@@ -62,6 +62,8 @@ type Claimer interface {
 	// LaneFreed wakes the claimer only if its last cycle left work behind.
 	LaneFreed()
 	RetryAt(t time.Time)
+	// BreakersClosed returns the lanes' parked deliveries to the queue.
+	BreakersClosed(lanes []string)
 }
 
 // Recorder writes outcomes. Start it, Add to it, Stop it.
@@ -234,7 +236,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	var probed []string
 	for _, j := range recorded {
 		if j.Probe {
-			probed = append(probed, j.Endpoint)
+			probed = append(probed, j.Key())
 		}
 	}
 	r.health.Recorded(changes, probed, now)
@@ -260,10 +262,14 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	// after every batch regardless would cost a claim query per batch
 	// even while the fast path takes every event.
 	wake := false
+	var closed []string
 	for _, c := range changes {
 		if c.Old.State != state.BreakerClosed && c.New.State == state.BreakerClosed {
-			wake = true
+			closed = append(closed, c.New.Endpoint)
 		}
+	}
+	if len(closed) > 0 {
+		r.claim.BreakersClosed(closed) // wakes it
 	}
 	cfg := r.env.Config()
 	for _, j := range recorded {

@@ -78,6 +78,9 @@ func (s Signal) String() string {
 type Result struct {
 	DeliveryID int64
 	Endpoint   string
+	// Lane is the delivery's lane when it is not its endpoint's own (see
+	// dispatch.Job): its breaker and pause are the lane's.
+	Lane string
 	// Status is Delivered, Failed (retry after Delay), DeadLetter, or
 	// Released (back to the queue after Delay, no attempt counted).
 	Status Delivery
@@ -105,4 +108,12 @@ type Result struct {
 	Response           string // the start of the response body, redacted
 	At                 time.Time
 	CommitToDeliveryMS float64 // -1 when unknown
+}
+
+// Key is the lane whose health r feeds: its Lane, or its endpoint's.
+func (r *Result) Key() string {
+	if r.Lane != "" {
+		return r.Lane
+	}
+	return r.Endpoint
 }

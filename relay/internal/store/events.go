@@ -21,8 +21,12 @@ import (
 // already decided: in_flight (claimed by this instance for the in-memory
 // fast path), pending (for the queue), or dead_letter (with LastError).
 type NewEvent struct {
-	EventID     string
-	Endpoint    string
+	EventID  string
+	Endpoint string
+	// Lane is the lane the delivery is queued and protected in when it is
+	// not the endpoint's own: the endpoint and its row URL's host
+	// (config.Config.Lane). "" (NULL) is the endpoint's lane.
+	Lane        string
 	URL         string // "" is NULL
 	EventType   string
 	Payload     []byte    // JSON text
@@ -36,6 +40,14 @@ type NewEvent struct {
 	// PayloadDropped is the size of a payload not stored (above max_body);
 	// Payload is then JSON null.
 	PayloadDropped int
+}
+
+// Key is ev's lane key: its Lane, or its endpoint's.
+func (ev *NewEvent) Key() string {
+	if ev.Lane != "" {
+		return ev.Lane
+	}
+	return ev.Endpoint
 }
 
 // Ingested identifies the delivery created for NewEvent number Index of an
@@ -53,9 +65,9 @@ type Ingested struct {
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[])
+                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[])
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
-                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, ord)
+                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane, ord)
 ),
 ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
@@ -70,8 +82,8 @@ ev AS (
   RETURNING id, event_id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, status, lease_owner, last_error)
-  SELECT ev.id, ev.endpoint, i.status,
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error)
+  SELECT ev.id, ev.endpoint, i.lane, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END,
          nullif(i.last_error, '')
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
@@ -87,6 +99,7 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
 		lsns, statuses, errs                           = make([]*string, n), make([]string, n), make([]string, n)
 		dropped                                        = make([]int32, n)
+		lanes                                          = make([]*string, n)
 		outboxIDs                                      = make([]*int64, n)
 		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
 	)
@@ -94,6 +107,9 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 		e := &evs[i]
 		ids[i], endpoints[i], types[i], payloads[i] = e.EventID, e.Endpoint, e.EventType, string(e.Payload)
 		statuses[i], errs[i], dropped[i] = string(e.Status), e.LastError, int32(e.PayloadDropped)
+		if e.Lane != "" && e.Lane != e.Endpoint {
+			lanes[i] = &e.Lane
+		}
 		if !e.CreatedAt.IsZero() {
 			created[i] = &e.CreatedAt
 		}
@@ -115,7 +131,7 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 			committed[i] = &e.CommittedAt
 		}
 	}
-	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped}
+	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes}
 }
 
 // IngestConn writes ingested events on one connection, in transactions

@@ -127,7 +127,7 @@ func (s *Store) UnhealthyEndpoints(ctx context.Context) (map[string]Health, erro
 	return h, nil
 }
 
-// claimProbesSQL turns each candidate's open breaker whose cooldown has
+// claimProbesSQL turns each candidate lane's open breaker whose cooldown has
 // passed (or a half-open one whose prober is gone, or whose probe the
 // candidate's retry says this instance never got) half-open for owner, and
 // claims the one delivery that probes it: the earliest queued, due or not,
@@ -149,15 +149,41 @@ probe AS (
       OR (h.state = 'half_open' AND NOT EXISTS (
             SELECT 1 FROM postbox.instances i WHERE i.id = h.probe_owner AND i.expires_at > now())))
     AND coalesce(h.paused_until, '-infinity') <= now()
-    AND EXISTS (SELECT 1 FROM postbox.deliveries q WHERE q.endpoint = h.endpoint AND q.status IN ('pending', 'failed'))
+    AND (EXISTS (SELECT 1 FROM postbox.deliveries q WHERE coalesce(q.lane, q.endpoint) = h.endpoint
+                 AND q.status IN ('pending', 'failed') AND q.next_attempt_at = 'infinity')
+      OR EXISTS (SELECT 1 FROM postbox.deliveries q WHERE coalesce(q.lane, q.endpoint) = h.endpoint
+                 AND q.status = 'pending' AND q.next_attempt_at < 'infinity')
+      OR EXISTS (SELECT 1 FROM postbox.deliveries q WHERE coalesce(q.lane, q.endpoint) = h.endpoint
+                 AND q.status = 'failed' AND q.next_attempt_at < 'infinity'))
   RETURNING h.endpoint, cand.ordered
 ),
+first AS (
+  SELECT c.id FROM probe CROSS JOIN LATERAL (
+    SELECT u.id FROM (
+      (SELECT d.id, d.next_attempt_at FROM postbox.deliveries d
+       WHERE NOT probe.ordered AND coalesce(d.lane, d.endpoint) = probe.endpoint
+         AND d.status = 'pending' AND d.next_attempt_at < 'infinity'
+       ORDER BY d.next_attempt_at, d.id LIMIT 1)
+      UNION ALL
+      (SELECT d.id, d.next_attempt_at FROM postbox.deliveries d
+       WHERE NOT probe.ordered AND coalesce(d.lane, d.endpoint) = probe.endpoint
+         AND d.status = 'failed' AND d.next_attempt_at < 'infinity'
+       ORDER BY d.next_attempt_at, d.id LIMIT 1)
+      UNION ALL
+      (SELECT d.id, d.next_attempt_at FROM postbox.deliveries d -- parked (see Park)
+       WHERE NOT probe.ordered AND coalesce(d.lane, d.endpoint) = probe.endpoint
+         AND d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity'
+       ORDER BY d.id LIMIT 1)
+      UNION ALL
+      (SELECT d.id, NULL FROM postbox.deliveries d
+       WHERE probe.ordered AND d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed')
+       ORDER BY d.id LIMIT 1)
+    ) u ORDER BY u.next_attempt_at NULLS FIRST, u.id LIMIT 1) c
+),
 next AS (
-  SELECT n.id FROM probe CROSS JOIN LATERAL (
-    SELECT d.id FROM postbox.deliveries d
-    WHERE d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed')
-    ORDER BY CASE WHEN probe.ordered THEN d.id END, d.next_attempt_at, d.id LIMIT 1
-    FOR UPDATE OF d SKIP LOCKED) n
+  SELECT d.id FROM postbox.deliveries d
+  WHERE d.id IN (SELECT id FROM first) AND d.status IN ('pending', 'failed')
+  FOR UPDATE SKIP LOCKED
 )
 UPDATE postbox.deliveries d
 SET status = 'in_flight', lease_owner = $2, updated_at = now()

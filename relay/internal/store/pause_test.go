@@ -31,7 +31,7 @@ func TestPauseHoldsClaimsUntilResumed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, store.PauseIndefinite, unhealthy["held"].PausedUntil.UTC())
 	require.Equal(t, state.BreakerClosed, unhealthy["held"].State)
-	claimed, err := s.Claim(ctx, "me", 10, nil, 100, nil)
+	claimed, err := s.Claim(ctx, "me", 10, nil, nil, 100, nil)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"fine": 2}, count(claimed))
 
@@ -73,7 +73,7 @@ func TestPauseHoldsClaimsUntilResumed(t *testing.T) {
 	require.NotContains(t, unhealthy, "held")
 	_, err = s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET next_attempt_at = now() WHERE endpoint = 'held'`)
 	require.NoError(t, err)
-	claimed, err = s.Claim(ctx, "me", 10, nil, 100, nil)
+	claimed, err = s.Claim(ctx, "me", 10, nil, nil, 100, nil)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"held": 3}, count(claimed), "every held delivery, the retried one too")
 }

@@ -13,8 +13,11 @@ import (
 
 // Claimed is a delivery claimed from the queue, with its event.
 type Claimed struct {
-	DeliveryID   int64
-	Endpoint     string
+	DeliveryID int64
+	Endpoint   string
+	// Lane is the delivery's lane when it is not its endpoint's own: the
+	// endpoint and its row URL's host (config.Config.Lane).
+	Lane         string
 	AttemptCount int
 	EventID      string
 	URL          string
@@ -25,72 +28,101 @@ type Claimed struct {
 	CommittedAt  time.Time // zero when unknown
 }
 
+// Key is c's lane key: its Lane, or its endpoint's.
+func (c *Claimed) Key() string {
+	if c.Lane != "" {
+		return c.Lane
+	}
+	return c.Endpoint
+}
+
 // claimedColumns is what every claim returns, from d (deliveries) and e
 // (events).
-const claimedColumns = `d.id, d.endpoint, d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
+const claimedColumns = `d.id, d.endpoint, coalesce(d.lane, ''), d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
           e.payload::text, e.headers::text, e.created_at, e.committed_at`
 
 // healthyEndpoint is true for an endpoint whose breaker is closed and that
-// no receiver asked to pause.
+// no receiver or operator paused.
 const healthyEndpoint = `NOT EXISTS (SELECT 1 FROM postbox.endpoint_health h
   WHERE h.endpoint = %s AND (h.state <> 'closed' OR h.paused_until > now()))`
 
-// claimSQL claims due deliveries: per endpoint at most free[endpoint] (or
-// $3 for one not listed), first attempts and retries interleaved so
-// neither starves the other, and round-robin across endpoints under the
-// overall limit $4, so one endpoint's backlog cannot fill a batch. The
-// endpoints with queued rows are found by skip scans (one index probe per
-// endpoint, however deep its queue). Ordered endpoints ($6) are claimed by
-// claimOrderedSQL; endpoints with an open breaker or a pause wait.
+// healthyLane is true for lane %[1]s of endpoint %[2]s when its breaker is
+// closed and neither it nor its endpoint is paused: pausing an endpoint
+// holds all of its lanes.
+const healthyLane = `NOT EXISTS (SELECT 1 FROM postbox.endpoint_health h
+  WHERE h.endpoint = %[1]s AND (h.state <> 'closed' OR h.paused_until > now())
+     OR h.endpoint = %[2]s AND %[2]s <> %[1]s AND h.paused_until > now())`
+
+// laneName is the endpoint of lane key %s: what comes before its last
+// config.LaneSep.
+const laneName = `CASE WHEN strpos(%[1]s, ' → ') > 0 THEN regexp_replace(%[1]s, ' → [^→]*$', '') ELSE %[1]s END`
+
+// claimSQL claims due deliveries: per lane at most free[lane] (or for a
+// lane not listed, its endpoint's cap in $7/$8, or $3), first attempts
+// and retries interleaved so neither starves the other, and round-robin
+// across lanes under the overall limit $4, so one lane's backlog cannot
+// fill a batch. A lane is an endpoint, or an endpoint and a row URL's host
+// (config.Config.Lane). The lanes with queued rows are found by skip
+// scans (one index probe per lane, however deep its queue). Ordered
+// endpoints ($6) are claimed by claimOrderedSQL; lanes with an open
+// breaker or a pause wait, and the deliveries of an open breaker's lane
+// are parked out of the scans' sight (see Park).
 var claimSQL = `
-WITH RECURSIVE pending_eps AS (
-  (SELECT endpoint FROM postbox.deliveries WHERE status = 'pending' ORDER BY endpoint LIMIT 1)
+WITH RECURSIVE pending_lanes AS (
+  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries WHERE status = 'pending' AND next_attempt_at < 'infinity'
+   ORDER BY coalesce(lane, endpoint) LIMIT 1)
   UNION ALL
-  SELECT (SELECT d.endpoint FROM postbox.deliveries d
-          WHERE d.status = 'pending' AND d.endpoint > p.endpoint ORDER BY d.endpoint LIMIT 1)
-  FROM pending_eps p WHERE p.endpoint IS NOT NULL
+  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
+          WHERE d.status = 'pending' AND d.next_attempt_at < 'infinity' AND coalesce(d.lane, d.endpoint) > p.lane
+          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
+  FROM pending_lanes p WHERE p.lane IS NOT NULL
 ),
-retry_eps AS (
-  (SELECT endpoint FROM postbox.deliveries WHERE status = 'failed' ORDER BY endpoint LIMIT 1)
+retry_lanes AS (
+  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries WHERE status = 'failed' AND next_attempt_at < 'infinity'
+   ORDER BY coalesce(lane, endpoint) LIMIT 1)
   UNION ALL
-  SELECT (SELECT d.endpoint FROM postbox.deliveries d
-          WHERE d.status = 'failed' AND d.endpoint > r.endpoint ORDER BY d.endpoint LIMIT 1)
-  FROM retry_eps r WHERE r.endpoint IS NOT NULL
+  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
+          WHERE d.status = 'failed' AND d.next_attempt_at < 'infinity' AND coalesce(d.lane, d.endpoint) > r.lane
+          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
+  FROM retry_lanes r WHERE r.lane IS NOT NULL
 ),
-eps AS (
-  SELECT endpoint FROM pending_eps WHERE endpoint IS NOT NULL
-  UNION
-  SELECT endpoint FROM retry_eps WHERE endpoint IS NOT NULL
+lanes AS (
+  SELECT lane, ` + fmt.Sprintf(laneName, "lane") + ` AS name
+  FROM (SELECT lane FROM pending_lanes WHERE lane IS NOT NULL
+        UNION
+        SELECT lane FROM retry_lanes WHERE lane IS NOT NULL) l
 ),
 caps AS (
-  SELECT eps.endpoint, coalesce(f.free, $3) AS free
-  FROM eps LEFT JOIN unnest($1::text[], $2::int4[]) AS f(endpoint, free) ON f.endpoint = eps.endpoint
-  WHERE coalesce(f.free, $3) > 0
-    AND NOT (eps.endpoint = ANY($6::text[]))
-    AND ` + fmt.Sprintf(healthyEndpoint, "eps.endpoint") + `
+  SELECT lanes.lane, coalesce(f.free, g.free, $3) AS free
+  FROM lanes
+  LEFT JOIN unnest($1::text[], $2::int4[]) AS f(lane, free) ON f.lane = lanes.lane
+  LEFT JOIN unnest($7::text[], $8::int4[]) AS g(name, free) ON g.name = lanes.name
+  WHERE coalesce(f.free, g.free, $3) > 0
+    AND NOT (lanes.name = ANY($6::text[]))
+    AND ` + fmt.Sprintf(healthyLane, "lanes.lane", "lanes.name") + `
 ),
 firsts AS (
-  SELECT caps.endpoint, caps.free, d.id, d.next_attempt_at, 0 AS kind FROM caps CROSS JOIN LATERAL (
+  SELECT caps.lane, caps.free, d.id, d.next_attempt_at, 0 AS kind FROM caps CROSS JOIN LATERAL (
     SELECT id, next_attempt_at FROM postbox.deliveries
-    WHERE endpoint = caps.endpoint AND status = 'pending' AND next_attempt_at <= now()
+    WHERE coalesce(lane, endpoint) = caps.lane AND status = 'pending' AND next_attempt_at <= now() AND next_attempt_at < 'infinity'
     ORDER BY next_attempt_at, id LIMIT caps.free
     FOR UPDATE SKIP LOCKED) d
 ),
 retries AS (
-  SELECT caps.endpoint, caps.free, d.id, d.next_attempt_at, 1 AS kind FROM caps CROSS JOIN LATERAL (
+  SELECT caps.lane, caps.free, d.id, d.next_attempt_at, 1 AS kind FROM caps CROSS JOIN LATERAL (
     SELECT id, next_attempt_at FROM postbox.deliveries
-    WHERE endpoint = caps.endpoint AND status = 'failed' AND next_attempt_at <= now()
+    WHERE coalesce(lane, endpoint) = caps.lane AND status = 'failed' AND next_attempt_at <= now() AND next_attempt_at < 'infinity'
     ORDER BY next_attempt_at, id LIMIT caps.free
     FOR UPDATE SKIP LOCKED) d
 ),
 ranked AS (
-  SELECT id, endpoint, free,
-         row_number() OVER (PARTITION BY endpoint ORDER BY rn, kind) AS pos
-  FROM (SELECT *, row_number() OVER (PARTITION BY endpoint, kind ORDER BY next_attempt_at, id) AS rn
+  SELECT id, lane, free,
+         row_number() OVER (PARTITION BY lane ORDER BY rn, kind) AS pos
+  FROM (SELECT *, row_number() OVER (PARTITION BY lane, kind ORDER BY next_attempt_at, id) AS rn
         FROM (SELECT * FROM firsts UNION ALL SELECT * FROM retries) u) x
 ),
 picked AS (
-  SELECT id FROM ranked WHERE pos <= free ORDER BY pos, endpoint LIMIT $4
+  SELECT id FROM ranked WHERE pos <= free ORDER BY pos, lane LIMIT $4
 )
 UPDATE postbox.deliveries d
 SET status = 'in_flight', lease_owner = $5, updated_at = now()
@@ -126,20 +158,26 @@ WHERE d.id = locked.id AND e.id = d.event_pk
 RETURNING ` + claimedColumns
 
 // Claim takes due deliveries for owner (a registered instance, see
-// Heartbeat). free caps the claim per endpoint; endpoints not in free get
-// defaultFree; limit caps the total. Ordered endpoints are left to
-// ClaimOrdered.
-func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free map[string]int, limit int, ordered []string) ([]Claimed, error) {
-	names := make([]string, 0, len(free))
-	caps := make([]int32, 0, len(free))
-	for name, n := range free {
-		names = append(names, name)
-		caps = append(caps, int32(n))
-	}
+// Heartbeat). free caps the claim per lane (see config.Config.Lane); a
+// lane not in free gets its endpoint's cap in caps, or defaultFree; limit
+// caps the total. Ordered endpoints are left to ClaimOrdered.
+func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free, caps map[string]int, limit int, ordered []string) ([]Claimed, error) {
+	lanes, frees := unzipCaps(free)
+	names, nameCaps := unzipCaps(caps)
 	if ordered == nil {
 		ordered = []string{}
 	}
-	return s.claim(ctx, claimSQL, names, caps, defaultFree, limit, owner, ordered)
+	return s.claim(ctx, claimSQL, lanes, frees, defaultFree, limit, owner, ordered, names, nameCaps)
+}
+
+func unzipCaps(m map[string]int) ([]string, []int32) {
+	keys := make([]string, 0, len(m))
+	vals := make([]int32, 0, len(m))
+	for k, n := range m {
+		keys = append(keys, k)
+		vals = append(vals, int32(n))
+	}
+	return keys, vals
 }
 
 // ClaimOrdered claims the next delivery of each ordered endpoint that has
@@ -176,7 +214,7 @@ func scanClaimed(row pgx.Row) (Claimed, error) {
 	var payload string
 	var headers *string
 	var committed *time.Time
-	if err := row.Scan(&c.DeliveryID, &c.Endpoint, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
+	if err := row.Scan(&c.DeliveryID, &c.Endpoint, &c.Lane, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
 		&payload, &headers, &c.CreatedAt, &committed); err != nil {
 		return c, err
 	}
@@ -271,7 +309,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			attempts.add(r)
 		}
 		if r.Sampled || r.Attempted || r.Signal != state.SignalNone || r.Pause > 0 {
-			byEndpoint[r.Endpoint] = append(byEndpoint[r.Endpoint], r)
+			byEndpoint[r.Key()] = append(byEndpoint[r.Key()], r) // health is a lane's
 		}
 	}
 	// Health rows are locked in name order, so concurrent instances lock

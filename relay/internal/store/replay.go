@@ -124,8 +124,9 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 		// dead letters, their history kept.
 		err = tx.QueryRow(ctx, `
 			WITH added AS (
-			  INSERT INTO postbox.deliveries (event_pk, endpoint, status, next_attempt_at, replay_of)
-			  SELECT pk, endpoint, 'pending', now() + (ord - 1) * $4::float8 * interval '1 second', nullif(last, 0)
+			  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, next_attempt_at, replay_of)
+			  SELECT pk, endpoint, (SELECT l.lane FROM postbox.deliveries l WHERE l.id = r.last), -- the last delivery's lane
+			         'pending', now() + (ord - 1) * $4::float8 * interval '1 second', nullif(last, 0)
 			  FROM unnest($1::int8[], $2::text[], $3::int8[]) WITH ORDINALITY AS r(pk, endpoint, last, ord)
 			  ON CONFLICT (event_pk) WHERE status IN ('pending', 'in_flight', 'failed') DO NOTHING
 			  RETURNING replay_of

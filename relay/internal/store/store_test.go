@@ -62,7 +62,7 @@ func TestClaimsAreFairAcrossEndpoints(t *testing.T) {
 	s := setup(t)
 	queue(t, s, "aaa-big", 2000)
 	queue(t, s, "zzz-small", 10)
-	claimed, err := s.Claim(context.Background(), "me", 100, nil, 20, nil)
+	claimed, err := s.Claim(context.Background(), "me", 100, nil, nil, 20, nil)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"aaa-big": 10, "zzz-small": 10}, count(claimed))
 }
@@ -77,7 +77,7 @@ func TestFirstAttemptsAreNotStarvedByRetries(t *testing.T) {
 	_, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'failed', attempt_count = 1, next_attempt_at = now() - interval '1 minute'`)
 	require.NoError(t, err)
 	queue(t, s, "ep", 5)
-	claimed, err := s.Claim(ctx, "me", 10, nil, 1000, nil)
+	claimed, err := s.Claim(ctx, "me", 10, nil, nil, 1000, nil)
 	require.NoError(t, err)
 	first := 0
 	for _, c := range claimed {
@@ -99,7 +99,7 @@ func TestClaimSkipsOpenBreakersAndPausedEndpoints(t *testing.T) {
 	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, paused_until) VALUES
 		('open', 'open', now(), NULL), ('paused', 'closed', NULL, now() + interval '1 hour')`)
 	require.NoError(t, err)
-	claimed, err := s.Claim(ctx, "me", 10, nil, 100, nil)
+	claimed, err := s.Claim(ctx, "me", 10, nil, nil, 100, nil)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"fine": 3}, count(claimed))
 }
@@ -177,10 +177,10 @@ func TestReleaseAbandonedReturnsADeadInstancesClaims(t *testing.T) {
 	ctx := context.Background()
 	queue(t, s, "ep", 4)
 	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "ghost"}, time.Second, false))
-	claimed, err := s.Claim(ctx, "ghost", 2, nil, 2, nil)
+	claimed, err := s.Claim(ctx, "ghost", 2, nil, nil, 2, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 2)
-	_, err = s.Claim(ctx, "me", 2, nil, 2, nil)
+	_, err = s.Claim(ctx, "me", 2, nil, nil, 2, nil)
 	require.NoError(t, err)
 	n, err := s.ReleaseAbandoned(ctx, 100)
 	require.NoError(t, err)
@@ -206,7 +206,7 @@ func TestReleaseAbandonedWhenTheLiveConnectionEnds(t *testing.T) {
 	require.NoError(t, err)
 	live := c.Hijack()
 	require.NoError(t, s.Heartbeat(ctx, live, store.Instance{ID: "mortal"}, time.Hour, true))
-	claimed, err := s.Claim(ctx, "mortal", 3, nil, 3, nil)
+	claimed, err := s.Claim(ctx, "mortal", 3, nil, nil, 3, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 3)
 	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "mortal"}, time.Hour, false),

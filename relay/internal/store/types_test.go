@@ -57,7 +57,7 @@ func TestStatesScanAsTypes(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	queue(t, s, "ep", 1)
-	claimed, err := s.Claim(ctx, "me", 1, nil, 1, nil)
+	claimed, err := s.Claim(ctx, "me", 1, nil, nil, 1, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 

@@ -1,0 +1,150 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+)
+
+// queueLane ingests n pending deliveries for endpoint in lane.
+func queueLane(t testing.TB, s *store.Store, endpoint, lane string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	defer ic.Release()
+	evs := make([]store.NewEvent, n)
+	for i := range evs {
+		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Lane: lane, URL: "http://x/",
+			Payload: []byte(`{}`), Status: state.Pending}
+	}
+	_, err = ic.Insert(ctx, evs, false)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+}
+
+func countLanes(claimed []store.Claimed) map[string]int {
+	out := map[string]int{}
+	for _, c := range claimed {
+		out[c.Key()]++
+	}
+	return out
+}
+
+// TestLanesAreClaimedAndHeldApart: the deliveries of one endpoint to its
+// rows' hosts are claimed per lane, each up to the endpoint's cap; an open
+// breaker holds only its own lane, and its probe is one of that lane's
+// deliveries; a pause of the endpoint holds every lane.
+func TestLanesAreClaimedAndHeldApart(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	const a, b = "partners → a.test:8080", "partners → b.test"
+	queueLane(t, s, "partners", a, 5)
+	queueLane(t, s, "partners", b, 5)
+	queueLane(t, s, "partners", "", 5)
+	var stored int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE lane IS NULL`).Scan(&stored))
+	require.Equal(t, 5, stored, "the endpoint's own lane stores nothing")
+
+	caps := map[string]int{"partners": 2}
+	claimed, err := s.Claim(ctx, "me", 10, nil, caps, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{a: 2, b: 2, "partners": 2}, countLanes(claimed), "each lane up to the endpoint's cap")
+	for _, c := range claimed {
+		require.Equal(t, "partners", c.Endpoint)
+	}
+	claimed, err = s.Claim(ctx, "me", 10, map[string]int{a: 0, b: 1}, caps, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{b: 1, "partners": 2}, countLanes(claimed), "a lane's own free room first")
+
+	// Lane a's breaker opens: a waits, b and the endpoint's own go on.
+	_, err = s.Pool.Exec(ctx, `
+		INSERT INTO postbox.endpoint_health (endpoint, state, consecutive_failures, opened_at, cooldown_seconds)
+		VALUES ($1, 'open', 5, now() - interval '1 hour', 1)`, a)
+	require.NoError(t, err)
+	claimed, err = s.Claim(ctx, "me", 10, nil, caps, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{b: 2, "partners": 1}, countLanes(claimed))
+
+	probes, err := s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: a}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{a: 1}, countLanes(probes), "one probe, from the lane whose breaker it tests")
+	var st state.Breaker
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT state FROM postbox.endpoint_health WHERE endpoint = $1`, a).Scan(&st))
+	require.Equal(t, state.BreakerHalfOpen, st)
+
+	// Everything back in the queue; a pause of the endpoint holds all of
+	// its lanes, and resuming it frees them.
+	_, err = s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'pending', lease_owner = NULL WHERE status = 'in_flight'`)
+	require.NoError(t, err)
+	_, err = s.Pool.Exec(ctx, `DELETE FROM postbox.endpoint_health`)
+	require.NoError(t, err)
+	require.NoError(t, s.Pause(ctx, "partners", time.Now().Add(time.Hour)))
+	claimed, err = s.Claim(ctx, "me", 10, nil, caps, 100, nil)
+	require.NoError(t, err)
+	require.Empty(t, claimed)
+	require.NoError(t, s.Resume(ctx, "partners"))
+	claimed, err = s.Claim(ctx, "me", 10, nil, caps, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{a: 2, b: 2, "partners": 2}, countLanes(claimed))
+}
+
+// TestOpenBreakersAreParked: the queued deliveries of a lane whose breaker
+// is open are parked out of the claim's indexes; the probe still finds
+// one; once the breaker closes, Unpark makes every one due again and the
+// claim takes them, none lost.
+func TestOpenBreakersAreParked(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	const dead = "partners → dead.test"
+	queueLane(t, s, "partners", dead, 30)
+	queueLane(t, s, "partners", "partners → live.test", 3)
+	_, err := s.Pool.Exec(ctx, `
+		INSERT INTO postbox.endpoint_health (endpoint, state, consecutive_failures, opened_at, cooldown_seconds)
+		VALUES ($1, 'open', 5, now() - interval '1 hour', 1)`, dead)
+	require.NoError(t, err)
+	parkedRows := func() int {
+		var n int
+		require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE next_attempt_at = 'infinity' AND status IN ('pending', 'failed')`).Scan(&n))
+		return n
+	}
+
+	n, err := s.Park(ctx, 20)
+	require.NoError(t, err)
+	require.EqualValues(t, 20, n, "a batch at a time")
+	n, err = s.Park(ctx, 20)
+	require.NoError(t, err)
+	require.EqualValues(t, 10, n)
+	require.Equal(t, 30, parkedRows(), "only the open breaker's lane")
+	n, err = s.Unpark(ctx, nil, 100)
+	require.NoError(t, err)
+	require.Zero(t, n, "its breaker is still open")
+
+	claimed, err := s.Claim(ctx, "me", 10, nil, nil, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"partners → live.test": 3}, countLanes(claimed))
+	probes, err := s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: dead}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{dead: 1}, countLanes(probes), "the probe finds a parked delivery")
+
+	// The probe succeeds and the breaker closes.
+	_, err = s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'delivered', lease_owner = NULL WHERE id = $1`, probes[0].DeliveryID)
+	require.NoError(t, err)
+	_, err = s.Pool.Exec(ctx, `UPDATE postbox.endpoint_health SET state = 'closed' WHERE endpoint = $1`, dead)
+	require.NoError(t, err)
+	n, err = s.Unpark(ctx, []string{dead}, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 29, n)
+	require.Zero(t, parkedRows())
+	claimed, err = s.Claim(ctx, "me", 100, nil, nil, 100, nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{dead: 29}, countLanes(claimed), "every parked delivery, due at once")
+}

@@ -786,6 +786,7 @@ func TestDoctor(t *testing.T) {
 	require.Contains(t, out, "OK    wal_level")
 	require.Contains(t, out, "WARN  max_slot_wal_keep_size")
 	require.Contains(t, out, "clock_skew")
+	require.Contains(t, out, "outbox_mode")
 
 	ctx := context.Background()
 	role := pgtest.UniqueName("norepl")
@@ -796,10 +797,35 @@ func TestDoctor(t *testing.T) {
 	require.NoError(t, err)
 	u.User = url.User(role)
 	cfg2 := writeConfig(t, u.String(), "")
-	code, out, _ = postbox(t, "doctor", "--config", cfg2, "--json")
-	require.Equal(t, exitFailure, code)
-	require.Contains(t, out, `"severity": "error"`)
+	code, out, errOut = postbox(t, "doctor", "--config", cfg2, "--json")
+	require.Equal(t, exitFailure, code, errOut)
+	require.Contains(t, out, `"severity": "error"`, errOut)
 	require.Contains(t, out, "WITH REPLICATION")
+
+	// Events written with outbox.Emit (no outbox row) are named, and with
+	// a bounded max_slot_wal_keep_size their risk is a warning.
+	code, out, errOut = postbox(t, "migrate", "--config", cfg)
+	require.Equal(t, exitOK, code, out+errOut)
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.events (event_id, endpoint, event_type, payload, created_at)
+		VALUES (gen_random_uuid(), 'e', '', '{}', now())`)
+	require.NoError(t, err)
+	code, out, errOut = postbox(t, "doctor", "--config", cfg)
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Contains(t, out, "outbox_mode")
+	require.Contains(t, out, "messages: 1 events written with outbox.Emit")
+	_, err = pool.Exec(ctx, `ALTER SYSTEM SET max_slot_wal_keep_size = '1GB'`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `ALTER SYSTEM RESET max_slot_wal_keep_size`)
+		_, _ = pool.Exec(context.Background(), `SELECT pg_reload_conf()`)
+	})
+	_, err = pool.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	waitForT(t, 10*time.Second, "the reload", func() bool {
+		code, out, _ = postbox(t, "doctor", "--config", cfg)
+		return strings.Contains(out, "WARN  outbox_mode")
+	})
+	require.Contains(t, out, "exist only in WAL")
 }
 
 // TestHugePayloadIsRefusedUnread commits a 100 MB payload between small

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
@@ -126,6 +127,7 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		add("outbox_table", OK, cfg.Table.String(), "")
 	}
 	out = append(out, publicationCheck(ctx, q, cfg))
+	out = append(out, outboxModeCheck(ctx, q, s.keepSize))
 
 	switch {
 	case !st.Exists:
@@ -208,6 +210,43 @@ func publicationCheck(ctx context.Context, q store.Querier, cfg *config.Config) 
 		c.Fix = "give postbox a publication of the outbox table only (publication: in the config)"
 	default:
 		c.Severity, c.Detail = OK, fmt.Sprintf("%s publishes only %s", cfg.Publication, want)
+	}
+	return c
+}
+
+// outboxModeCheck says how the last day's events reached postbox: as
+// outbox table rows, as messages written by outbox.Emit (no row: their
+// events_outbox_id is NULL), or both; and warns when emitted events could
+// be lost with an invalidated slot.
+func outboxModeCheck(ctx context.Context, q store.Querier, keepSize string) Check {
+	c := Check{Name: "outbox_mode", Severity: OK}
+	var rows, messages int64
+	err := q.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE outbox_id IS NOT NULL), count(*) FILTER (WHERE outbox_id IS NULL)
+		FROM postbox.events WHERE ingested_at > now() - interval '1 day'`).Scan(&rows, &messages)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // not migrated yet
+			c.Detail = "no events yet (postbox run creates its schema)"
+			return c
+		}
+		c.Severity, c.Detail = Warn, "could not read postbox.events: "+err.Error()
+		return c
+	}
+	switch {
+	case rows == 0 && messages == 0:
+		c.Detail = "no events in the last 24 h"
+	case messages == 0:
+		c.Detail = fmt.Sprintf("table: %d outbox rows in the last 24 h", rows)
+	case rows == 0:
+		c.Detail = fmt.Sprintf("messages: %d events written with outbox.Emit in the last 24 h, no outbox rows", messages)
+	default:
+		c.Detail = fmt.Sprintf("both: %d outbox rows and %d events written with outbox.Emit in the last 24 h", rows, messages)
+	}
+	if messages > 0 && keepSize != "-1" {
+		c.Severity = Warn
+		c.Fix = "events written with outbox.Emit exist only in WAL until postbox ingests them: if max_slot_wal_keep_size (" + keepSize +
+			") invalidates the slot while postbox is down, they are lost, with no table to reconcile from. Size it for your longest outage, or use outbox rows"
 	}
 	return c
 }

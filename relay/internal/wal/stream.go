@@ -353,8 +353,10 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 	case pglogrepl.MessageTypeBegin, pglogrepl.MessageTypeCommit, pglogrepl.MessageTypeRelation:
 	case pglogrepl.MessageTypeInsert:
 		return ss.insert(ctx, data)
+	case pglogrepl.MessageTypeMessage:
+		return ss.message(ctx, data)
 	default:
-		// Update, Delete, Truncate, Type, Origin, Message: not ours to
+		// Update, Delete, Truncate, Type, Origin: not ours to
 		// deliver; the position still advances with the commit or the
 		// keepalive that follows.
 		return nil
@@ -405,7 +407,12 @@ func (ss *session) insert(ctx context.Context, data []byte) error {
 	if !rel.outbox {
 		return nil
 	}
-	row := rel.decode(tuple, ss.cur.CommitLSN, maxBody)
+	return ss.add(ctx, rel.decode(tuple, ss.cur.CommitLSN, maxBody))
+}
+
+// add appends a row to the transaction's chunk, sending the chunk on when
+// it is full.
+func (ss *session) add(ctx context.Context, row Row) error {
 	ss.cur.Rows = append(ss.cur.Rows, row)
 	ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
 	if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {

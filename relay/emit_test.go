@@ -1,0 +1,82 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+)
+
+// TestEmittedEventsAreDelivered: events written with outbox.Emit (WAL
+// messages, no table row) are delivered like rows, in the same
+// transaction as rows, and only when it commits; a message another
+// program wrote under another prefix is not postbox's; a message that
+// breaks the format and a payload above max_body become dead letters
+// with a reason, and the stream goes on.
+func TestEmittedEventsAreDelivered(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.MaxBody = 1000
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "hooks", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+
+	var emitted, inserted string
+	require.NoError(t, pgx.BeginFunc(ctx, tb.pool, func(tx pgx.Tx) error {
+		var err error
+		if emitted, err = outbox.Emit(ctx, tx, outbox.Event{Endpoint: "hooks", Type: "order.paid",
+			Payload: []byte(`{"order": 1, "note": "two\nlines"}`), Headers: map[string]string{"X-Tenant": "t1"}}); err != nil {
+			return err
+		}
+		inserted, err = outbox.Insert(ctx, tx, outbox.Event{Endpoint: "hooks", Payload: []byte(`{"order": 2}`)})
+		return err
+	}))
+	tx, err := tb.pool.Begin(ctx)
+	require.NoError(t, err)
+	rolledBack, err := outbox.Emit(ctx, tx, outbox.Event{Endpoint: "hooks"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = tb.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, 'someone-else', 'not an event')`)
+	require.NoError(t, err)
+	_, err = tb.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, 'postbox', 'no header line')`)
+	require.NoError(t, err)
+	var big string
+	require.NoError(t, pgx.BeginFunc(ctx, tb.pool, func(tx pgx.Tx) error {
+		big, err = outbox.Emit(ctx, tx, outbox.Event{Endpoint: "hooks", Payload: []byte(`"` + strings.Repeat("x", 5000) + `"`)})
+		return err
+	}))
+	after := tb.insert(t, outbox.Event{Endpoint: "hooks"})
+
+	tb.waitSettled(t, 5, 30*time.Second)
+	got := rc.byID()
+	require.Equal(t, 1, got[emitted])
+	require.Equal(t, 1, got[inserted])
+	require.Equal(t, 1, got[after[0]])
+	require.Zero(t, got[rolledBack], "a rolled-back emit is never delivered")
+	require.Len(t, got, 3)
+	for _, r := range rc.requests() {
+		if r.ID == emitted {
+			require.JSONEq(t, `{"order": 1, "note": "two\nlines"}`, string(r.Body))
+			require.Equal(t, "t1", r.Header.Get("X-Tenant"))
+		}
+	}
+	require.Equal(t, state.DeadLetter, tb.delivery(t, big).Status)
+	require.Contains(t, tb.delivery(t, big).LastError, "payload_too_large")
+	rows, err := tb.pool.Query(ctx, `SELECT last_error FROM postbox.deliveries WHERE status = 'dead_letter' ORDER BY id`)
+	require.NoError(t, err)
+	reasons, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, reasons, 2)
+	require.Contains(t, reasons[0], "invalid_row: message has no header line")
+	var tableRows int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events WHERE outbox_id IS NULL`).Scan(&tableRows))
+	require.Equal(t, 3, tableRows, "the emitted events (and the poison message) had no outbox row")
+}

@@ -16,7 +16,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var asJSON bool
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, hanging, failing, catchup, load, chaos, soak, dead")
+	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, hanging, failing, catchup, load, chaos, soak, dead, scale")
 	fs.IntVar(&o.Rate, "rate", 0, fmt.Sprintf("latency, chaos, soak: events per second (default %d, chaos %d)", bench.RateDefault, bench.ChaosRateDefault))
 	fs.IntVar(&o.Endpoints, "endpoints", bench.EndpointsDefault, "number of endpoints")
 	fs.DurationVar(&o.Duration, "duration", bench.DurationDefault, "latency, load, chaos, soak: how long to produce")
@@ -26,6 +26,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&o.Faults, "faults", "", "chaos: comma-separated faults to inject (default all: kill, freeze, restart-fast, restart-immediate, drop-slot, read-only)")
 	fs.IntVar(&o.Relays, "relays", bench.ChaosRelays, "chaos: relays run against the one database")
 	fs.IntVar(&o.Dead, "dead", bench.DeadDefault, "dead: endpoints with open breakers and deliveries waiting, beside the healthy ones")
+	fs.IntVar(&o.Instances, "instances", bench.InstancesDefault, "scale: run 1, 2, … up to this many relays against the one database")
+	fs.BoolVar(&o.Emit, "emit", false, "latency, catchup, load, scale: write events with outbox.Emit (WAL messages) instead of outbox rows")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage

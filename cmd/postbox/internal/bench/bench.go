@@ -30,7 +30,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos", "soak", "dead"}
+var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos", "soak", "dead", "scale"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -73,6 +73,12 @@ type Options struct {
 	// Dead is how many dead endpoints the dead scenario adds (DeadDefault
 	// when zero).
 	Dead int
+	// Instances is how many relays the scale scenario runs at most
+	// (InstancesDefault when zero): it runs 1, 2, … up to Instances.
+	Instances int
+	// Emit has the producers write events with outbox.Emit (WAL messages)
+	// instead of outbox rows: latency, catchup, load and scale.
+	Emit bool
 
 	// RelayBinary is the postbox binary run as the relay. Empty means this
 	// executable, which is what `postbox bench` wants; tests build one.
@@ -111,6 +117,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.Dead == 0 {
 		o.Dead = DeadDefault
+	}
+	if o.Instances == 0 {
+		o.Instances = InstancesDefault
 	}
 	return o
 }
@@ -168,6 +177,9 @@ type Result struct {
 	Chaos   *ChaosResult   `json:"chaos,omitempty"`
 	Soak    *SoakResult    `json:"soak,omitempty"`
 	Dead    *DeadResult    `json:"dead_endpoints,omitempty"`
+	Scale   *ScaleResult   `json:"scale,omitempty"`
+	// Emit says the events were written with outbox.Emit, not as rows.
+	Emit bool `json:"emit,omitempty"`
 }
 
 // LoadResult is the load scenario's.
@@ -292,7 +304,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		return nil, fmt.Errorf("write the relay's config: %w", err)
 	}
 
-	res := &Result{Machine: machineDescription(opts.DatabaseURL == "")}
+	res := &Result{Machine: machineDescription(opts.DatabaseURL == ""), Emit: opts.Emit}
 	for _, s := range names {
 		switch s {
 		case "latency":
@@ -311,6 +323,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			res.Soak, err = env.soak(ctx, opts)
 		case "dead":
 			res.Dead, err = env.dead(ctx, opts)
+		case "scale":
+			res.Scale, err = env.scale(ctx, opts)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s, err)
@@ -361,6 +375,11 @@ func (r *Result) lost() int {
 	}
 	if r.Soak != nil {
 		n += r.Soak.Lost
+	}
+	if r.Scale != nil {
+		for _, run := range r.Scale.Runs {
+			n += run.Lost
+		}
 	}
 	return n
 }

@@ -9,6 +9,9 @@ import (
 // Print writes r for a person to read.
 func (r *Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "postbox bench (%s)\n", r.Machine)
+	if r.Emit {
+		fmt.Fprintf(w, "events written with outbox.Emit (WAL messages), not outbox rows\n")
+	}
 	lat := []*LatencyResult{r.Latency, r.Hanging}
 	if r.Dead != nil {
 		lat = append(lat, r.Dead.Alone, r.Dead.Beside)
@@ -45,6 +48,18 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  %.0f deliveries/s from relay start (%.1f s); %.0f/s first to last delivery (%.1f s)\n", c.Rate, c.Seconds, c.DrainRate, c.DrainSeconds)
 		fmt.Fprintf(w, "  lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", c.Lost, c.Dups, anomalies(c.Unacknowledged, c.BadSignatures), c.RSSMB)
 		c.Costs.print(w)
+	}
+	if sc := r.Scale; sc != nil {
+		fmt.Fprintf(w, "\nscale-out: a %d-event backlog over %d endpoints whose receiver takes %.0f ms, max_in_flight %d, relays started together:\n",
+			sc.Backlog, sc.Endpoints, sc.DelayMS, sc.InFlight)
+		fmt.Fprintf(w, "  instances  deliveries/s  ceiling/s  lost  duplicates  peak RSS MB  PG CPU ms/1000  relays CPU ms/1000\n")
+		for _, run := range sc.Runs {
+			var pg, relay float64
+			if run.Costs != nil {
+				pg, relay = run.Costs.PostgresCPUms, run.Costs.RelayCPUms
+			}
+			fmt.Fprintf(w, "  %9d  %12.0f  %9.0f  %4d  %10d  %11.0f  %14.0f  %18.0f\n", run.Instances, run.PerS, run.CeilingPerS, run.Lost, run.Dups, run.RSSMB, pg, relay)
+		}
 	}
 	if c := r.Chaos; c != nil {
 		fmt.Fprintf(w, "\nchaos (seed %d): %d relays, %d events/s over %d endpoints (one flapping) for %.0f s, %d faults:\n", c.Seed, c.Relays, c.Rate, c.Endpoints, c.Seconds, len(c.Faults))

@@ -187,6 +187,14 @@ func (rv *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
+	if strings.HasPrefix(r.URL.Path, "/slow/") {
+		// The scale scenario's receiver: a request takes ScaleDelay.
+		select {
+		case <-time.After(ScaleDelay):
+		case <-r.Context().Done():
+			return
+		}
+	}
 	if strings.HasPrefix(r.URL.Path, "/flap/") {
 		switch flapPhase(now.Sub(rv.start)) {
 		case flapFailing:

@@ -6,12 +6,35 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/postbox-relay/postbox/outbox"
 )
 
 // insertSQL inserts one event into the outbox (or a copy of it) and returns
 // its id; the QueryRow's Scan returns only once the implicit transaction's
 // commit has been acknowledged.
 const insertSQL = ` (endpoint, payload) VALUES ($1, $2) RETURNING event_id::text`
+
+// produce writes event i for ep in its own transaction: a row of table,
+// or with o.Emit a message as outbox.Emit writes it (table is then not
+// used). It returns once the commit is acknowledged.
+func (e *env) produce(ctx context.Context, o Options, table, ep string, i int) (string, error) {
+	if o.Emit {
+		msg, id, err := outbox.EncodeMessage(outbox.Event{Endpoint: ep, Payload: []byte(payload(i))}, time.Now())
+		if err != nil {
+			return "", err
+		}
+		prefix := outbox.MessagePrefix
+		if table != "postbox.outbox" {
+			prefix = "bench_baseline" // the load scenario's baseline: not for the relay
+		}
+		_, err = e.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, $2::bytea)`, prefix, msg)
+		return id, err
+	}
+	var id string
+	err := e.pool.QueryRow(ctx, `INSERT INTO `+table+insertSQL, ep, payload(i)).Scan(&id)
+	return id, err
+}
 
 func payload(i int) string {
 	return fmt.Sprintf(`{"i":%d,"click_id":"clk_%d","payout":"1.00"}`, i, i)
@@ -48,8 +71,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 				if hanging && i%o.Endpoints == o.Endpoints-1 {
 					ep = "hang"
 				}
-				var id string
-				err := e.pool.QueryRow(ctx, `INSERT INTO postbox.outbox`+insertSQL, ep, payload(i)).Scan(&id)
+				id, err := e.produce(ctx, o, "postbox.outbox", ep, i)
 				if err == nil && ep != "hang" {
 					led.commit(id)
 				}
@@ -93,8 +115,7 @@ func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Du
 	for w := range o.Producers {
 		wg.Go(func() {
 			for i := w; time.Now().Before(stop) && ctx.Err() == nil; i += o.Producers {
-				var id string
-				err := e.pool.QueryRow(ctx, `INSERT INTO `+table+insertSQL, fmt.Sprintf("ep-%d", i%o.Endpoints), payload(i)).Scan(&id)
+				id, err := e.produce(ctx, o, table, fmt.Sprintf("ep-%d", i%o.Endpoints), i)
 				if err != nil {
 					continue
 				}
@@ -208,7 +229,7 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 	}
 	fmt.Fprintf(e.log, "bench: catch-up, queueing %d events while the relay is down\n", o.Backlog)
 	for done := 0; done < o.Backlog; done += 1000 {
-		if err := e.insertBatch(ctx, led, done, min(1000, o.Backlog-done), o.Endpoints); err != nil {
+		if err := e.queue(ctx, o, led, done, min(1000, o.Backlog-done)); err != nil {
 			return nil, err
 		}
 	}
@@ -246,13 +267,40 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 	}, nil
 }
 
+// queue writes n events, numbered from first, in one transaction, as
+// outbox rows or with o.Emit as WAL messages, and records their ids once
+// it has committed.
+func (e *env) queue(ctx context.Context, o Options, led *ledger, first, n int) error {
+	if o.Emit {
+		return e.emitBatch(ctx, led, first, n, o.Endpoints)
+	}
+	return e.insertBatch(ctx, led, first, n, o.Endpoints)
+}
+
 // insertBatch inserts n events, numbered from first, in one transaction and
 // records their ids once it has committed.
 func (e *env) insertBatch(ctx context.Context, led *ledger, first, n, endpoints int) error {
-	rows, err := e.pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint, payload)
+	return e.collect(ctx, led, n, `INSERT INTO postbox.outbox (endpoint, payload)
 		SELECT 'ep-' || (i % $2), jsonb_build_object('i', i, 'click_id', 'clk_' || i, 'payout', '1.00')
 		FROM generate_series($1::int, $1::int + $3 - 1) i
 		RETURNING event_id::text`, first, endpoints, n)
+}
+
+// emitBatch writes n events as outbox.Emit does (outbox.EncodeMessage's
+// format), in one transaction.
+func (e *env) emitBatch(ctx context.Context, led *ledger, first, n, endpoints int) error {
+	return e.collect(ctx, led, n, `
+		WITH ev AS (SELECT gen_random_uuid() AS id, i FROM generate_series($1::int, $1::int + $3 - 1) i)
+		SELECT id::text FROM ev
+		CROSS JOIN LATERAL (SELECT pg_logical_emit_message(true, '`+outbox.MessagePrefix+`', convert_to(
+		  json_build_object('v', 1, 'id', id, 'endpoint', 'ep-' || (i % $2), 'created_at', now())::text || E'\n' ||
+		  json_build_object('i', i, 'click_id', 'clk_' || i, 'payout', '1.00')::text, 'UTF8'))) m`, first, endpoints, n)
+}
+
+// collect runs a statement that writes n events and returns their ids,
+// and records them once it has committed.
+func (e *env) collect(ctx context.Context, led *ledger, n int, sql string, args ...any) error {
+	rows, err := e.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return fmt.Errorf("queue the backlog: %w", err)
 	}

@@ -118,6 +118,11 @@ func (c *Claimer) BreakersClosed(lanes []string) {
 	c.Queued()
 }
 
+// ParkBatchesDefault is how many batches of store.ParkBatchDefault one
+// sweep parks at most: a deep backlog behind a breaker that just opened
+// is parked over a few sweeps, in short statements.
+const ParkBatchesDefault = 5
+
 // RetryAt remembers when a retry this instance scheduled falls due.
 func (c *Claimer) RetryAt(t time.Time) { c.due.add(t) }
 
@@ -255,8 +260,16 @@ func (c *Claimer) rescue(ctx context.Context) {
 // (BreakersClosed); this is the safety net, and it parks deep backlogs a
 // batch per sweep.
 func (c *Claimer) park(ctx context.Context) {
-	parked, err := c.env.Store.Park(ctx, store.ParkBatchDefault)
-	var unparked int64
+	var parked, unparked int64
+	var err error
+	for range ParkBatchesDefault {
+		var n int64
+		if n, err = c.env.Store.Park(ctx, store.ParkBatchDefault); err != nil || n < store.ParkBatchDefault {
+			parked += n
+			break
+		}
+		parked += n
+	}
 	if err == nil {
 		unparked, err = c.env.Store.Unpark(ctx, nil, store.ParkBatchDefault)
 	}

@@ -80,3 +80,36 @@ func TestEmittedEventsAreDelivered(t *testing.T) {
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events WHERE outbox_id IS NULL`).Scan(&tableRows))
 	require.Equal(t, 3, tableRows, "the emitted events (and the poison message) had no outbox row")
 }
+
+// TestRepeatedEventIDIsDeliveredOnce: an application that inserts the
+// same event_id again (its own idempotency) gets one delivery. The fast
+// path starts an event's first attempt while the event is written, so the
+// repeat may be attempted once more before the insert finds it; that
+// attempt carries the same webhook-id, is not recorded, and leaves
+// nothing in flight.
+func TestRepeatedEventIDIsDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "hooks", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	id := outbox.NewEventID()
+	tb.insert(t, outbox.Event{ID: id, Endpoint: "hooks"})
+	waitUntil(t, 30*time.Second, "the first delivery", func() bool { return tb.delivery(t, id).Status == state.Delivered })
+	tb.insert(t, outbox.Event{ID: id, Endpoint: "hooks"})
+	after := tb.insert(t, outbox.Event{Endpoint: "hooks"})
+	waitUntil(t, 30*time.Second, "the event after the repeat", func() bool { return rc.byID()[after[0]] == 1 })
+	tb.waitSettled(t, 2, 30*time.Second)
+
+	var deliveries, inFlight int
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `
+		SELECT count(*), count(*) FILTER (WHERE d.status = 'in_flight')
+		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk WHERE e.event_id = $1`, id).Scan(&deliveries, &inFlight))
+	require.Equal(t, 1, deliveries, "one delivery for the event")
+	require.Zero(t, inFlight)
+	d := tb.delivery(t, id)
+	require.Equal(t, state.Delivered, d.Status)
+	require.Equal(t, 1, d.Attempts, "the repeat's attempt is not recorded")
+	require.Contains(t, []int{1, 2}, rc.byID()[id], "at most one more request, with the same webhook-id")
+	require.Contains(t, tb.logs.String(), "event ingested before")
+}

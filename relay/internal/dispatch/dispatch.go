@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
@@ -20,6 +21,8 @@ import (
 
 // Job is one delivery attempt to make.
 type Job struct {
+	// DeliveryID is the delivery's id; 0 for a job submitted before its
+	// ingest inserted the delivery, which learns it from Assign (see ID).
 	DeliveryID int64
 	Endpoint   string
 	// Lane is the job's lane when it is not its endpoint's own: the
@@ -39,6 +42,19 @@ type Job struct {
 	Ingest *Ingest
 	// Probe marks the one attempt that tests a half-open circuit breaker.
 	Probe bool
+
+	assigned atomic.Int64 // the id Assign gave a job submitted before its insert
+}
+
+// ID is the job's delivery id: DeliveryID, or for a job submitted before
+// its ingest inserted it, the id Assign gave it (0 until then, and for
+// good when its event had been ingested already). Once its Ingest has
+// finished the id is final.
+func (j *Job) ID() int64 {
+	if j.DeliveryID != 0 {
+		return j.DeliveryID
+	}
+	return j.assigned.Load()
 }
 
 // Key is the job's lane key: its Lane, or its endpoint's.
@@ -260,7 +276,9 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 	}
 	d.heldJobs++
 	d.heldBytes += len(j.Payload)
-	d.heldIDs[j.DeliveryID]++
+	if j.DeliveryID != 0 {
+		d.heldIDs[j.DeliveryID]++
+	}
 	if d.stopping {
 		d.dropIdleLocked(j.Key(), l)
 		d.mu.Unlock()
@@ -304,12 +322,25 @@ func (d *Dispatcher) Recorded(j *Job) {
 	d.mu.Lock()
 	d.heldJobs--
 	d.heldBytes -= len(j.Payload)
-	if n := d.heldIDs[j.DeliveryID]; n > 1 {
-		d.heldIDs[j.DeliveryID] = n - 1
+	if id := j.ID(); d.heldIDs[id] > 1 {
+		d.heldIDs[id]--
 	} else {
-		delete(d.heldIDs, j.DeliveryID)
+		delete(d.heldIDs, id)
 	}
 	d.mu.Unlock()
+}
+
+// Assign gives a job submitted before its delivery was inserted the id
+// the insert returned (0: its event had been ingested before, so the
+// delivery is another's and this job's outcome is dropped). The ingester
+// calls it before it finishes the job's Ingest.
+func (d *Dispatcher) Assign(j *Job, id int64) {
+	j.assigned.Store(id)
+	if id != 0 {
+		d.mu.Lock()
+		d.heldIDs[id]++
+		d.mu.Unlock()
+	}
 }
 
 // Unheld returns those of ids the dispatcher does not hold: not submitted,

@@ -128,11 +128,29 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	s := ing.s
 	cfg := s.env.Config()
 	var evs []store.NewEvent
-	var reserved []bool
+	var jobs []*dispatch.Job
 	for _, c := range chunks {
 		for _, row := range c.Rows {
 			ev, res := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true)
-			evs, reserved = append(evs, ev), append(reserved, res)
+			evs = append(evs, ev)
+			if !res {
+				jobs = append(jobs, nil)
+				continue
+			}
+			// The first attempt starts now, while the event is written:
+			// everything it sends is in the row. Its outcome is recorded
+			// once the ingest has committed, under the id the insert
+			// returns (dispatch.Dispatcher.Assign).
+			if ing.tx == nil {
+				ing.tx = dispatch.NewIngest()
+			}
+			j := &dispatch.Job{
+				Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
+				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
+				CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: ing.tx,
+			}
+			s.deps.Fast.Submit(j, true)
+			jobs = append(jobs, j)
 		}
 	}
 	for len(evs) > 0 {
@@ -143,18 +161,16 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		ing.conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention == 0)
 		if err != nil {
-			for i, ok := range reserved {
-				if ok {
-					s.deps.Fast.Unreserve(evs[i].Key())
-				}
-			}
+			// The jobs submitted keep no id: their outcomes are dropped
+			// once the ingest is finished (failed), and the stream brings
+			// the events again.
 			return fmt.Errorf("ingest: %w", err)
 		}
-		if s.afterInsert(evs[:n], reserved[:n], got, ing.tx) {
+		if s.afterInsert(evs[:n], jobs[:n], got) {
 			ing.queued = true
 		}
 		ing.rows += n
-		evs, reserved = evs[n:], reserved[n:]
+		evs, jobs = evs[n:], jobs[n:]
 	}
 	if !commit {
 		return nil
@@ -221,11 +237,11 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 	return ev, false
 }
 
-// afterInsert hands the fast-path deliveries to the dispatcher (their
-// attempts may start before the transaction commits; their results wait
-// for it) and gives back reservations for events that were already
-// ingested. It reports whether any delivery went to the queue instead.
-func (s *Supervisor) afterInsert(evs []store.NewEvent, reserved []bool, got []store.Ingested, tx *dispatch.Ingest) (queued bool) {
+// afterInsert gives the fast-path jobs, submitted before the insert, the
+// ids of their deliveries (none for events that were already ingested:
+// those jobs' outcomes are dropped). It reports whether any delivery went
+// to the queue instead.
+func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got []store.Ingested) (queued bool) {
 	inserted := make([]int64, len(evs))
 	for _, g := range got {
 		inserted[g.Index] = g.DeliveryID
@@ -235,14 +251,12 @@ func (s *Supervisor) afterInsert(evs []store.NewEvent, reserved []bool, got []st
 		ev := &evs[i]
 		id := inserted[i]
 		switch {
-		case reserved[i] && id == 0:
-			s.deps.Fast.Unreserve(ev.Key())
-		case reserved[i]:
-			s.deps.Fast.Submit(&dispatch.Job{
-				DeliveryID: id, Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
-				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
-				CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: tx,
-			}, true)
+		case jobs[i] != nil:
+			s.deps.Fast.Assign(jobs[i], id)
+			if id == 0 {
+				s.log.Info().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).
+					Msg("event ingested before (its event_id repeated): not delivered again, and the attempt made meanwhile is not recorded")
+			}
 		case id != 0 && ev.Status == state.Pending:
 			queued = true
 		case id != 0 && ev.Status == state.DeadLetter:

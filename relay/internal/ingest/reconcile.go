@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
@@ -76,7 +77,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 			return err
 		}
 		total += int64(len(got))
-		s.afterInsert(evs, make([]bool, len(evs)), got, nil) // no fast path: nothing reserved
+		s.afterInsert(evs, make([]*dispatch.Job, len(evs)), got) // no fast path: no jobs
 		after = rows[len(rows)-1].ID
 		s.deps.Queued()
 	}

@@ -43,6 +43,8 @@ type FastPath interface {
 	Reserve(endpoint string) bool
 	Unreserve(endpoint string)
 	Submit(j *dispatch.Job, reserved bool)
+	// Assign gives a job submitted before its insert the delivery id.
+	Assign(j *dispatch.Job, id int64)
 }
 
 // Deps are what the supervisor needs of the other services.

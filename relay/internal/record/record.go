@@ -203,6 +203,16 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			// connection died with the COMMIT under way): then the
 			// delivery is in flight under this instance, which lives on,
 			// and only this result ever releases it.
+			//
+			// A job submitted before its insert learnt its id from it. It
+			// has none when the insert never returned (the ingest failed:
+			// the stream brings the event again) or found the event
+			// ingested before (its event_id repeated): its attempt, made
+			// meanwhile with the same webhook-id, is not recorded.
+			if o.Result.DeliveryID = o.Job.ID(); o.Result.DeliveryID == 0 {
+				r.disp.Recorded(o.Job)
+				continue
+			}
 		}
 		results = append(results, o.Result)
 		recorded = append(recorded, o.Job)

@@ -254,6 +254,39 @@ type CatchupResult struct {
 	Costs *Costs `json:"costs,omitempty"`
 }
 
+// statementsFile, from POSTBOX_BENCH_STATEMENTS, is where a bench that
+// starts its own PostgreSQL writes the statements that cost it most
+// (pg_stat_statements over the whole run): run one scenario at a time to
+// see where each spends.
+var statementsFile = os.Getenv("POSTBOX_BENCH_STATEMENTS")
+
+// dumpStatements writes the 25 statements with the most execution time.
+func (e *env) dumpStatements(ctx context.Context, path string) {
+	rows, err := e.pool.Query(ctx, `
+		SELECT calls, rows, round(total_exec_time::numeric, 1), round((total_exec_time / greatest(calls, 1))::numeric, 3),
+		       shared_blks_dirtied, wal_records, wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 160)
+		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25`)
+	if err != nil {
+		fmt.Fprintf(e.log, "bench: pg_stat_statements: %v\n", err)
+		return
+	}
+	defer rows.Close()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%8s %9s %10s %8s %8s %9s %11s  query\n", "calls", "rows", "total_ms", "mean_ms", "dirtied", "wal_recs", "wal_bytes")
+	for rows.Next() {
+		var calls, n, dirtied, recs int64
+		var total, mean float64
+		var walBytes float64
+		var q string
+		if err := rows.Scan(&calls, &n, &total, &mean, &dirtied, &recs, &walBytes, &q); err != nil {
+			fmt.Fprintf(e.log, "bench: pg_stat_statements: %v\n", err)
+			return
+		}
+		fmt.Fprintf(&b, "%8d %9d %10.1f %8.3f %8d %9d %11.0f  %s\n", calls, n, total, mean, dirtied, recs, walBytes, q)
+	}
+	_ = os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
 // Run measures the scenarios of opts, writing progress (and the relay's
 // own output) to progress. When a delivery failed signature verification
 // it returns the figures together with an error wrapping ErrBadSignatures.
@@ -276,7 +309,11 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")
 	} else {
 		fmt.Fprintln(log, "bench: starting PostgreSQL (fsync on)")
-		cluster, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
+		popts := pgtest.Options{Fsync: true}
+		if statementsFile != "" {
+			popts.Settings = map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+		}
+		cluster, err := pgtest.Start(ctx, popts)
 		if err != nil {
 			return nil, fmt.Errorf("start PostgreSQL: %w", err)
 		}
@@ -290,6 +327,12 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		return nil, fmt.Errorf("connect to the bench database: %w", err)
 	}
 	defer env.pool.Close()
+	if statementsFile != "" && env.cluster != nil {
+		if _, err := env.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+			return nil, err
+		}
+		defer env.dumpStatements(context.WithoutCancel(ctx), statementsFile)
+	}
 	env.secret = outbox.NewSecret()
 	env.recv = newReceiver(env.secret)
 	defer env.recv.Close()

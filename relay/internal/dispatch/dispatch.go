@@ -179,7 +179,8 @@ type lane struct {
 	inFlight int
 	reserved int
 	queue    []*Job
-	starved  bool // in Dispatcher.starved
+	starved  bool      // in Dispatcher.starved
+	lastOK   time.Time // when an attempt of the lane last delivered
 }
 
 // held is how many jobs the lane holds or has promised room for.
@@ -192,6 +193,20 @@ func (l *lane) limit() int { return LaneLimit(l.cap) }
 
 // LaneLimit is how many jobs a lane with in-flight cap c may hold.
 func LaneLimit(c int) int { return 5 * c }
+
+// DrainingLaneLimit is how many jobs the fast path may give a lane with
+// in-flight cap c that is draining: it delivered within DrainWindow.
+// During a catch-up the ingest outruns the attempts; every event the fast
+// path takes is written in flight once, where one left to the queue is
+// written pending and claimed (a second write of its row and its
+// indexes). A lane that hangs or fails delivers nothing, so it never holds
+// more than LaneLimit; nor does any lane once the dispatcher holds half
+// its budget, which stays for claims and the other lanes.
+func DrainingLaneLimit(c int) int { return 50 * c }
+
+// DrainWindow is how recent a lane's last delivery must be for it to
+// count as draining.
+const DrainWindow = time.Second
 
 // Defaults of Options.
 const (
@@ -245,7 +260,11 @@ func (d *Dispatcher) Reserve(endpoint string) bool {
 		return false
 	}
 	l := d.laneLocked(endpoint)
-	if l.held() >= l.limit() || d.fullLocked() {
+	limit := l.limit()
+	if time.Since(l.lastOK) < DrainWindow && d.heldJobs < d.opts.MaxHeldJobs/2 && d.heldBytes < d.opts.MaxHeldBytes/2 {
+		limit = DrainingLaneLimit(l.cap)
+	}
+	if l.held() >= limit || d.fullLocked() {
 		return false
 	}
 	l.reserved++
@@ -430,6 +449,9 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	d.mu.Lock()
 	l.inFlight--
 	d.inFlight--
+	if res.Status == state.Delivered {
+		l.lastOK = time.Now()
+	}
 	if !d.stopping {
 		if len(d.starved) > 0 {
 			d.pumpStarvedLocked()

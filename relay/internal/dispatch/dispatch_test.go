@@ -153,3 +153,43 @@ func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
 	require.Eventually(t, func() bool { return h.count(state.Delivered) == 60 }, 5*time.Second, time.Millisecond)
 	require.EqualValues(t, 10, h.totalPeak.Load(), "never more than the global cap running at once, from the first job to the last")
 }
+
+// TestDrainingLanesTakeMoreFromTheFastPath: a lane that delivered within
+// DrainWindow may be given up to DrainingLaneLimit jobs by the fast path
+// (a catch-up's events are then written in flight once, not queued and
+// claimed); a lane that has delivered nothing (hanging) stays at
+// LaneLimit, and so does every lane once half the dispatcher's budget is
+// held.
+func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 2, "hang": 2})
+	close(h.release)
+	require.True(t, h.d.Reserve("e")) // the lane stays while it holds something
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	require.Eventually(t, func() bool { return h.count(state.Delivered) == 1 }, 5*time.Second, time.Millisecond)
+	for range dispatch.DrainingLaneLimit(2) - 1 {
+		require.True(t, h.d.Reserve("e"))
+	}
+	require.False(t, h.d.Reserve("e"))
+	for range dispatch.LaneLimit(2) {
+		require.True(t, h.d.Reserve("hang"))
+	}
+	require.False(t, h.d.Reserve("hang"), "a lane that delivered nothing gets no more than its limit")
+
+	small := dispatch.New(dispatch.Options{
+		Capacity:    func(string) int { return 2 },
+		Execute:     func(context.Context, *dispatch.Job) state.Result { return state.Result{Status: state.Delivered} },
+		OnOutcome:   func(dispatch.Outcome) {},
+		MaxHeldJobs: 2 * dispatch.LaneLimit(2),
+	})
+	require.True(t, small.Reserve("e"))
+	small.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false) // delivered, never recorded: held
+	require.Eventually(t, func() bool { free, _ := small.Free(); return free["e"] == dispatch.LaneLimit(2)-1 }, 5*time.Second, time.Millisecond)
+	n := 0
+	for small.Reserve("e") {
+		n++
+	}
+	// Drained, the lane could take 18 more before the budget is full; at
+	// half the budget it is back to its limit (1 reserved + 9).
+	require.Equal(t, dispatch.LaneLimit(2)-1, n, "at half the budget, the draining lane is back to its limit")
+}

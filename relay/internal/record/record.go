@@ -36,8 +36,11 @@ const (
 	// writes them, unless LingerBatchDefault are waiting or one of them
 	// is a probe's or an ordered endpoint's (whose next delivery waits for
 	// it). Recording is off the delivery path, and at a live rate each
-	// write of one result costs as many statements as a write of many.
-	LingerDefault      = 10 * time.Millisecond
+	// write of one result costs as many statements as a write of many: at
+	// 200 events/s, 50 ms (batches of about ten) cost PostgreSQL 15-40 %
+	// less CPU per event than 10 ms. A breaker reacts to its streak at
+	// once regardless (protect.Observe).
+	LingerDefault      = 50 * time.Millisecond
 	LingerBatchDefault = 100
 )
 

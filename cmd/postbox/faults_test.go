@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/url"
@@ -174,6 +175,13 @@ func holdIngest(t *testing.T, pool *pgxpool.Pool, endpoint string) (id string, w
 		return pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holder).Scan(&waiting) == nil
 	})
 	return id, waiting, release
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "NULL"
+	}
+	return *s
 }
 
 // takeoverMargin is what a standby needs beyond the leader lease and its
@@ -718,11 +726,26 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	// Its transaction stays open: idle, or, when the rest of the ingest's
 	// pipeline already reached the server, waiting on a lock (the
 	// checkpoint row, once the standby leads).
-	var oldState string
+	var oldState, seen string
+	t.Cleanup(func() {
+		if t.Failed() {
+			// What the held backend was doing, for a failure to explain itself.
+			t.Logf("backend %d last seen as: %s", ingestPID, seen)
+		}
+	})
 	waitForT(t, 30*time.Second, "the frozen leader's insert to complete, its transaction open", func() bool {
-		return pool.QueryRow(ctx, `SELECT backend_xid::text, state FROM pg_stat_activity
-			WHERE pid = $1 AND backend_xid IS NOT NULL
-			  AND (state = 'idle in transaction' OR (state = 'active' AND wait_event_type = 'Lock'))`, ingestPID).Scan(&oldXID, &oldState) == nil
+		var xid, state, wait, query *string
+		if err := pool.QueryRow(ctx, `SELECT backend_xid::text, state, wait_event_type || ':' || wait_event, left(query, 80)
+			FROM pg_stat_activity WHERE pid = $1`, ingestPID).Scan(&xid, &state, &wait, &query); err != nil {
+			seen = err.Error()
+			return false
+		}
+		seen = fmt.Sprintf("xid %v, state %v, waiting on %v, query %v", deref(xid), deref(state), deref(wait), deref(query))
+		if xid == nil || state == nil || !(*state == "idle in transaction" || *state == "active" && wait != nil && strings.HasPrefix(*wait, "Lock:")) {
+			return false
+		}
+		oldXID, oldState = *xid, *state
+		return true
 	})
 	// When the frozen transaction itself waits on a lock, the new leader's
 	// ingest of the held event and it wait on each other, and PostgreSQL's

@@ -72,6 +72,7 @@ type Claimer struct {
 
 	mu     sync.Mutex
 	closed []string // lanes whose breaker closed: their parked deliveries are due
+	sweeps int      // park's count, claimLoop's alone
 }
 
 // New returns a Claimer feeding disp.
@@ -117,6 +118,11 @@ func (c *Claimer) BreakersClosed(lanes []string) {
 	c.mu.Unlock()
 	c.Queued()
 }
+
+// UnparkAllEvery is how many sweeps go by between unparks that look at
+// every parked lane (a minute at the default sweep_interval; the first
+// sweep is one of them).
+const UnparkAllEvery = 12
 
 // ParkBatchesDefault is how many batches of store.ParkBatchDefault one
 // sweep parks at most: a deep backlog behind a breaker that just opened
@@ -185,7 +191,7 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	c.mu.Unlock()
 	if len(closed) > 0 {
 		// The sweep unparks what this misses (park).
-		if _, err := c.env.Store.Unpark(ctx, closed, store.ParkBatchDefault); err != nil {
+		if _, err := c.env.Store.Unpark(ctx, closed, store.ParkBatchDefault, false); err != nil {
 			c.log.Warn().Err(err).Msg("could not return the deliveries of closed breakers to the queue; the next sweep will")
 		}
 	}
@@ -271,7 +277,10 @@ func (c *Claimer) park(ctx context.Context) {
 		parked += n
 	}
 	if err == nil {
-		unparked, err = c.env.Store.Unpark(ctx, nil, store.ParkBatchDefault)
+		// Now and then every parked lane, not only those with a closed
+		// breaker: one whose health row was deleted has no breaker left.
+		c.sweeps++
+		unparked, err = c.env.Store.Unpark(ctx, nil, store.ParkBatchDefault, c.sweeps%UnparkAllEvery == 1)
 	}
 	if err != nil && ctx.Err() == nil {
 		c.log.Warn().Err(err).Msg("could not park or unpark held deliveries; trying again at the next sweep")

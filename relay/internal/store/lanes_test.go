@@ -124,7 +124,7 @@ func TestOpenBreakersAreParked(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 10, n)
 	require.Equal(t, 30, parkedRows(), "only the open breaker's lane")
-	n, err = s.Unpark(ctx, nil, 100)
+	n, err = s.Unpark(ctx, nil, 100, true)
 	require.NoError(t, err)
 	require.Zero(t, n, "its breaker is still open")
 
@@ -140,14 +140,35 @@ func TestOpenBreakersAreParked(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Pool.Exec(ctx, `UPDATE postbox.endpoint_health SET state = 'closed' WHERE endpoint = $1`, dead)
 	require.NoError(t, err)
-	n, err = s.Unpark(ctx, nil, 10) // the sweep's: every closed lane
+	n, err = s.Unpark(ctx, nil, 10, false) // the sweep's: every closed lane
 	require.NoError(t, err)
 	require.EqualValues(t, 10, n)
-	n, err = s.Unpark(ctx, []string{dead}, 100) // the closing instance's
+	n, err = s.Unpark(ctx, []string{dead}, 100, false) // the closing instance's
 	require.NoError(t, err)
 	require.EqualValues(t, 19, n)
 	require.Zero(t, parkedRows())
 	claimed, err = s.Claim(ctx, "me", 100, nil, nil, 100, nil)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{dead: 29}, countLanes(claimed), "every parked delivery, due at once")
+
+	// A parked lane whose health row an operator deleted has no breaker
+	// left: the sweep's look at every parked lane finds it.
+	const gone = "partners → gone.test"
+	queueLane(t, s, "partners", gone, 4)
+	_, err = s.Pool.Exec(ctx, `
+		INSERT INTO postbox.endpoint_health (endpoint, state, consecutive_failures, opened_at, cooldown_seconds)
+		VALUES ($1, 'open', 5, now(), 3600)`, gone)
+	require.NoError(t, err)
+	n, err = s.Park(ctx, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, n)
+	_, err = s.Pool.Exec(ctx, `DELETE FROM postbox.endpoint_health WHERE endpoint = $1`, gone)
+	require.NoError(t, err)
+	n, err = s.Unpark(ctx, nil, 100, false)
+	require.NoError(t, err)
+	require.Zero(t, n, "no closed health row names it")
+	n, err = s.Unpark(ctx, nil, 100, true)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, n)
+	require.Zero(t, parkedRows())
 }

@@ -57,13 +57,27 @@ WHERE d.id IN (SELECT id FROM postbox.deliveries WHERE id IN (SELECT id FROM can
 
 // unparkSQL makes due now up to $1 parked deliveries of lanes whose
 // breaker is closed: of the lanes in $2, or when $2 is NULL of every lane
-// whose health row says closed (health rows are never deleted, and a lane
-// is parked only while its row says open or half-open).
+// whose health row says closed, and with $3 of every parked lane too (a
+// skip scan of deliveries_parked), which finds lanes whose health row is
+// gone (postbox writes none away, an operator may).
 const unparkSQL = `
-WITH lanes AS (
+WITH RECURSIVE parked AS (
+  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries
+   WHERE $3 AND status IN ('pending', 'failed') AND next_attempt_at = 'infinity'
+   ORDER BY coalesce(lane, endpoint) LIMIT 1)
+  UNION ALL
+  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
+          WHERE d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity'
+            AND coalesce(d.lane, d.endpoint) > p.lane
+          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
+  FROM parked p WHERE p.lane IS NOT NULL
+),
+lanes AS (
   SELECT endpoint AS lane FROM postbox.endpoint_health WHERE $2::text[] IS NULL AND state = 'closed'
   UNION
   SELECT unnest($2::text[])
+  UNION
+  SELECT lane FROM parked WHERE lane IS NOT NULL
 ),
 free AS (
   SELECT lane FROM lanes
@@ -92,10 +106,12 @@ func (s *Store) Park(ctx context.Context, limit int) (int64, error) {
 }
 
 // Unpark makes due now up to limit parked deliveries of lanes whose
-// breaker is closed: of lanes, or of every closed lane when lanes is nil.
+// breaker is closed: of lanes, or of every closed lane when lanes is nil;
+// with all, of every parked lane whose breaker is not open, health row or
+// none (a skip scan of the parked lanes: the sweep does it now and then).
 // It returns how many.
-func (s *Store) Unpark(ctx context.Context, lanes []string, limit int) (int64, error) {
-	tag, err := s.Pool.Exec(ctx, unparkSQL, limit, lanes)
+func (s *Store) Unpark(ctx context.Context, lanes []string, limit int, all bool) (int64, error) {
+	tag, err := s.Pool.Exec(ctx, unparkSQL, limit, lanes, all)
 	if err != nil {
 		return 0, fmt.Errorf("unpark deliveries: %w", err)
 	}

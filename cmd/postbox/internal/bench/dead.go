@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // DeadDefault is how many dead endpoints the dead scenario adds.
@@ -12,9 +13,12 @@ const DeadDefault = 10000
 // alone and once beside dead endpoints whose breakers are open and whose
 // deliveries wait on them.
 type DeadResult struct {
-	Dead   int            `json:"dead_endpoints"`
-	Alone  *LatencyResult `json:"without_dead_endpoints"`
-	Beside *LatencyResult `json:"beside_dead_endpoints"`
+	Dead int `json:"dead_endpoints"`
+	// ParkSeconds is how long a relay took to park the dead endpoints'
+	// deliveries (store.Park) before the measured run.
+	ParkSeconds float64        `json:"park_seconds"`
+	Alone       *LatencyResult `json:"without_dead_endpoints"`
+	Beside      *LatencyResult `json:"beside_dead_endpoints"`
 }
 
 // dead measures the cost of dead endpoints to the healthy ones.
@@ -28,11 +32,38 @@ func (e *env) dead(ctx context.Context, o Options) (*DeadResult, error) {
 	if err := e.seedDead(ctx, o.Dead); err != nil {
 		return nil, err
 	}
+	// Breakers that opened a few sweeps ago have their deliveries parked:
+	// measure that state, after timing how long a relay takes to reach it.
+	if res.ParkSeconds, err = e.parkDead(ctx); err != nil {
+		return nil, err
+	}
 	if res.Beside, err = e.latency(ctx, o, false); err != nil {
 		return nil, err
 	}
 	e.truncate(ctx, true)
 	return res, nil
+}
+
+// parkDead runs a relay until the dead endpoints' deliveries are parked
+// and returns how long that took.
+func (e *env) parkDead(ctx context.Context) (float64, error) {
+	start := time.Now()
+	if err := e.startRelay(ctx); err != nil {
+		return 0, err
+	}
+	err := waitFor(ctx, 5*time.Minute, 100*time.Millisecond, func() (bool, error) {
+		var left int
+		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries
+			WHERE endpoint LIKE 'dead-%' AND status = 'failed' AND next_attempt_at < 'infinity'`).Scan(&left)
+		return left == 0, err
+	})
+	took := time.Since(start).Seconds()
+	e.stopRelay()
+	if err != nil {
+		return 0, fmt.Errorf("park the dead endpoints' deliveries: %w", err)
+	}
+	fmt.Fprintf(e.log, "bench: dead, a relay parked their deliveries in %.1f s\n", took)
+	return took, nil
 }
 
 // seedDead gives n endpoints (row URLs to a closed port) three failed

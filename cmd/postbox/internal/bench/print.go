@@ -22,7 +22,7 @@ func (r *Result) Print(w io.Writer) {
 		}
 		switch {
 		case i == 3:
-			fmt.Fprintf(w, "\nthe same beside %d dead endpoints (open breakers, three deliveries waiting on each):\n", r.Dead.Dead)
+			fmt.Fprintf(w, "\nthe same beside %d dead endpoints (open breakers, three deliveries waiting on each, parked in %.1f s):\n", r.Dead.Dead, r.Dead.ParkSeconds)
 		case l.Hanging:
 			fmt.Fprintf(w, "\ncommit → receiver latency of the %d healthy endpoints at %d events/s, one of %d endpoints hanging:\n", l.Endpoints-1, l.Rate, l.Endpoints)
 		default:

@@ -93,6 +93,32 @@ dl AS (
 SELECT i.ord, dl.id, dl.event_pk
 FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint`
 
+// insertEventSQL is insertEventsSQL for one event, with the same
+// parameters (arrays of one): the single event of a live transaction
+// skips the unnest and the joins that match many events to their
+// deliveries, which cost more than the inserts themselves.
+const insertEventSQL = `
+WITH ev AS (
+  INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
+                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped)
+  SELECT ($1::uuid[])[1], ($2::text[])[1], ($3::text[])[1], ($4::text[])[1], p.v, (($6::text[])[1])::jsonb,
+         coalesce(($7::timestamptz[])[1], now()), ($8::int8[])[1], (($9::text[])[1])::pg_lsn, ($10::timestamptz[])[1],
+         {{search}},
+         nullif(($14::int4[])[1], 0)
+  FROM (SELECT (($5::text[])[1])::jsonb AS v) AS p
+  ON CONFLICT (event_id, endpoint) DO NOTHING
+  RETURNING id, endpoint
+),
+dl AS (
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error)
+  SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
+         CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END,
+         nullif(($12::text[])[1], '')
+  FROM ev
+  RETURNING id, event_pk
+)
+SELECT 1::int8, dl.id, dl.event_pk FROM dl`
+
 func insertEventsArgs(owner string, evs []NewEvent) []any {
 	n := len(evs)
 	var (
@@ -145,9 +171,11 @@ type IngestConn struct {
 	inTx  bool
 	owner string
 	// searchKeys are the payload fields extracted into events.search, and
-	// insertSQL the insert statement that extracts them.
-	searchKeys []string
-	insertSQL  string
+	// insertSQL and insertOneSQL the insert statements (many events, one)
+	// that extract them.
+	searchKeys   []string
+	insertSQL    string
+	insertOneSQL string
 	// The session's leadership and server, written with each checkpoint.
 	lead     Leadership
 	systemID string
@@ -174,7 +202,9 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 		c.Release()
 		return nil, err
 	}
-	return &IngestConn{conn: c, s: s, owner: owner, insertSQL: insertEventsStatement(nil)}, nil
+	ic := &IngestConn{conn: c, s: s, owner: owner}
+	ic.insertSQL, ic.insertOneSQL = insertEventsStatements(nil)
+	return ic, nil
 }
 
 // SetSearchKeys sets the payload fields the following inserts extract
@@ -183,14 +213,16 @@ func (ic *IngestConn) SetSearchKeys(keys []string) {
 	if ic.insertSQL != "" && slices.Equal(keys, ic.searchKeys) {
 		return
 	}
-	ic.searchKeys, ic.insertSQL = slices.Clone(keys), insertEventsStatement(keys)
+	ic.searchKeys = slices.Clone(keys)
+	ic.insertSQL, ic.insertOneSQL = insertEventsStatements(keys)
 }
 
-// insertEventsStatement is insertEventsSQL extracting keys: each key's
+// insertEventsStatements are insertEventsSQL and insertEventSQL
+// extracting keys: each key's
 // value when it is a scalar, as text, written into the statement (keys are
 // validated names, and quoted) so that a row costs one jsonb_build_object,
 // not a subquery; NULL (no index entry) when none is there.
-func insertEventsStatement(keys []string) string {
+func insertEventsStatements(keys []string) (many, one string) {
 	search := "NULL::jsonb"
 	if len(keys) > 0 {
 		var b strings.Builder
@@ -205,7 +237,7 @@ func insertEventsStatement(keys []string) string {
 		b.WriteString(")), '{}'::jsonb)")
 		search = b.String()
 	}
-	return strings.Replace(insertEventsSQL, "{{search}}", search, 1)
+	return strings.Replace(insertEventsSQL, "{{search}}", search, 1), strings.Replace(insertEventSQL, "{{search}}", search, 1)
 }
 
 // InTx reports whether a transaction is open.
@@ -230,7 +262,11 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	if !ic.inTx {
 		b.Queue("BEGIN")
 	}
-	b.Queue(ic.insertSQL, insertEventsArgs(ic.owner, evs)...)
+	sql := ic.insertSQL
+	if len(evs) == 1 {
+		sql = ic.insertOneSQL
+	}
+	b.Queue(sql, insertEventsArgs(ic.owner, evs)...)
 	if len(outboxIDs) > 0 {
 		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
 	}

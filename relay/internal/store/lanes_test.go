@@ -172,3 +172,45 @@ func TestOpenBreakersAreParked(t *testing.T) {
 	require.EqualValues(t, 4, n)
 	require.Zero(t, parkedRows())
 }
+
+// TestOneEventInsertsAsMany: the single-event insert (a live
+// transaction's) writes what the many-event one writes: the event with
+// its search fields, its delivery's lane, status and owner; and an event
+// ingested before is not written again.
+func TestOneEventInsertsAsMany(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	defer ic.Release()
+	ic.SetSearchKeys([]string{"click_id"})
+	ev := func(id string) store.NewEvent {
+		return store.NewEvent{EventID: id, Endpoint: "partners", Lane: "partners → a.test", URL: "http://a.test/pb",
+			EventType: "conversion", Payload: []byte(`{"click_id":"c1"}`), Headers: []byte(`{"X-A":"1"}`), Status: state.InFlight}
+	}
+	one, many := outbox.NewEventID(), outbox.NewEventID()
+	got, err := ic.Insert(ctx, []store.NewEvent{ev(one)}, false)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	got, err = ic.Insert(ctx, []store.NewEvent{ev(many), ev(outbox.NewEventID())}, false)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	got, err = ic.Insert(ctx, []store.NewEvent{ev(one)}, false)
+	require.NoError(t, err)
+	require.Empty(t, got, "ingested before")
+	require.NoError(t, ic.Commit(ctx, 0, false))
+
+	row := func(id string) string {
+		var out string
+		require.NoError(t, s.Pool.QueryRow(ctx, `
+			SELECT concat_ws(' | ', e.endpoint, e.url, e.event_type, e.payload::text, e.headers::text, e.search::text,
+			                 d.endpoint, d.lane, d.status, d.lease_owner)
+			FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id WHERE e.event_id = $1`, id).Scan(&out))
+		return out
+	}
+	require.Equal(t, row(many), row(one))
+	var n int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk WHERE e.event_id = $1`, one).Scan(&n))
+	require.Equal(t, 1, n)
+}

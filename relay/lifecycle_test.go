@@ -55,6 +55,10 @@ func TestStopJoinsEveryGoroutine(t *testing.T) {
 		t.Fatal("Stop returned before Stopped closed")
 	}
 	rc.CloseClientConnections()
+	// The test's own pool too: pgconn starts a background reader on a
+	// connection whose write is slow (a loaded machine), and it waits in
+	// a read until the connection closes.
+	tb.pool.Close()
 	goleak.VerifyNone(t, before)
 }
 

@@ -66,9 +66,13 @@ func TestClaimsInFlightAreNotRescued(t *testing.T) {
 	ctx := context.Background()
 	ids := tb.insert(t, outbox.Event{Endpoint: "slow"})
 	waitUntil(t, 30*time.Second, "the attempt under way", func() bool { return rc.count() == 1 })
-	// Make the claim look old; the sweep runs every 200 ms.
-	_, err := tb.pool.Exec(ctx, `UPDATE postbox.deliveries SET updated_at = now() - interval '1 minute' WHERE lease_owner = $1`, r.InstanceID())
-	require.NoError(t, err)
+	// Make the claim look old; the sweep runs every 200 ms. The attempt
+	// starts while the ingest writes the delivery: wait for its row.
+	waitUntil(t, 10*time.Second, "the delivery in flight, committed", func() bool {
+		tag, err := tb.pool.Exec(ctx, `UPDATE postbox.deliveries SET updated_at = now() - interval '1 minute' WHERE lease_owner = $1`, r.InstanceID())
+		require.NoError(t, err)
+		return tag.RowsAffected() == 1
+	})
 	time.Sleep(time.Second)
 	close(release)
 	tb.waitSettled(t, 1, 30*time.Second)

@@ -59,10 +59,7 @@ func (j *Job) ID() int64 {
 
 // Key is the job's lane key: its Lane, or its endpoint's.
 func (j *Job) Key() string {
-	if j.Lane != "" {
-		return j.Lane
-	}
-	return j.Endpoint
+	return state.LaneKey(j.Endpoint, j.Lane)
 }
 
 // Ingest tracks an ingest transaction that jobs depend on.

@@ -110,10 +110,17 @@ type Result struct {
 	CommitToDeliveryMS float64 // -1 when unknown
 }
 
+// LaneKey is the key a delivery is queued and protected under: its lane
+// (an endpoint and a row URL's host, config.Config.Lane) when it has one,
+// else its endpoint.
+func LaneKey(endpoint, lane string) string {
+	if lane != "" {
+		return lane
+	}
+	return endpoint
+}
+
 // Key is the lane whose health r feeds: its Lane, or its endpoint's.
 func (r *Result) Key() string {
-	if r.Lane != "" {
-		return r.Lane
-	}
-	return r.Endpoint
+	return LaneKey(r.Endpoint, r.Lane)
 }

@@ -44,10 +44,7 @@ type NewEvent struct {
 
 // Key is ev's lane key: its Lane, or its endpoint's.
 func (ev *NewEvent) Key() string {
-	if ev.Lane != "" {
-		return ev.Lane
-	}
-	return ev.Endpoint
+	return state.LaneKey(ev.Endpoint, ev.Lane)
 }
 
 // Ingested identifies the delivery created for NewEvent number Index of an

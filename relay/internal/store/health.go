@@ -135,7 +135,7 @@ func (s *Store) UnhealthyEndpoints(ctx context.Context) (map[string]Health, erro
 // transition, so there is exactly one probe however many there are. A
 // breaker with nothing queued is left as it is, to be probed once
 // something is.
-const claimProbesSQL = `
+var claimProbesSQL = `
 WITH cand AS (
   SELECT * FROM unnest($1::text[], $3::bool[], $4::bool[]) AS c(endpoint, retry, ordered)
 ),
@@ -149,12 +149,9 @@ probe AS (
       OR (h.state = 'half_open' AND NOT EXISTS (
             SELECT 1 FROM postbox.instances i WHERE i.id = h.probe_owner AND i.expires_at > now())))
     AND coalesce(h.paused_until, '-infinity') <= now()
-    AND (EXISTS (SELECT 1 FROM postbox.deliveries q WHERE coalesce(q.lane, q.endpoint) = h.endpoint
-                 AND q.status IN ('pending', 'failed') AND q.next_attempt_at = 'infinity')
-      OR EXISTS (SELECT 1 FROM postbox.deliveries q WHERE coalesce(q.lane, q.endpoint) = h.endpoint
-                 AND q.status = 'pending' AND q.next_attempt_at < 'infinity')
-      OR EXISTS (SELECT 1 FROM postbox.deliveries q WHERE coalesce(q.lane, q.endpoint) = h.endpoint
-                 AND q.status = 'failed' AND q.next_attempt_at < 'infinity'))
+    AND (EXISTS (SELECT 1 FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = h.endpoint AND ` + queuedParked + `)
+      OR EXISTS (SELECT 1 FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = h.endpoint AND ` + queuedPending + `)
+      OR EXISTS (SELECT 1 FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = h.endpoint AND ` + queuedRetry + `))
   RETURNING h.endpoint, cand.ordered
 ),
 first AS (
@@ -162,17 +159,17 @@ first AS (
     SELECT u.id FROM (
       (SELECT d.id, d.next_attempt_at FROM postbox.deliveries d
        WHERE NOT probe.ordered AND coalesce(d.lane, d.endpoint) = probe.endpoint
-         AND d.status = 'pending' AND d.next_attempt_at < 'infinity'
+         AND ` + queuedPending + `
        ORDER BY d.next_attempt_at, d.id LIMIT 1)
       UNION ALL
       (SELECT d.id, d.next_attempt_at FROM postbox.deliveries d
        WHERE NOT probe.ordered AND coalesce(d.lane, d.endpoint) = probe.endpoint
-         AND d.status = 'failed' AND d.next_attempt_at < 'infinity'
+         AND ` + queuedRetry + `
        ORDER BY d.next_attempt_at, d.id LIMIT 1)
       UNION ALL
       (SELECT d.id, d.next_attempt_at FROM postbox.deliveries d -- parked (see Park)
        WHERE NOT probe.ordered AND coalesce(d.lane, d.endpoint) = probe.endpoint
-         AND d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity'
+         AND ` + queuedParked + `
        ORDER BY d.id LIMIT 1)
       UNION ALL
       (SELECT d.id, NULL FROM postbox.deliveries d

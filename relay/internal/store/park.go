@@ -18,36 +18,18 @@ const ParkBatchDefault = 2000
 // by skip scans of the lanes with queued deliveries: once they are
 // parked, that is only the lanes that may deliver, however many breakers
 // are open.
-const parkSQL = `
-WITH RECURSIVE pending_lanes AS (
-  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries WHERE status = 'pending' AND next_attempt_at < 'infinity'
-   ORDER BY coalesce(lane, endpoint) LIMIT 1)
-  UNION ALL
-  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
-          WHERE d.status = 'pending' AND d.next_attempt_at < 'infinity' AND coalesce(d.lane, d.endpoint) > p.lane
-          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
-  FROM pending_lanes p WHERE p.lane IS NOT NULL
-),
-retry_lanes AS (
-  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries WHERE status = 'failed' AND next_attempt_at < 'infinity'
-   ORDER BY coalesce(lane, endpoint) LIMIT 1)
-  UNION ALL
-  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
-          WHERE d.status = 'failed' AND d.next_attempt_at < 'infinity' AND coalesce(d.lane, d.endpoint) > r.lane
-          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
-  FROM retry_lanes r WHERE r.lane IS NOT NULL
-),
+var parkSQL = `
+WITH RECURSIVE ` + laneScan("pending_lanes", queuedPending) + `,
+` + laneScan("retry_lanes", queuedRetry) + `,
 held AS (
   SELECT l.lane FROM (SELECT lane FROM pending_lanes UNION SELECT lane FROM retry_lanes) l
   JOIN postbox.endpoint_health h ON h.endpoint = l.lane AND h.state <> 'closed'
 ),
 cand AS (
   SELECT c.id FROM held CROSS JOIN LATERAL (
-    (SELECT id FROM postbox.deliveries
-     WHERE coalesce(lane, endpoint) = held.lane AND status = 'pending' AND next_attempt_at < 'infinity' LIMIT $1)
+    (SELECT d.id FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = held.lane AND ` + queuedPending + ` LIMIT $1)
     UNION ALL
-    (SELECT id FROM postbox.deliveries
-     WHERE coalesce(lane, endpoint) = held.lane AND status = 'failed' AND next_attempt_at < 'infinity' LIMIT $1)
+    (SELECT d.id FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = held.lane AND ` + queuedRetry + ` LIMIT $1)
   ) c
   LIMIT $1
 )
@@ -60,18 +42,8 @@ WHERE d.id IN (SELECT id FROM postbox.deliveries WHERE id IN (SELECT id FROM can
 // whose health row says closed, and with $3 of every parked lane too (a
 // skip scan of deliveries_parked), which finds lanes whose health row is
 // gone (postbox writes none away, an operator may).
-const unparkSQL = `
-WITH RECURSIVE parked AS (
-  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries
-   WHERE $3 AND status IN ('pending', 'failed') AND next_attempt_at = 'infinity'
-   ORDER BY coalesce(lane, endpoint) LIMIT 1)
-  UNION ALL
-  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
-          WHERE d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity'
-            AND coalesce(d.lane, d.endpoint) > p.lane
-          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
-  FROM parked p WHERE p.lane IS NOT NULL
-),
+var unparkSQL = `
+WITH RECURSIVE ` + laneScan("parked", "$3 AND "+queuedParked) + `,
 lanes AS (
   SELECT endpoint AS lane FROM postbox.endpoint_health WHERE $2::text[] IS NULL AND state = 'closed'
   UNION
@@ -85,8 +57,7 @@ free AS (
 ),
 cand AS (
   SELECT c.id FROM free CROSS JOIN LATERAL (
-    SELECT id FROM postbox.deliveries
-    WHERE coalesce(lane, endpoint) = free.lane AND status IN ('pending', 'failed') AND next_attempt_at = 'infinity'
+    SELECT d.id FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = free.lane AND ` + queuedParked + `
     LIMIT $1) c
   LIMIT $1
 )

@@ -30,10 +30,7 @@ type Claimed struct {
 
 // Key is c's lane key: its Lane, or its endpoint's.
 func (c *Claimed) Key() string {
-	if c.Lane != "" {
-		return c.Lane
-	}
-	return c.Endpoint
+	return state.LaneKey(c.Endpoint, c.Lane)
 }
 
 // claimedColumns is what every claim returns, from d (deliveries) and e
@@ -41,14 +38,10 @@ func (c *Claimed) Key() string {
 const claimedColumns = `d.id, d.endpoint, coalesce(d.lane, ''), d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
           e.payload::text, e.headers::text, e.created_at, e.committed_at`
 
-// healthyEndpoint is true for an endpoint whose breaker is closed and that
-// no receiver or operator paused.
-const healthyEndpoint = `NOT EXISTS (SELECT 1 FROM postbox.endpoint_health h
-  WHERE h.endpoint = %s AND (h.state <> 'closed' OR h.paused_until > now()))`
-
 // healthyLane is true for lane %[1]s of endpoint %[2]s when its breaker is
 // closed and neither it nor its endpoint is paused: pausing an endpoint
-// holds all of its lanes.
+// holds all of its lanes. An endpoint's own lane is its name (both %s the
+// same).
 const healthyLane = `NOT EXISTS (SELECT 1 FROM postbox.endpoint_health h
   WHERE h.endpoint = %[1]s AND (h.state <> 'closed' OR h.paused_until > now())
      OR h.endpoint = %[2]s AND %[2]s <> %[1]s AND h.paused_until > now())`
@@ -56,6 +49,30 @@ const healthyLane = `NOT EXISTS (SELECT 1 FROM postbox.endpoint_health h
 // laneName is the endpoint of lane key %s: what comes before its last
 // config.LaneSep.
 const laneName = `CASE WHEN strpos(%[1]s, ' → ') > 0 THEN regexp_replace(%[1]s, ' → [^→]*$', '') ELSE %[1]s END`
+
+// laneScan is a recursive CTE, name AS (…), of the lanes that have
+// deliveries d matching cond: a skip scan, one probe of the partial index
+// cond selects per lane, however deep the lane's queue. Its last row is
+// NULL.
+func laneScan(name, cond string) string {
+	return name + ` AS (
+  (SELECT coalesce(d.lane, d.endpoint) AS lane FROM postbox.deliveries d WHERE ` + cond + `
+   ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
+  UNION ALL
+  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
+          WHERE ` + cond + ` AND coalesce(d.lane, d.endpoint) > s.lane
+          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
+  FROM ` + name + ` s WHERE s.lane IS NOT NULL
+)`
+}
+
+// The deliveries the claim looks at (deliveries_pending, deliveries_retry)
+// and the parked ones (deliveries_parked, see Park).
+const (
+	queuedPending = `d.status = 'pending' AND d.next_attempt_at < 'infinity'`
+	queuedRetry   = `d.status = 'failed' AND d.next_attempt_at < 'infinity'`
+	queuedParked  = `d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity'`
+)
 
 // claimSQL claims due deliveries: per lane at most free[lane] (or for a
 // lane not listed, its endpoint's cap in $7/$8, or $3), first attempts
@@ -68,24 +85,8 @@ const laneName = `CASE WHEN strpos(%[1]s, ' → ') > 0 THEN regexp_replace(%[1]s
 // breaker or a pause wait, and the deliveries of an open breaker's lane
 // are parked out of the scans' sight (see Park).
 var claimSQL = `
-WITH RECURSIVE pending_lanes AS (
-  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries WHERE status = 'pending' AND next_attempt_at < 'infinity'
-   ORDER BY coalesce(lane, endpoint) LIMIT 1)
-  UNION ALL
-  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
-          WHERE d.status = 'pending' AND d.next_attempt_at < 'infinity' AND coalesce(d.lane, d.endpoint) > p.lane
-          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
-  FROM pending_lanes p WHERE p.lane IS NOT NULL
-),
-retry_lanes AS (
-  (SELECT coalesce(lane, endpoint) AS lane FROM postbox.deliveries WHERE status = 'failed' AND next_attempt_at < 'infinity'
-   ORDER BY coalesce(lane, endpoint) LIMIT 1)
-  UNION ALL
-  SELECT (SELECT coalesce(d.lane, d.endpoint) FROM postbox.deliveries d
-          WHERE d.status = 'failed' AND d.next_attempt_at < 'infinity' AND coalesce(d.lane, d.endpoint) > r.lane
-          ORDER BY coalesce(d.lane, d.endpoint) LIMIT 1)
-  FROM retry_lanes r WHERE r.lane IS NOT NULL
-),
+WITH RECURSIVE ` + laneScan("pending_lanes", queuedPending) + `,
+` + laneScan("retry_lanes", queuedRetry) + `,
 lanes AS (
   SELECT lane, ` + fmt.Sprintf(laneName, "lane") + ` AS name
   FROM (SELECT lane FROM pending_lanes WHERE lane IS NOT NULL
@@ -103,15 +104,15 @@ caps AS (
 ),
 firsts AS (
   SELECT caps.lane, caps.free, d.id, d.next_attempt_at, 0 AS kind FROM caps CROSS JOIN LATERAL (
-    SELECT id, next_attempt_at FROM postbox.deliveries
-    WHERE coalesce(lane, endpoint) = caps.lane AND status = 'pending' AND next_attempt_at <= now() AND next_attempt_at < 'infinity'
+    SELECT d.id, d.next_attempt_at FROM postbox.deliveries d
+    WHERE coalesce(d.lane, d.endpoint) = caps.lane AND ` + queuedPending + ` AND d.next_attempt_at <= now()
     ORDER BY next_attempt_at, id LIMIT caps.free
     FOR UPDATE SKIP LOCKED) d
 ),
 retries AS (
   SELECT caps.lane, caps.free, d.id, d.next_attempt_at, 1 AS kind FROM caps CROSS JOIN LATERAL (
-    SELECT id, next_attempt_at FROM postbox.deliveries
-    WHERE coalesce(lane, endpoint) = caps.lane AND status = 'failed' AND next_attempt_at <= now() AND next_attempt_at < 'infinity'
+    SELECT d.id, d.next_attempt_at FROM postbox.deliveries d
+    WHERE coalesce(d.lane, d.endpoint) = caps.lane AND ` + queuedRetry + ` AND d.next_attempt_at <= now()
     ORDER BY next_attempt_at, id LIMIT caps.free
     FOR UPDATE SKIP LOCKED) d
 ),
@@ -144,7 +145,7 @@ WITH heads AS (
     WHERE d.endpoint = o.endpoint AND d.status IN ('pending', 'in_flight', 'failed')
     ORDER BY d.id LIMIT 1) h
   WHERE h.status <> 'in_flight' AND h.next_attempt_at <= now()
-    AND ` + fmt.Sprintf(healthyEndpoint, "o.endpoint") + `
+    AND ` + fmt.Sprintf(healthyLane, "o.endpoint", "o.endpoint") + `
 ),
 locked AS (
   SELECT id FROM postbox.deliveries

@@ -104,6 +104,14 @@ type Fault struct {
 	InFlight      int `json:"in_flight_before"`
 	During        int `json:"arrived_during"`
 	InFlightAfter int `json:"in_flight_after"`
+	// Unrecorded is the events that had reached the receiver before the
+	// fault but were recorded delivered after it: the fault took the
+	// record of that arrival with it (a result not yet written, or an
+	// ingest under way when the fast path had already started the
+	// attempt), so each was sent again. It counts attempts the in-flight
+	// figures cannot see: those whose delivery was not yet committed.
+	Unrecorded int      `json:"arrived_unrecorded"`
+	recent     []string // ids that first arrived in the seconds before the fault
 	// Dups is the duplicates that arrived after this fault and before the
 	// next.
 	Dups  int    `json:"duplicates"`
@@ -114,15 +122,16 @@ type Fault struct {
 // dupBound is how many duplicates the fault may cause: the deliveries in
 // flight at it (before, or once recovered from if more), and for a fault
 // of the database also those that arrived while it lasted, whose results
-// may not have been recordable. A relay killed or frozen, or the slot
-// dropped, leaves the other relays' deliveries alone.
+// may not have been recordable; or, if more, the arrivals the fault left
+// unrecorded (Unrecorded). A relay killed or frozen, or the slot dropped,
+// leaves the other relays' deliveries alone.
 func (f *Fault) dupBound() int {
 	n := max(f.InFlight, f.InFlightAfter)
 	switch f.Kind {
 	case faultRestartFast, faultRestartImmediate, faultReadOnly:
 		n = max(f.InFlight+f.During, f.InFlightAfter)
 	}
-	return n
+	return max(n, f.Unrecorded)
 }
 
 // chaosRelay is one of the chaos scenario's relay processes.
@@ -272,6 +281,7 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`).Scan(&f.InFlight)
 		f.at = time.Now()
 		f.AtSeconds = f.at.Sub(began).Seconds()
+		f.recent = led.firstSince(f.at.Add(-5 * time.Second))
 		arrivedBefore := led.arrived()
 		if err := e.inject(ctx, &f, rng, relays[rng.IntN(len(relays))], start, admin, db); err != nil {
 			f.Error = err.Error()
@@ -281,7 +291,6 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d, arrived during: %d, in flight after: %d)%s\n",
 			f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, errSuffix(f.Error))
 		res.Faults = append(res.Faults, f)
-		res.DupBound += f.dupBound()
 	}
 	producing.Wait()
 	loadEnd := time.Now()
@@ -308,6 +317,16 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		return nil, err
 	}
 	res.Sent, res.Received, res.Lost, res.Dups, res.Unacknowledged = t.sent, t.received, t.lost, t.dups, t.unacknowledged
+	for i := range res.Faults {
+		f := &res.Faults[i]
+		if err := e.pool.QueryRow(ctx, `
+			SELECT count(*) FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
+			WHERE e.event_id = ANY($1::uuid[]) AND d.status = 'delivered' AND d.delivered_at > $2`,
+			f.recent, f.at).Scan(&f.Unrecorded); err != nil {
+			return nil, fmt.Errorf("count the arrivals a fault left unrecorded: %w", err)
+		}
+		res.DupBound += f.dupBound()
+	}
 	res.DupsWithin = res.Dups <= res.DupBound
 	for _, at := range t.dupAt {
 		for i := len(res.Faults) - 1; i >= 0; i-- {

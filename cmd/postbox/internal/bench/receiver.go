@@ -65,6 +65,19 @@ func (l *ledger) arrive(id string, at time.Time) {
 }
 
 // arrived is how many deliveries arrived so far, repeats included.
+// firstSince returns the ids that first arrived at or after t.
+func (l *ledger) firstSince(t time.Time) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ids []string
+	for id, at := range l.first {
+		if !at.Before(t) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 func (l *ledger) arrived() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()

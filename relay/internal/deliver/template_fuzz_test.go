@@ -108,7 +108,12 @@ func checkBody(t *testing.T, tpl string, v Values) {
 	// In a JSON string: a value never closes the string, whatever it holds.
 	if lit := tp.literal(); utf8.ValidString(lit) && !strings.ContainsAny(lit, "\"\\") && !hasControl(lit) {
 		doc, err := ParseTemplate(`{"v": "`+tpl+`"}`, false)
-		require.NoError(t, err)
+		if err != nil {
+			// A brace the template left open can take the wrapper's
+			// closing quote and brace into a macro ({payload|"}).
+			require.Contains(t, lit, "{", "%q parses alone but not in a JSON string", tpl)
+			return
+		}
 		// (Unless a brace the template left open takes the closing quote
 		// into a macro's default.)
 		if got, err := doc.ExpandBody(v, JSONEscape); err == nil && doc.literal() == `{"v": "`+lit+`"}` {

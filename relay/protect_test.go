@@ -27,15 +27,25 @@ func intp(n int) *int                       { return &n }
 func (tb *testBundle) latencies(t *testing.T, reqs []received) []time.Duration {
 	t.Helper()
 	committed := map[string]time.Time{}
-	rows, err := tb.pool.Query(context.Background(), `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		var at time.Time
-		require.NoError(t, rows.Scan(&id, &at))
-		committed[id] = at
-	}
-	require.NoError(t, rows.Err())
+	// A request can reach the receiver before the ingest that writes its
+	// event commits: wait for every one's event.
+	waitUntil(t, 10*time.Second, "the requests' events committed", func() bool {
+		rows, err := tb.pool.Query(context.Background(), `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			var at time.Time
+			require.NoError(t, rows.Scan(&id, &at))
+			committed[id] = at
+		}
+		require.NoError(t, rows.Err())
+		for _, r := range reqs {
+			if _, ok := committed[r.ID]; !ok {
+				return false
+			}
+		}
+		return true
+	})
 	var out []time.Duration
 	for _, r := range reqs {
 		if c, ok := committed[r.ID]; ok {

@@ -439,7 +439,7 @@ func (e *env) inject(ctx context.Context, f *Fault, rng *rand.Rand, r *chaosRela
 	case faultDropSlot:
 		f.Target = "slot " + e.slot
 		var err error
-		for range 50 {
+		for range 150 { // 15 s: a loaded machine may still be recreating it
 			if _, err = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, e.slot); err != nil {
 				continue
 			}

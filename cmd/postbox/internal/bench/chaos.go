@@ -338,6 +338,7 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	}
 	if t.lost > 0 {
 		res.LostWhere = e.whereLost(ctx, t.lostIDs)
+		e.storyOfLost(ctx, t.lostIDs)
 	}
 	res.BadSignatures = e.recv.scenarioBad()
 	e.truncate(ctx, true)
@@ -394,6 +395,33 @@ func (e *env) whereLost(ctx context.Context, ids []string) map[string]int {
 		return map[string]int{"unknown: " + err.Error(): len(ids)}
 	}
 	return where
+}
+
+// storyOfLost writes to the progress log, for the first few lost events,
+// their deliveries and attempts: what postbox did with them.
+func (e *env) storyOfLost(ctx context.Context, ids []string) {
+	for _, id := range ids[:min(len(ids), 5)] {
+		rows, err := e.pool.Query(ctx, `
+			SELECT 'delivery ' || d.id || ' ' || d.status || ' attempts ' || d.attempt_count || ' owner ' || coalesce(d.lease_owner, '-') ||
+			       ' created ' || d.created_at::text || ' updated ' || d.updated_at::text || ' delivered ' || coalesce(d.delivered_at::text, '-') ||
+			       ' committed ' || coalesce(ev.committed_at::text, '-') || ' ingested ' || ev.ingested_at::text
+			FROM postbox.events ev JOIN postbox.deliveries d ON d.event_pk = ev.id WHERE ev.event_id = $1::uuid
+			UNION ALL
+			SELECT 'attempt of ' || a.delivery_id || ' #' || a.attempt || ' ' || a.outcome || ' at ' || a.started_at::text ||
+			       ' status ' || coalesce(a.status_code::text, '-') || ' by ' || a.instance || ' ' || coalesce(a.error, '')
+			FROM postbox.events ev JOIN postbox.deliveries d ON d.event_pk = ev.id JOIN postbox.attempts a ON a.delivery_id = d.id
+			WHERE ev.event_id = $1::uuid`, id)
+		if err != nil {
+			fmt.Fprintf(e.log, "bench: lost %s: %v\n", id, err)
+			continue
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			fmt.Fprintf(e.log, "bench: lost %s: %v\n", id, err)
+			continue
+		}
+		fmt.Fprintf(e.log, "bench: lost %s:\n  %s\n", id, strings.Join(lines, "\n  "))
+	}
 }
 
 func errSuffix(s string) string {

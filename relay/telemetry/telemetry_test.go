@@ -293,3 +293,21 @@ func TestSummaryNeverScansDeliveredRows(t *testing.T) {
 	require.EqualValues(t, 10, s.Pending)
 	require.Equal(t, 2.0, *s.CommitToDeliveryP50MS)
 }
+
+// TestOldestPendingCountsDeliveriesInFlight: a delivery in flight is
+// undelivered too (an instance alone keeps a backlog in flight), so the
+// oldest_pending alert sees an old one.
+func TestOldestPendingCountsDeliveriesInFlight(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	deliveries(t, pool, "new", 1, "")
+	deliveries(t, pool, "kept", 1, `status = 'in_flight', lease_owner = 'me', created_at = now() - interval '31 minutes'`)
+	s := mustSummary(t, pool, "none")
+	require.NotNil(t, s.OldestPendingAgeSeconds)
+	require.Greater(t, *s.OldestPendingAgeSeconds, (30 * time.Minute).Seconds())
+	var fired bool
+	for _, a := range telemetry.Evaluate(s, nil, config.DefaultAlerts()) {
+		fired = fired || a.Name == telemetry.AlertOldestPending && a.Firing
+	}
+	require.True(t, fired)
+}

@@ -214,7 +214,7 @@ func (r *Relay) start(ctx context.Context) error {
 	})
 	s.claimer = claim.New(env, s.disp, s.prot)
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
-	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued})
+	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Alone: env.Alone})
 	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload})
 
 	// Each service's context is the relay's hard one: Stop ends them

@@ -54,6 +54,61 @@ func TestKilledBetweenIngestAndDelivery(t *testing.T) {
 	require.Equal(t, 0, second.wait(t, 30*time.Second))
 }
 
+// TestKilledWhileKeepingABacklog kills postbox (SIGKILL) while it keeps
+// most of a backlog in flight by id (a lane that drains, no other
+// instance). A new process returns the killed one's deliveries to the
+// queue and delivers every event; only attempts that reached the receiver
+// unrecorded repeat.
+func TestKilledWhileKeepingABacklog(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	rc.delay = 2 * time.Millisecond
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 2\n")
+
+	first := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	waitForT(t, 30*time.Second, "two heartbeats: it has found itself alone", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE heartbeat_at > started_at + interval '1 second'`) == 1
+	})
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('p', '{}')`)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "the lane delivering", func() bool { _, total, _ := rc.snapshot(); return total >= 1 })
+	const per, txs = 100, 20
+	for range txs {
+		_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'p', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, per)
+		require.NoError(t, err)
+	}
+	n := per*txs + 1
+	waitForT(t, 30*time.Second, "the backlog ingested and under way", func() bool {
+		_, total, _ := rc.snapshot()
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 100
+	})
+	first.kill(t)
+	kept := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`)
+	pending := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'pending'`)
+	recorded := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`)
+	_, arrived, _ := rc.snapshot()
+	require.Less(t, arrived, n, "the kill came before the backlog was through")
+	require.Greater(t, kept, pending, "most of what was left was kept in flight, not queued")
+
+	second := startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 90*time.Second, "every event delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n
+	})
+	distinct, total, dups := rc.snapshot()
+	require.Equal(t, n, distinct, "nothing lost")
+	require.LessOrEqual(t, len(dups), arrived-recorded, "only attempts that arrived unrecorded repeat")
+	require.Equal(t, n, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries`), "one delivery per event")
+	t.Logf("sent %d; at the kill %d kept in flight, %d queued, %d arrived, %d recorded; received %d distinct in %d requests, %d duplicated",
+		n, kept, pending, arrived, recorded, distinct, total, len(dups))
+
+	second.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, second.wait(t, 30*time.Second))
+}
+
 // TestKilledBetweenDeliveryAndRecording kills postbox after the receiver
 // has the request but before postbox learns the answer: the event is
 // delivered again by the next process (at least once), nothing is lost.

@@ -43,6 +43,9 @@ type Dispatcher interface {
 	Free() (map[string]int, int)
 	Submit(j *dispatch.Job, reserved bool)
 	Unheld(ids []int64) []int64
+	KeptLanes() []string
+	TakeKept(all map[string]bool) map[string][]int64
+	Kept() int
 }
 
 // Protection is what the claimer needs of endpoint protection: a fresh
@@ -52,6 +55,8 @@ type Protection interface {
 	// Invalidate makes the next Refresh read the database.
 	Invalidate()
 	ClaimProbes(ctx context.Context) []store.Claimed
+	// Blocked reports whether a lane takes no new work now.
+	Blocked(lane string, now time.Time) bool
 }
 
 // Claimer claims from the queue table. Start it, Stop it.
@@ -200,6 +205,9 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 		j.Probe = true
 		c.disp.Submit(j, false)
 	}
+	if err := c.submitKept(ctx); err != nil {
+		return true, err
+	}
 	free, total := c.disp.Free()
 	if total == 0 {
 		return true, nil
@@ -234,7 +242,57 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	for _, cl := range heads {
 		c.disp.Submit(jobFromClaim(cl), false)
 	}
-	return full || len(claimed)+len(heads) > 0, err
+	return full || len(claimed)+len(heads) > 0 || c.disp.Kept() > 0, err
+}
+
+// submitKept submits the deliveries the ingest kept by id (see
+// dispatch.Dispatcher.ReserveKeep) as far as their lanes have room, read
+// back by id: they are this instance's in flight already. It returns to
+// the queue those of lanes that take no work now (an open breaker, a
+// pause: the queue parks or holds them), and all of them once another
+// instance has registered, which can then claim them too.
+func (c *Claimer) submitKept(ctx context.Context) error {
+	lanes := c.disp.KeptLanes()
+	if len(lanes) == 0 {
+		return nil
+	}
+	alone, now := c.env.Alone(), c.env.Now()
+	release := map[string]bool{}
+	for _, lane := range lanes {
+		if !alone || c.prot.Blocked(lane, now) {
+			release[lane] = true
+		}
+	}
+	var load, back []int64
+	for lane, ids := range c.disp.TakeKept(release) {
+		if release[lane] {
+			back = append(back, ids...)
+		} else {
+			load = append(load, ids...)
+		}
+	}
+	for len(back) > 0 {
+		// Until this succeeds they are no one's: the sweep's rescue
+		// returns them to the queue.
+		n := min(len(back), store.ParkBatchDefault)
+		if _, err := c.env.Store.Rescue(ctx, c.env.Owner, back[:n]); err != nil {
+			return err
+		}
+		c.backlog.Store(true)
+		back = back[n:]
+	}
+	for len(load) > 0 {
+		n := min(len(load), MaxClaimDefault)
+		got, err := c.env.Store.LoadOwned(ctx, c.env.Owner, load[:n])
+		if err != nil {
+			return err // the rescue's, as above
+		}
+		for _, cl := range got {
+			c.disp.Submit(jobFromClaim(cl), false)
+		}
+		load = load[n:]
+	}
+	return nil
 }
 
 // rescue returns to the queue the deliveries this instance has had in

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -151,6 +152,9 @@ type Options struct {
 	// never hold more than its share, but ten thousand per-row endpoints
 	// cannot open ten thousand connections at once.
 	MaxConcurrency int
+	// MaxKept bounds the deliveries kept by id (MaxKeptDefault when zero;
+	// see ReserveKeep).
+	MaxKept int
 }
 
 // Dispatcher runs attempts, endpoint by endpoint.
@@ -164,6 +168,7 @@ type Dispatcher struct {
 	heldJobs  int // across lanes, reservations included
 	heldBytes int
 	heldIDs   map[int64]int // deliveries submitted and not yet recorded
+	kept      int           // across lanes, reservations included
 	inFlight  int           // across lanes
 	starved   []*lane       // lanes with work waiting only for a global slot, in arrival order
 	stopping  bool
@@ -178,10 +183,19 @@ type lane struct {
 	queue    []*Job
 	starved  bool      // in Dispatcher.starved
 	lastOK   time.Time // when an attempt of the lane last delivered
+	// kept are deliveries written in flight for this instance and held
+	// by id alone (see ReserveKeep), oldest first; keepReserved are
+	// promised to events being ingested.
+	kept         []int64
+	keepReserved int
 }
 
-// held is how many jobs the lane holds or has promised room for.
+// held is how many jobs the lane holds or has promised room for, in
+// memory; kept deliveries wait outside it.
 func (l *lane) held() int { return l.inFlight + l.reserved + len(l.queue) }
+
+// idle reports whether the lane holds nothing at all.
+func (l *lane) idle() bool { return l.held() == 0 && len(l.kept) == 0 && l.keepReserved == 0 }
 
 // limit is how many jobs a lane may hold: its in-flight cap plus a buffer
 // of four times as many, so a slot that frees is refilled without a
@@ -210,6 +224,7 @@ const (
 	MaxHeldBytesDefault   = 32 << 20
 	MaxHeldJobsDefault    = 10000
 	MaxConcurrencyDefault = 256
+	MaxKeptDefault        = 200000
 )
 
 // WithDefaults fills unset options from the …Default constants.
@@ -222,6 +237,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if o.MaxConcurrency <= 0 {
 		o.MaxConcurrency = MaxConcurrencyDefault
+	}
+	if o.MaxKept <= 0 {
+		o.MaxKept = MaxKeptDefault
 	}
 	return o
 }
@@ -281,6 +299,97 @@ func (d *Dispatcher) Unreserve(endpoint string) {
 	d.notifyFree()
 }
 
+// ReserveKeep promises room for one delivery of lane to be kept by id:
+// for the ingest, when Reserve refused it a slot. A lane that drains
+// (delivered within DrainWindow) is then better served by its delivery
+// written in flight for this instance, its id kept in memory and its
+// event read back by id once the lane has room (TakeKept), than by the
+// queue: that costs the claim's second write of the row and its indexes.
+// The ingest keeps deliveries only while no other instance could claim
+// them instead. It reports false when the lane does not drain, the
+// dispatcher keeps MaxKept already, or it is stopping.
+func (d *Dispatcher) ReserveKeep(lane string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopping || d.kept >= d.opts.MaxKept {
+		return false
+	}
+	l := d.laneLocked(lane)
+	if time.Since(l.lastOK) >= DrainWindow {
+		d.dropIdleLocked(lane, l)
+		return false
+	}
+	l.keepReserved++
+	d.kept++
+	return true
+}
+
+// Keep turns a reservation of ReserveKeep into a kept delivery, once the
+// transaction that wrote it in flight has committed; with id 0 it gives
+// the reservation back.
+func (d *Dispatcher) Keep(lane string, id int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := d.lanes[lane]
+	if l == nil || l.keepReserved == 0 {
+		return
+	}
+	l.keepReserved--
+	if id == 0 || d.stopping {
+		d.kept--
+		d.dropIdleLocked(lane, l)
+		return
+	}
+	l.kept = append(l.kept, id)
+}
+
+// Kept is how many deliveries are kept by id, reservations included.
+func (d *Dispatcher) Kept() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.kept
+}
+
+// KeptLanes returns the lanes that have kept deliveries.
+func (d *Dispatcher) KeptLanes() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for name, l := range d.lanes {
+		if len(l.kept) > 0 {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// TakeKept hands over, per lane, the kept deliveries that fit the room
+// the lane has, oldest first, and for the lanes in all every kept
+// delivery regardless of room. The caller submits them (or returns them
+// to the queue).
+func (d *Dispatcher) TakeKept(all map[string]bool) map[string][]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.kept == 0 {
+		return nil
+	}
+	out := map[string][]int64{}
+	for name, l := range d.lanes {
+		n := len(l.kept)
+		if !all[name] {
+			n = min(n, l.limit()-l.held())
+		}
+		if n <= 0 {
+			continue
+		}
+		out[name] = slices.Clone(l.kept[:n])
+		l.kept = append(l.kept[:0], l.kept[n:]...)
+		d.kept -= n
+		d.dropIdleLocked(name, l)
+	}
+	return out
+}
+
 // Submit adds a job; reserved says it uses a reservation made by Reserve.
 // A job submitted while stopping is released at once.
 func (d *Dispatcher) Submit(j *Job, reserved bool) {
@@ -307,9 +416,11 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 }
 
 // dropIdleLocked forgets a lane that holds nothing, so a million per-row
-// endpoint names do not accumulate lanes.
+// endpoint names do not accumulate lanes; one that delivered within
+// DrainWindow stays a while, so that it still counts as draining when
+// its next events come (Free forgets it then).
 func (d *Dispatcher) dropIdleLocked(name string, l *lane) {
-	if l.held() == 0 && !l.starved {
+	if l.idle() && !l.starved && time.Since(l.lastOK) >= DrainWindow {
 		delete(d.lanes, name)
 	}
 }
@@ -322,6 +433,9 @@ func (d *Dispatcher) Free() (map[string]int, int) {
 	defer d.mu.Unlock()
 	out := make(map[string]int, len(d.lanes))
 	for name, l := range d.lanes {
+		if d.dropIdleLocked(name, l); d.lanes[name] == nil {
+			continue // a lane not listed is claimed up to its endpoint's cap
+		}
 		out[name] = max(0, l.limit()-l.held())
 	}
 	total := max(0, d.opts.MaxHeldJobs-d.heldJobs)
@@ -364,9 +478,23 @@ func (d *Dispatcher) Assign(j *Job, id int64) {
 func (d *Dispatcher) Unheld(ids []int64) []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var kept map[int64]bool
+	if d.kept > 0 {
+		kept = make(map[int64]bool, len(ids))
+		for _, id := range ids {
+			kept[id] = false
+		}
+		for _, l := range d.lanes {
+			for _, id := range l.kept {
+				if _, ok := kept[id]; ok {
+					kept[id] = true
+				}
+			}
+		}
+	}
 	var out []int64
 	for _, id := range ids {
-		if d.heldIDs[id] == 0 {
+		if d.heldIDs[id] == 0 && !kept[id] {
 			out = append(out, id)
 		}
 	}

@@ -193,3 +193,53 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 	// half the budget it is back to its limit (1 reserved + 9).
 	require.Equal(t, dispatch.LaneLimit(2)-1, n, "at half the budget, the draining lane is back to its limit")
 }
+
+// TestKeptDeliveriesWaitByIDForRoom: a draining lane whose fast path is
+// full keeps deliveries by id, up to MaxKept, and hands them over as far
+// as the lane has room (all of them when asked to); kept ids count as held
+// for the sweep's rescue, and a lane that delivers nothing keeps none.
+func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 2, "hang": 2})
+	h.d = dispatch.New(dispatch.Options{
+		Capacity:  func(string) int { return 2 },
+		Execute:   hExecute(h),
+		OnOutcome: func(o dispatch.Outcome) { h.d.Recorded(o.Job) },
+		MaxKept:   5,
+	})
+	require.False(t, h.d.ReserveKeep("e"), "a lane that has not delivered keeps nothing")
+	require.True(t, h.d.Reserve("e")) // the lane stays while it holds something
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.release <- struct{}{}
+	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
+
+	for range 5 {
+		require.True(t, h.d.ReserveKeep("e"))
+	}
+	require.False(t, h.d.ReserveKeep("e"), "MaxKept, reservations included")
+	require.Equal(t, 5, h.d.Kept())
+	for id := int64(10); id < 14; id++ {
+		h.d.Keep("e", id)
+	}
+	h.d.Keep("e", 0) // its event had been ingested before
+	require.Equal(t, 4, h.d.Kept())
+	require.Equal(t, []string{"e"}, h.d.KeptLanes())
+	require.Equal(t, []int64{99}, h.d.Unheld([]int64{10, 13, 99}), "kept ids are held")
+
+	// The lane holds LaneLimit jobs: no room, nothing handed over.
+	for i := range dispatch.LaneLimit(2) {
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "e"}, false)
+	}
+	require.Empty(t, h.d.TakeKept(nil))
+	require.Equal(t, map[string][]int64{"e": {10, 11, 12, 13}}, h.d.TakeKept(map[string]bool{"e": true}), "all, oldest first, when asked")
+	require.Zero(t, h.d.Kept())
+	require.Equal(t, []int64{10}, h.d.Unheld([]int64{10}), "handed over: no longer held until submitted")
+	close(h.release)
+	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
+
+	require.True(t, h.d.ReserveKeep("e"))
+	require.True(t, h.d.ReserveKeep("e"))
+	h.d.Keep("e", 20)
+	h.d.Keep("e", 21)
+	require.Equal(t, map[string][]int64{"e": {20, 21}}, h.d.TakeKept(nil), "as far as the lane has room")
+}

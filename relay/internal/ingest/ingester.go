@@ -49,6 +49,14 @@ type ingester struct {
 	tx     *dispatch.Ingest // the open transaction's handle
 	rows   int              // outbox rows written in the open transaction
 	queued bool             // it wrote deliveries for the queue (not the fast path)
+	kept   []keptDelivery   // deliveries it wrote in flight to be kept by id
+}
+
+// keptDelivery is a delivery written in flight for this instance, to be
+// kept by id once its transaction commits (dispatch.Dispatcher.Keep).
+type keptDelivery struct {
+	lane string
+	id   int64 // 0: its event had been ingested before
 }
 
 var _ wal.Acker = (*ingester)(nil)
@@ -91,6 +99,22 @@ func (ing *ingester) run(ctx context.Context) {
 		ing.tx.Finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
 		ing.tx = nil
 	}
+	ing.keep(false)
+}
+
+// keep hands the deliveries the transaction wrote in flight to be kept
+// over to the dispatcher once it has committed, or gives their
+// reservations back. (When a failed commit committed after all, their
+// rows wait for the sweep's rescue: no one holds them.)
+func (ing *ingester) keep(committed bool) {
+	for _, k := range ing.kept {
+		id := k.id
+		if !committed {
+			id = 0
+		}
+		ing.s.deps.Fast.Keep(k.lane, id)
+	}
+	ing.kept = ing.kept[:0]
 }
 
 // ingest commits up to the last finished transaction of a batch; a
@@ -119,6 +143,7 @@ func (ing *ingester) abort(err error) {
 		ing.tx.Finish(err) // Release closes the connection of a transaction left open
 		ing.tx = nil
 	}
+	ing.keep(false)
 	ing.fail()
 }
 
@@ -130,12 +155,20 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	cfg := s.env.Config()
 	var evs []store.NewEvent
 	var jobs []*dispatch.Job
+	var keeps []bool
 	submitted := false
+	alone := s.deps.Alone()
 	for _, c := range chunks {
 		for _, row := range c.Rows {
-			ev, res := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true)
+			ev, r := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
 			evs = append(evs, ev)
-			if !res {
+			if keeps != nil || r == routeKeep {
+				if keeps == nil {
+					keeps = make([]bool, len(evs)-1, len(evs))
+				}
+				keeps = append(keeps, r == routeKeep)
+			}
+			if r != routeFast {
 				jobs = append(jobs, nil)
 				continue
 			}
@@ -178,6 +211,10 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		if s.afterInsert(evs[:n], jobs[:n], got) {
 			ing.queued = true
 		}
+		if keeps != nil {
+			ing.kept = appendKept(ing.kept, evs[:n], keeps[:n], got)
+			keeps = keeps[n:]
+		}
 		ing.rows += n
 		evs, jobs = evs[n:], jobs[n:]
 	}
@@ -191,9 +228,10 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	}
 	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
 	err := ing.conn.Commit(ctx, end, ing.queued)
-	tx, queued, rows := ing.tx, ing.queued, ing.rows
+	tx, queued, rows, kept := ing.tx, ing.queued, ing.rows, len(ing.kept) > 0
 	ing.tx, ing.rows, ing.queued = nil, 0, false
 	tx.Finish(err)
+	ing.keep(err == nil)
 	if err != nil {
 		if store.IsFenced(err) {
 			return err
@@ -204,17 +242,43 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		s.log.Debug().Int("rows", rows).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
 	s.durable.Advance(end)
-	if queued {
+	if queued || kept {
 		s.deps.Queued()
 	}
 	return nil
 }
 
+// appendKept adds the deliveries of evs routed to be kept, with the ids
+// the insert returned (0 for events ingested before).
+func appendKept(kept []keptDelivery, evs []store.NewEvent, keeps []bool, got []store.Ingested) []keptDelivery {
+	ids := make([]int64, len(evs))
+	for _, g := range got {
+		ids[g.Index] = g.DeliveryID
+	}
+	for i := range evs {
+		if keeps[i] {
+			kept = append(kept, keptDelivery{lane: evs[i].Key(), id: ids[i]})
+		}
+	}
+	return kept
+}
+
+// route is where newEvent sends an event's delivery.
+type route int
+
+const (
+	routeQueue route = iota // pending in the queue table (or a dead letter)
+	routeFast               // in flight, its job submitted at once
+	routeKeep               // in flight, kept by id until its lane has room
+)
+
 // newEvent turns an outbox row into the event to ingest and decides its
 // delivery's first state. With fast set, a deliverable event whose endpoint
 // has room is reserved a slot and written in_flight, owned by this
-// instance.
-func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LSN, commitTime time.Time, fast bool) (store.NewEvent, bool) {
+// instance; when its lane has no room but drains, and this instance is
+// alone (no other could claim it from the queue), it is written in_flight
+// all the same and kept by id (dispatch.Dispatcher.ReserveKeep).
+func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LSN, commitTime time.Time, fast, alone bool) (store.NewEvent, route) {
 	ev := store.NewEvent{
 		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
@@ -228,7 +292,7 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 		ev.Status = state.DeadLetter
 		ev.LastError = fmt.Sprintf("%s: %d bytes is above max_body (%d)", policy.ReasonPayloadTooLarge, row.PayloadTooLarge, cfg.MaxBody)
 		ev.Payload, ev.PayloadDropped = []byte("null"), row.PayloadTooLarge
-		return ev, false
+		return ev, routeQueue
 	}
 	t := execute.Resolve(cfg, execute.Event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid})
@@ -239,11 +303,17 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 		ev.Payload, ev.PayloadDropped = []byte("null"), len(row.Payload)
 	case t.Reason != "":
 		ev.Status, ev.LastError = state.DeadLetter, t.Reason
-	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(ev.Key(), s.env.Now()) && s.deps.Fast.Reserve(ev.Key()):
-		ev.Status = state.InFlight
-		return ev, true
+	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(ev.Key(), s.env.Now()):
+		switch {
+		case s.deps.Fast.Reserve(ev.Key()):
+			ev.Status = state.InFlight
+			return ev, routeFast
+		case alone && s.deps.Fast.ReserveKeep(ev.Key()):
+			ev.Status = state.InFlight
+			return ev, routeKeep
+		}
 	}
-	return ev, false
+	return ev, routeQueue
 }
 
 // afterInsert gives the fast-path jobs, submitted before the insert, the

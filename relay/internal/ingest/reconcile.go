@@ -65,7 +65,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 		for i, o := range rows {
 			evs[i], _ = s.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
 				EventType: o.EventType, Payload: o.Payload, PayloadTooLarge: o.PayloadTooLarge, Headers: o.Headers, CreatedAt: o.CreatedAt,
-				Invalid: o.Invalid}, 0, time.Time{}, false)
+				Invalid: o.Invalid}, 0, time.Time{}, false, false)
 		}
 		conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := conn.Insert(ctx, evs, cfg.OutboxRetention == 0)

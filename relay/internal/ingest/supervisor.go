@@ -45,6 +45,10 @@ type FastPath interface {
 	Submit(j *dispatch.Job, reserved bool)
 	// Assign gives a job submitted before its insert the delivery id.
 	Assign(j *dispatch.Job, id int64)
+	// ReserveKeep and Keep keep a delivery by id (see
+	// dispatch.Dispatcher.ReserveKeep).
+	ReserveKeep(lane string) bool
+	Keep(lane string, id int64)
 }
 
 // Deps are what the supervisor needs of the other services.
@@ -53,8 +57,11 @@ type Deps struct {
 	// Blocked reports whether an endpoint takes no new work now (breaker
 	// not closed, paused): its events go to the queue, not the fast path.
 	Blocked func(endpoint string, now time.Time) bool
-	// Queued says deliveries were written to the queue table.
+	// Queued says deliveries were written to the queue table, or kept.
 	Queued func()
+	// Alone reports whether no other instance is registered: one that is
+	// could claim from the queue what this one would keep.
+	Alone func() bool
 }
 
 // Supervisor streams and ingests. Start it, Stop it.

@@ -118,6 +118,13 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 			// registration (the lease), from the pool.
 			err = st.Heartbeat(ctx, m.env.Pool(), m.env.Instance(m.deps.Streaming()), cfg.Lease, false)
 		}
+		if err == nil {
+			var peers int
+			peers, err = st.Peers(ctx, m.env.Owner)
+			m.env.SetAlone(err == nil && peers == 0)
+		} else {
+			m.env.SetAlone(false)
+		}
 		m.env.Faults.Observe("heartbeat", err)
 		if err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("heartbeat failed")

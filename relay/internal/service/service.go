@@ -44,8 +44,16 @@ type Env struct {
 	// Faults collects the database faults the services run into.
 	Faults *Faults
 
-	cfg *atomic.Pointer[config.Config]
+	cfg   *atomic.Pointer[config.Config]
+	alone atomic.Bool
 }
+
+// Alone reports whether the last heartbeat found no other instance
+// registered (false until one has looked).
+func (e *Env) Alone() bool { return e.alone.Load() }
+
+// SetAlone records what the last heartbeat found (see Alone).
+func (e *Env) SetAlone(alone bool) { e.alone.Store(alone) }
 
 // NewEnv returns an Env whose Config reads cfg, which the relay swaps on
 // reload.

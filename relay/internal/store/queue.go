@@ -171,6 +171,19 @@ func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free, 
 	return s.claim(ctx, claimSQL, lanes, frees, defaultFree, limit, owner, ordered, names, nameCaps)
 }
 
+// LoadOwned reads the deliveries of ids that owner holds in flight, as a
+// claim returns them, without writing anything: deliveries the ingest
+// wrote in flight for owner and kept by id (dispatch.Dispatcher.ReserveKeep).
+// Those no longer owner's (the sweep of another instance took them back,
+// thinking this one gone) are left out.
+func (s *Store) LoadOwned(ctx context.Context, owner string, ids []int64) ([]Claimed, error) {
+	return s.claim(ctx, `
+		SELECT `+claimedColumns+`
+		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE d.id = ANY($1) AND d.status = 'in_flight' AND d.lease_owner = $2
+		ORDER BY d.id`, ids, owner)
+}
+
 func unzipCaps(m map[string]int) ([]string, []int32) {
 	keys := make([]string, 0, len(m))
 	vals := make([]int32, 0, len(m))
@@ -391,6 +404,15 @@ func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease tim
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	return nil
+}
+
+// Peers returns how many other instances are registered and unexpired.
+func (s *Store) Peers(ctx context.Context, id string) (int, error) {
+	var n int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id <> $1 AND expires_at > now()`, id).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count instances: %w", err)
+	}
+	return n, nil
 }
 
 // Deregister removes the instance from the registry (a clean shutdown).

@@ -1,0 +1,150 @@
+package relay_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+)
+
+// TestBacklogOfADrainingLaneIsKeptNotQueued: a backlog arriving faster
+// than a draining lane delivers is written in flight for the one instance
+// and kept by id, so no delivery is claimed from the queue; beside another
+// registered instance, which could claim it too, it goes to the queue.
+// Every event arrives once either way.
+func TestBacklogOfADrainingLaneIsKeptNotQueued(t *testing.T) {
+	t.Parallel()
+	for _, peer := range []bool{false, true} {
+		name := "alone"
+		if peer {
+			name = "beside another instance"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			claimed, n := keptBacklog(t, peer)
+			t.Logf("%d of %d deliveries claimed from the queue", claimed, n)
+			if peer {
+				require.Greater(t, claimed, n/2, "the queue, for any instance to claim")
+			} else {
+				require.Less(t, claimed, n/4, "kept in flight, not queued and claimed")
+			}
+		})
+	}
+}
+
+// keptBacklog delivers a backlog to a lane that drains, and returns how
+// many of its deliveries were claimed from the queue (pending → in_flight).
+func keptBacklog(t *testing.T, peer bool) (claimed, n int) {
+	tb := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t, func(int, received) int {
+		time.Sleep(time.Millisecond)
+		return http.StatusOK
+	})
+	tb.endpoint(t, "bulk", rc.URL, func(ec *config.EndpointConfig) {
+		c := 2
+		ec.MaxInFlight = &c
+	})
+	r := tb.start(t, relay.Options{})
+	if peer {
+		// Registered, and current: its connection is not checked here.
+		exec(t, tb.pool, `INSERT INTO postbox.instances (id, expires_at) VALUES ('peer', now() + interval '1 hour')`)
+	}
+	exec(t, tb.pool, `
+		CREATE TABLE claims_seen (n int NOT NULL);
+		INSERT INTO claims_seen VALUES (0);
+		CREATE FUNCTION count_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN UPDATE claims_seen SET n = n + 1; RETURN NULL; END $$;
+		CREATE TRIGGER count_claim AFTER UPDATE ON postbox.deliveries FOR EACH ROW
+		  WHEN (OLD.status = 'pending' AND NEW.status = 'in_flight') EXECUTE FUNCTION count_claim();`)
+	// Two heartbeats of the relay's own loop: it has counted the others.
+	var first time.Time
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT heartbeat_at FROM postbox.instances WHERE id = $1`, r.InstanceID()).Scan(&first))
+	waitUntil(t, 30*time.Second, "two heartbeats", func() bool {
+		var beats int
+		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id = $1 AND heartbeat_at > $2::timestamptz + interval '1 second'`,
+			r.InstanceID(), first).Scan(&beats)
+		return beats == 1
+	})
+
+	// The lane drains: it has delivered. Then transactions of 100, one
+	// after another, which the ingest writes faster than it delivers.
+	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('bulk', '{}')`)
+	waitUntil(t, 30*time.Second, "the first delivery", func() bool { return rc.count() == 1 })
+	const txs, per = 20, 100
+	for range txs {
+		exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, 100) i`)
+	}
+	n = txs*per + 1
+	tb.waitSettled(t, n, 2*time.Minute)
+	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
+	byID := rc.byID()
+	require.Len(t, byID, n, "every event arrived")
+	for id, c := range byID {
+		require.Equal(t, 1, c, "event %s delivered once", id)
+	}
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT n FROM claims_seen`).Scan(&claimed))
+	return claimed, n
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql)
+	require.NoError(t, err)
+}
+
+// TestKeptDeliveriesReturnToTheQueueWhenAnotherInstanceRegisters: once
+// another instance registers, the deliveries kept in flight go back to
+// the queue, where it could claim them; each is still delivered once.
+func TestKeptDeliveriesReturnToTheQueueWhenAnotherInstanceRegisters(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t, func(int, received) int {
+		time.Sleep(20 * time.Millisecond)
+		return http.StatusOK
+	})
+	tb.endpoint(t, "slow", rc.URL, func(ec *config.EndpointConfig) {
+		c := 1
+		ec.MaxInFlight = &c
+	})
+	r := tb.start(t, relay.Options{})
+	var first time.Time
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT heartbeat_at FROM postbox.instances WHERE id = $1`, r.InstanceID()).Scan(&first))
+	waitUntil(t, 30*time.Second, "two heartbeats", func() bool {
+		var beats int
+		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id = $1 AND heartbeat_at > $2::timestamptz + interval '1 second'`,
+			r.InstanceID(), first).Scan(&beats)
+		return beats == 1
+	})
+	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('slow', '{}')`)
+	waitUntil(t, 30*time.Second, "the first delivery", func() bool { return rc.count() == 1 })
+	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'slow', jsonb_build_object('i', i) FROM generate_series(1, 300) i`)
+	const n = 301
+	count := func(status string) int {
+		var c int
+		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = $1`, status).Scan(&c))
+		return c
+	}
+	waitUntil(t, 30*time.Second, "the backlog kept in flight", func() bool { return count("in_flight") > 200 })
+	require.Less(t, count("pending"), 10)
+
+	exec(t, tb.pool, `INSERT INTO postbox.instances (id, expires_at) VALUES ('peer', now() + interval '1 hour')`)
+	waitUntil(t, 30*time.Second, "the kept deliveries back in the queue", func() bool {
+		return count("in_flight") <= 10 && count("pending") > 100
+	})
+	tb.waitSettled(t, n, 2*time.Minute)
+	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
+	byID := rc.byID()
+	require.Len(t, byID, n, "every event arrived")
+	for id, c := range byID {
+		require.Equal(t, 1, c, "event %s delivered once", id)
+	}
+}

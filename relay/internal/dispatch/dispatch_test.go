@@ -198,6 +198,7 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 // full keeps deliveries by id, up to MaxKept, and hands them over as far
 // as the lane has room (all of them when asked to); kept ids count as held
 // for the sweep's rescue, and a lane that delivers nothing keeps none.
+// Read back, they may fill a lane to KeptLaneLimit.
 func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"e": 2, "hang": 2})
@@ -226,8 +227,8 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 	require.Equal(t, []string{"e"}, h.d.KeptLanes())
 	require.Equal(t, []int64{99}, h.d.Unheld([]int64{10, 13, 99}), "kept ids are held")
 
-	// The lane holds LaneLimit jobs: no room, nothing handed over.
-	for i := range dispatch.LaneLimit(2) {
+	// The lane holds KeptLaneLimit jobs: no room, nothing handed over.
+	for i := range dispatch.KeptLaneLimit(2) {
 		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "e"}, false)
 	}
 	require.Empty(t, h.d.TakeKept(nil))

@@ -406,10 +406,17 @@ func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease tim
 	return nil
 }
 
-// Peers returns how many other instances are registered and unexpired.
+// Peers returns how many other instances are alive: registered, unexpired,
+// and (when they registered one) with their connection still open, as
+// ReleaseAbandoned judges them.
 func (s *Store) Peers(ctx context.Context, id string) (int, error) {
 	var n int
-	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id <> $1 AND expires_at > now()`, id).Scan(&n); err != nil {
+	if err := s.Pool.QueryRow(ctx, `
+		SELECT count(*) FROM postbox.instances i
+		WHERE i.id <> $1 AND i.expires_at > now()
+		  AND (i.backend_pid IS NULL
+		       OR i.backend_start < pg_postmaster_start_time()
+		       OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = i.backend_pid AND a.backend_start = i.backend_start))`, id).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count instances: %w", err)
 	}
 	return n, nil

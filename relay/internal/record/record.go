@@ -82,11 +82,14 @@ type Recorder struct {
 	mu       sync.Mutex
 	outcomes []dispatch.Outcome
 	wake     service.Signal
+
+	hist *store.Histograms // the loop's alone
 }
 
 // New returns a Recorder.
 func New(env *service.Env, disp Dispatcher, health Health, claim Claimer) *Recorder {
-	return &Recorder{env: env, log: env.Logger("record"), disp: disp, health: health, claim: claim, wake: service.NewSignal()}
+	return &Recorder{env: env, log: env.Logger("record"), disp: disp, health: health, claim: claim, wake: service.NewSignal(),
+		hist: store.NewHistograms()}
 }
 
 // Start runs the recording loop; ctx bounds every write.
@@ -148,9 +151,21 @@ func (r *Recorder) take(limit int) []dispatch.Outcome {
 func (r *Recorder) loop(stop context.Context) {
 	linger := time.NewTimer(time.Hour)
 	defer linger.Stop()
+	// Latency counts gathered in memory are written with a batch once
+	// due; when no batch comes, on their own.
+	flush := time.NewTimer(time.Hour)
+	defer flush.Stop()
 	for {
+		if pending, due := r.hist.Pending(); pending {
+			flush.Reset(max(time.Until(due), 0))
+		} else {
+			flush.Reset(time.Hour)
+		}
 		final := false
 		select {
+		case <-flush.C:
+			r.flushHistograms(r.hard)
+			continue
 		case <-r.wake:
 			if r.gather() {
 				linger.Reset(LingerDefault)
@@ -174,10 +189,23 @@ func (r *Recorder) loop(stop context.Context) {
 			}
 			r.record(ctx, batch, final)
 		}
+		if final {
+			r.flushHistograms(ctx)
+		}
 		cancel()
 		if final {
 			return
 		}
+	}
+}
+
+// flushHistograms writes the latency counts gathered; they wait for the
+// next attempt if the database does not take them now.
+func (r *Recorder) flushHistograms(ctx context.Context) {
+	err := r.env.Store.FlushHistograms(ctx, r.hist)
+	r.env.Faults.Observe("recorder", err)
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn().Err(err).Msg("writing latency histograms failed; trying again with the next results")
 	}
 }
 
@@ -231,7 +259,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	var changes []store.HealthChange
 	for attempt := 1; ; attempt++ {
 		var err error
-		changes, err = r.env.Store.RecordResults(ctx, r.env.Owner, results, r.health.Apply)
+		changes, err = r.env.Store.RecordResults(ctx, r.env.Owner, results, r.health.Apply, r.hist)
 		r.env.Faults.Observe("recorder", err)
 		if err == nil {
 			break

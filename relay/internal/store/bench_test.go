@@ -75,7 +75,7 @@ func BenchmarkClaimAndRecord(b *testing.B) {
 				Attempted: true, Sampled: true, Signal: state.SignalSuccess, StatusCode: 204, ResponseMS: 1.2,
 				At: time.Now(), CommitToDeliveryMS: -1}
 		}
-		if _, err := s.RecordResults(ctx, "me", rs, apply); err != nil {
+		if _, err := s.RecordResults(ctx, "me", rs, apply, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -52,7 +52,7 @@ func TestPauseHoldsClaimsUntilResumed(t *testing.T) {
 	changes, err := s.RecordResults(ctx, "me", []state.Result{{
 		DeliveryID: id, Endpoint: "held", Status: state.Failed, Delay: time.Second, Attempted: true, Sampled: true, Attempt: 1,
 		Pause: time.Second, StatusCode: 429, LastError: "http 429", At: now, CommitToDeliveryMS: -1,
-	}}, prot.Apply)
+	}}, prot.Apply, nil)
 	require.NoError(t, err)
 	require.Len(t, changes, 1)
 	require.Equal(t, store.PauseIndefinite, changes[0].New.PausedUntil.UTC())

@@ -305,7 +305,12 @@ type HealthChange struct {
 // health of each endpoint concerned, computed by apply while its row is
 // locked, so instances recording at once see each other's streaks. It
 // returns the health of those endpoints before and after.
-func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Result, apply HealthFunc) ([]HealthChange, error) {
+//
+// The attempts' latency is counted in hist and added to the histograms
+// with the first batch after HistogramFlushDefault (or by
+// FlushHistograms); with hist nil, the attempts table's trigger counts
+// them in this transaction.
+func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Result, apply HealthFunc, hist *Histograms) ([]HealthChange, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
@@ -334,12 +339,29 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	}
 	sort.Strings(names)
 
+	var counts map[histKey]int64
+	flush := false
+	if hist != nil && len(attempts.ids) > 0 {
+		counts = countAttempts(&attempts)
+		if pending, due := hist.Pending(); pending && !time.Now().Before(due) {
+			flush = true
+			for k, n := range hist.counts {
+				counts[k] += n
+			}
+		}
+	}
 	var changes []HealthChange
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
 		if len(attempts.ids) > 0 {
+			if hist != nil {
+				b.Queue(histogramMode)
+			}
 			b.Queue(insertAttemptsSQL, attempts.args(owner)...)
+		}
+		if flush {
+			queueHistogramUpsert(b, counts)
 		}
 		var current map[string]Health
 		if len(names) > 0 {
@@ -367,6 +389,15 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	})
 	if err != nil {
 		return nil, fmt.Errorf("record results: %w", err)
+	}
+	switch {
+	case flush:
+		clear(hist.counts)
+		hist.flushed = time.Now()
+	case counts != nil:
+		for k, n := range counts {
+			hist.counts[k] += n
+		}
 	}
 	return changes, nil
 }

@@ -70,7 +70,7 @@ func TestStatesScanAsTypes(t *testing.T) {
 	changes, err := s.RecordResults(ctx, "me", []state.Result{{
 		DeliveryID: claimed[0].DeliveryID, Endpoint: "ep", Status: state.DeadLetter, Attempted: true,
 		Signal: state.SignalFailure, StatusCode: 500, LastError: "http 500", At: time.Now(), CommitToDeliveryMS: -1,
-	}}, open)
+	}}, open, nil)
 	require.NoError(t, err)
 	require.Len(t, changes, 1)
 

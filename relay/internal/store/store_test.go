@@ -223,6 +223,34 @@ func TestReleaseAbandonedWhenTheLiveConnectionEnds(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "its claims return with an hour of lease left")
 }
 
+// TestPeersAreTheLiveOthers: Peers counts the other instances alive by
+// ReleaseAbandoned's measure: not itself, not an expired registration,
+// not one whose registered connection has ended.
+func TestPeersAreTheLiveOthers(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	peers := func() int {
+		n, err := s.Peers(ctx, "me")
+		require.NoError(t, err)
+		return n
+	}
+	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "me"}, time.Hour, false))
+	require.Zero(t, peers(), "alone")
+	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "expired"}, -time.Second, false))
+	require.Zero(t, peers(), "an expired registration is no one")
+	c, err := s.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	live := c.Hijack()
+	require.NoError(t, s.Heartbeat(ctx, live, store.Instance{ID: "mortal"}, time.Hour, true))
+	require.Equal(t, 1, peers())
+	require.NoError(t, live.Close(ctx)) // as a killed process's would
+	require.Eventually(t, func() bool { return peers() == 0 }, 10*time.Second, 20*time.Millisecond,
+		"dead with an hour of lease left")
+	require.NoError(t, s.Heartbeat(ctx, s.Pool, store.Instance{ID: "no-connection"}, time.Hour, false))
+	require.Equal(t, 1, peers(), "one without a registered connection lives by its lease")
+}
+
 // TestSessionSettings: the pool plans every execution afresh and never
 // JIT-compiles, whatever the server's defaults (see Open).
 func TestSessionSettings(t *testing.T) {

@@ -369,8 +369,6 @@ func TestStatusCheckAndJSON(t *testing.T) {
 	require.Equal(t, exitFailure, code, "an alert fires")
 	require.Contains(t, out, "dead_letters_rising")
 
-	code, out, _ = postbox(t, "endpoints", "--config", cfg, "--json")
-	require.Equal(t, exitOK, code)
 	var eps struct {
 		Endpoints []struct {
 			Endpoint    string   `json:"endpoint"`
@@ -379,7 +377,13 @@ func TestStatusCheckAndJSON(t *testing.T) {
 			State       string   `json:"state"`
 		} `json:"endpoints"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(out), &eps))
+	// The recorder adds its latency counts to the histograms once a second.
+	waitForT(t, 10*time.Second, "both endpoints' samples counted", func() bool {
+		code, out, _ = postbox(t, "endpoints", "--config", cfg, "--json")
+		require.Equal(t, exitOK, code)
+		require.NoError(t, json.Unmarshal([]byte(out), &eps))
+		return len(eps.Endpoints) == 2 && eps.Endpoints[1].SampleCount == 2
+	})
 	require.Len(t, eps.Endpoints, 2)
 	require.Equal(t, "bad", eps.Endpoints[0].Endpoint)
 	require.Equal(t, 2, eps.Endpoints[1].SampleCount)

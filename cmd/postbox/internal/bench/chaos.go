@@ -525,7 +525,8 @@ func sleep(ctx context.Context, d time.Duration) {
 func (e *env) waitStreaming(ctx context.Context) error {
 	var active bool
 	err := waitFor(ctx, time.Minute, 50*time.Millisecond, func() (bool, error) {
-		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
+		// confirmed_flush_lsn is NULL while the slot is still being created.
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active AND confirmed_flush_lsn IS NOT NULL), false) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
 		return active, err
 	})
 	if err != nil {

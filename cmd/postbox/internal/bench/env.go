@@ -57,8 +57,12 @@ func (e *env) startRelay(ctx context.Context) error {
 	e.relay, e.done = cmd, done
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
+		// A slot being created is active too, but has no confirmed
+		// position until it is made: a relay stopped before then leaves
+		// no slot, and a backlog written next would be only
+		// reconciliation's to find (the catch-up would measure that).
 		var active bool
-		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active AND confirmed_flush_lsn IS NOT NULL), false) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
 		if err == nil && active {
 			return nil
 		}

@@ -271,6 +271,11 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	if err := env.Store.Heartbeat(ctx, pool, env.Instance(false), cfg.Lease, false); err != nil {
 		return nil, fmt.Errorf("register this instance: %w", err)
 	}
+	// Known before the stream starts: a backlog waiting for this instance
+	// is ingested in its first seconds (the heartbeats keep it current).
+	if peers, err := env.Store.Peers(ctx, r.owner); err == nil {
+		env.SetAlone(peers == 0)
+	}
 	return env, nil
 }
 

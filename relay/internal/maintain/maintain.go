@@ -118,13 +118,20 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 			// registration (the lease), from the pool.
 			err = st.Heartbeat(ctx, m.env.Pool(), m.env.Instance(m.deps.Streaming()), cfg.Lease, false)
 		}
+		alone := false
 		if err == nil {
 			var peers int
 			peers, err = st.Peers(ctx, m.env.Owner)
-			m.env.SetAlone(err == nil && peers == 0)
-		} else {
-			m.env.SetAlone(false)
+			alone = err == nil && peers == 0
 		}
+		if alone != m.env.Alone() && err == nil {
+			msg := "other instances are alive: a backlog the lanes cannot hold goes to the queue, for any of them"
+			if alone {
+				msg = "no other instance is alive: a backlog the lanes cannot hold is kept in flight by this one"
+			}
+			m.log.Info().Bool("alone", alone).Msg(msg)
+		}
+		m.env.SetAlone(alone)
 		m.env.Faults.Observe("heartbeat", err)
 		if err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("heartbeat failed")

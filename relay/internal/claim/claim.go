@@ -35,6 +35,12 @@ const (
 	// MaxDueDefault bounds the heap of retry times; beyond it, the sweep
 	// finds the retries.
 	MaxDueDefault = 100000
+	// MaxStaleDefault bounds the deliveries one sweep's rescue looks at.
+	// A kept backlog (see dispatch.Dispatcher.ReserveKeep) is in flight
+	// and unchanged for as long as it waits: without a bound each sweep
+	// would read all of it. A lost claim beyond the bound is found once
+	// the backlog has shrunk.
+	MaxStaleDefault = 10000
 )
 
 // Dispatcher is what the claimer needs of the dispatcher.
@@ -301,7 +307,7 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 // attempt of this instance will record them, and as this instance is
 // alive no other releases them.
 func (c *Claimer) rescue(ctx context.Context) {
-	stale, err := c.env.Store.StaleOwned(ctx, c.env.Owner, StaleClaimDefault)
+	stale, err := c.env.Store.StaleOwned(ctx, c.env.Owner, StaleClaimDefault, MaxStaleDefault)
 	if err == nil && len(stale) > 0 {
 		if lost := c.disp.Unheld(stale); len(lost) > 0 {
 			var n int64

@@ -501,13 +501,14 @@ func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) 
 	return tag.RowsAffected(), nil
 }
 
-// StaleOwned returns the deliveries owner has held in flight, unchanged,
-// for longer than age: candidates for Rescue once the owner has checked
-// that it does not hold them in memory.
-func (s *Store) StaleOwned(ctx context.Context, owner string, age time.Duration) ([]int64, error) {
+// StaleOwned returns up to limit deliveries owner has held in flight,
+// unchanged, for longer than age: candidates for Rescue once the owner has
+// checked that it does not hold them in memory.
+func (s *Store) StaleOwned(ctx context.Context, owner string, age time.Duration, limit int) ([]int64, error) {
 	rows, err := s.Pool.Query(ctx, `
 		SELECT id FROM postbox.deliveries
-		WHERE status = 'in_flight' AND lease_owner = $1 AND updated_at < now() - $2::interval`, owner, age)
+		WHERE status = 'in_flight' AND lease_owner = $1 AND updated_at < now() - $2::interval
+		LIMIT $3`, owner, age, limit)
 	if err != nil {
 		return nil, fmt.Errorf("find stale claims: %w", err)
 	}

@@ -77,6 +77,11 @@ func FuzzVerify(f *testing.F) {
 		case 3:
 			other, err := outbox.ParseSecret(base64.StdEncoding.EncodeToString(flip(keyOf(t, secret))))
 			require.NoError(t, err)
+			otherSig, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(other.Sign(id, ts, body), "v1,"))
+			require.NoError(t, err)
+			if carries(sigs, otherSig) {
+				return // the fuzzed entries hold the other secret's signature: rightly accepted
+			}
 			err = outbox.VerifyWith([]outbox.Secret{other}, outbox.DefaultTolerance, header(id, tsText, signed), body, now)
 			require.Error(t, err, "another secret")
 			return

@@ -344,6 +344,16 @@ func (rc *receiver) byID() map[string]int {
 	return out
 }
 
+// requireEachOnce asserts that n distinct events arrived, each once.
+func (rc *receiver) requireEachOnce(t *testing.T, n int) {
+	t.Helper()
+	byID := rc.byID()
+	require.Len(t, byID, n, "every event arrived")
+	for id, c := range byID {
+		require.Equal(t, 1, c, "event %s delivered once", id)
+	}
+}
+
 func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)

@@ -54,8 +54,7 @@ func keptBacklog(t *testing.T, peer bool) (claimed, n int) {
 	})
 	r := tb.start(t, relay.Options{})
 	if peer {
-		// Registered, and current: its connection is not checked here.
-		exec(t, tb.pool, `INSERT INTO postbox.instances (id, expires_at) VALUES ('peer', now() + interval '1 hour')`)
+		registerPeer(t, tb, r)
 	}
 	exec(t, tb.pool, `
 		CREATE TABLE claims_seen (n int NOT NULL);
@@ -64,16 +63,6 @@ func keptBacklog(t *testing.T, peer bool) (claimed, n int) {
 		BEGIN UPDATE claims_seen SET n = n + 1; RETURN NULL; END $$;
 		CREATE TRIGGER count_claim AFTER UPDATE ON postbox.deliveries FOR EACH ROW
 		  WHEN (OLD.status = 'pending' AND NEW.status = 'in_flight') EXECUTE FUNCTION count_claim();`)
-	// Two heartbeats of the relay's own loop: it has counted the others.
-	var first time.Time
-	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT heartbeat_at FROM postbox.instances WHERE id = $1`, r.InstanceID()).Scan(&first))
-	waitUntil(t, 30*time.Second, "two heartbeats", func() bool {
-		var beats int
-		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id = $1 AND heartbeat_at > $2::timestamptz + interval '1 second'`,
-			r.InstanceID(), first).Scan(&beats)
-		return beats == 1
-	})
-
 	// The lane drains: it has delivered. Then transactions of 100, one
 	// after another, which the ingest writes faster than it delivers.
 	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('bulk', '{}')`)
@@ -85,13 +74,25 @@ func keptBacklog(t *testing.T, peer bool) (claimed, n int) {
 	n = txs*per + 1
 	tb.waitSettled(t, n, 2*time.Minute)
 	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
-	byID := rc.byID()
-	require.Len(t, byID, n, "every event arrived")
-	for id, c := range byID {
-		require.Equal(t, 1, c, "event %s delivered once", id)
-	}
+	rc.requireEachOnce(t, n)
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT n FROM claims_seen`).Scan(&claimed))
 	return claimed, n
+}
+
+// registerPeer registers another instance, current (its connection is not
+// checked), and waits until r's heartbeats have seen it: two of them
+// after the registration.
+func registerPeer(t *testing.T, tb *testBundle, r *relay.Relay) {
+	t.Helper()
+	ctx := context.Background()
+	var at time.Time
+	require.NoError(t, tb.pool.QueryRow(ctx, `INSERT INTO postbox.instances (id, expires_at) VALUES ('peer', now() + interval '1 hour') RETURNING now()`).Scan(&at))
+	waitUntil(t, 30*time.Second, "two heartbeats after the peer registered", func() bool {
+		var beats int
+		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id = $1 AND heartbeat_at > $2::timestamptz + interval '1 second'`,
+			r.InstanceID(), at).Scan(&beats)
+		return beats == 1
+	})
 }
 
 func exec(t *testing.T, pool *pgxpool.Pool, sql string) {
@@ -115,15 +116,7 @@ func TestKeptDeliveriesReturnToTheQueueWhenAnotherInstanceRegisters(t *testing.T
 		c := 1
 		ec.MaxInFlight = &c
 	})
-	r := tb.start(t, relay.Options{})
-	var first time.Time
-	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT heartbeat_at FROM postbox.instances WHERE id = $1`, r.InstanceID()).Scan(&first))
-	waitUntil(t, 30*time.Second, "two heartbeats", func() bool {
-		var beats int
-		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id = $1 AND heartbeat_at > $2::timestamptz + interval '1 second'`,
-			r.InstanceID(), first).Scan(&beats)
-		return beats == 1
-	})
+	tb.start(t, relay.Options{}) // alone, as it finds at boot
 	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('slow', '{}')`)
 	waitUntil(t, 30*time.Second, "the first delivery", func() bool { return rc.count() == 1 })
 	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'slow', jsonb_build_object('i', i) FROM generate_series(1, 300) i`)
@@ -136,15 +129,12 @@ func TestKeptDeliveriesReturnToTheQueueWhenAnotherInstanceRegisters(t *testing.T
 	waitUntil(t, 30*time.Second, "the backlog kept in flight", func() bool { return count("in_flight") > 200 })
 	require.Less(t, count("pending"), 10)
 
+	// Registered, and current: its connection is not checked here.
 	exec(t, tb.pool, `INSERT INTO postbox.instances (id, expires_at) VALUES ('peer', now() + interval '1 hour')`)
 	waitUntil(t, 30*time.Second, "the kept deliveries back in the queue", func() bool {
 		return count("in_flight") <= 10 && count("pending") > 100
 	})
 	tb.waitSettled(t, n, 2*time.Minute)
 	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
-	byID := rc.byID()
-	require.Len(t, byID, n, "every event arrived")
-	for id, c := range byID {
-		require.Equal(t, 1, c, "event %s delivered once", id)
-	}
+	rc.requireEachOnce(t, n)
 }

@@ -193,11 +193,7 @@ func TestLargeTransactionAllDelivered(t *testing.T) {
 	require.NoError(t, err)
 	tb.waitSettled(t, n, 3*time.Minute)
 	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
-	byID := rc.byID()
-	require.Len(t, byID, n, "every event arrived")
-	for id, c := range byID {
-		require.Equal(t, 1, c, "event %s delivered once", id)
-	}
+	rc.requireEachOnce(t, n)
 	waitUntil(t, 30*time.Second, "ingested outbox rows deleted (outbox_retention 0)", func() bool {
 		var left int
 		require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(*) FROM postbox.outbox`).Scan(&left))

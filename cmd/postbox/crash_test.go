@@ -69,9 +69,6 @@ func TestKilledWhileKeepingABacklog(t *testing.T) {
 
 	first := startPostbox(t, nil, "run", "--config", cfg)
 	waitStreaming(t, pool)
-	waitForT(t, 30*time.Second, "two heartbeats: it has found itself alone", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM postbox.instances WHERE heartbeat_at > started_at + interval '1 second'`) == 1
-	})
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('p', '{}')`)
 	require.NoError(t, err)

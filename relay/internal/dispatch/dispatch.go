@@ -486,8 +486,8 @@ func (d *Dispatcher) Assign(j *Job, id int64) {
 	}
 }
 
-// Unheld returns those of ids the dispatcher does not hold: not submitted,
-// or recorded already.
+// Unheld returns those of ids the dispatcher does not hold: not submitted
+// (nor kept, see ReserveKeep), or recorded already.
 func (d *Dispatcher) Unheld(ids []int64) []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()

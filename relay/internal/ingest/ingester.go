@@ -155,19 +155,12 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	cfg := s.env.Config()
 	var evs []store.NewEvent
 	var jobs []*dispatch.Job
-	var keeps []bool
 	submitted := false
 	alone := s.deps.Alone()
 	for _, c := range chunks {
 		for _, row := range c.Rows {
 			ev, r := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
 			evs = append(evs, ev)
-			if keeps != nil || r == routeKeep {
-				if keeps == nil {
-					keeps = make([]bool, len(evs)-1, len(evs))
-				}
-				keeps = append(keeps, r == routeKeep)
-			}
 			if r != routeFast {
 				jobs = append(jobs, nil)
 				continue
@@ -208,13 +201,9 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 			// the events again.
 			return fmt.Errorf("ingest: %w", err)
 		}
-		if s.afterInsert(evs[:n], jobs[:n], got) {
-			ing.queued = true
-		}
-		if keeps != nil {
-			ing.kept = appendKept(ing.kept, evs[:n], keeps[:n], got)
-			keeps = keeps[n:]
-		}
+		queued, kept := s.afterInsert(evs[:n], jobs[:n], got)
+		ing.queued = ing.queued || queued
+		ing.kept = append(ing.kept, kept...)
 		ing.rows += n
 		evs, jobs = evs[n:], jobs[n:]
 	}
@@ -246,21 +235,6 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		s.deps.Queued()
 	}
 	return nil
-}
-
-// appendKept adds the deliveries of evs routed to be kept, with the ids
-// the insert returned (0 for events ingested before).
-func appendKept(kept []keptDelivery, evs []store.NewEvent, keeps []bool, got []store.Ingested) []keptDelivery {
-	ids := make([]int64, len(evs))
-	for _, g := range got {
-		ids[g.Index] = g.DeliveryID
-	}
-	for i := range evs {
-		if keeps[i] {
-			kept = append(kept, keptDelivery{lane: evs[i].Key(), id: ids[i]})
-		}
-	}
-	return kept
 }
 
 // route is where newEvent sends an event's delivery.
@@ -319,8 +293,9 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 // afterInsert gives the fast-path jobs, submitted before the insert, the
 // ids of their deliveries (none for events that were already ingested:
 // those jobs' outcomes are dropped). It reports whether any delivery went
-// to the queue instead.
-func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got []store.Ingested) (queued bool) {
+// to the queue instead, and returns those written in flight to be kept by
+// id (in flight without a job), with their ids (0: ingested before).
+func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got []store.Ingested) (queued bool, kept []keptDelivery) {
 	inserted := make([]int64, len(evs))
 	for _, g := range got {
 		inserted[g.Index] = g.DeliveryID
@@ -336,11 +311,13 @@ func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got
 				s.log.Info().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).
 					Msg("event ingested before (its event_id repeated): not delivered again, and the attempt made meanwhile is not recorded")
 			}
+		case ev.Status == state.InFlight:
+			kept = append(kept, keptDelivery{lane: ev.Key(), id: id})
 		case id != 0 && ev.Status == state.Pending:
 			queued = true
 		case id != 0 && ev.Status == state.DeadLetter:
 			s.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
 		}
 	}
-	return queued
+	return queued, kept
 }

@@ -77,7 +77,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 			return err
 		}
 		total += int64(len(got))
-		s.afterInsert(evs, make([]*dispatch.Job, len(evs)), got) // no fast path: no jobs
+		s.afterInsert(evs, make([]*dispatch.Job, len(evs)), got) // no fast path: no jobs, nothing kept
 		after = rows[len(rows)-1].ID
 		s.deps.Queued()
 	}

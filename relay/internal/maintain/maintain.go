@@ -118,20 +118,18 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 			// registration (the lease), from the pool.
 			err = st.Heartbeat(ctx, m.env.Pool(), m.env.Instance(m.deps.Streaming()), cfg.Lease, false)
 		}
-		alone := false
 		if err == nil {
+			// Unknown after a failure: what was last seen stands (a
+			// stale "alone" only shares a backlog later, it loses none).
 			var peers int
-			peers, err = st.Peers(ctx, m.env.Owner)
-			alone = err == nil && peers == 0
-		}
-		if alone != m.env.Alone() && err == nil {
-			msg := "other instances are alive: a backlog the lanes cannot hold goes to the queue, for any of them"
-			if alone {
-				msg = "no other instance is alive: a backlog the lanes cannot hold is kept in flight by this one"
+			if peers, err = st.Peers(ctx, m.env.Owner); err == nil && m.env.SetAlone(peers == 0) {
+				msg := "other instances are alive: a backlog the lanes cannot hold goes to the queue, for any of them"
+				if peers == 0 {
+					msg = "no other instance is alive: a backlog the lanes cannot hold is kept in flight by this one"
+				}
+				m.log.Info().Int("peers", peers).Msg(msg)
 			}
-			m.log.Info().Bool("alone", alone).Msg(msg)
 		}
-		m.env.SetAlone(alone)
 		m.env.Faults.Observe("heartbeat", err)
 		if err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("heartbeat failed")

@@ -199,13 +199,13 @@ func (r *Recorder) loop(stop context.Context) {
 	}
 }
 
-// flushHistograms writes the latency counts gathered; they wait for the
-// next attempt if the database does not take them now.
+// flushHistograms writes the latency counts gathered; if the database
+// does not take them now they wait a second (or for the next results).
 func (r *Recorder) flushHistograms(ctx context.Context) {
 	err := r.env.Store.FlushHistograms(ctx, r.hist)
 	r.env.Faults.Observe("recorder", err)
 	if err != nil && ctx.Err() == nil {
-		r.log.Warn().Err(err).Msg("writing latency histograms failed; trying again with the next results")
+		r.log.Warn().Err(err).Msg("writing latency histograms failed; trying again in a second")
 	}
 }
 

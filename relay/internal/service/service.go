@@ -48,12 +48,13 @@ type Env struct {
 	alone atomic.Bool
 }
 
-// Alone reports whether the last heartbeat found no other instance
-// registered (false until one has looked).
+// Alone reports whether the last look found no other instance alive
+// (false until one has looked).
 func (e *Env) Alone() bool { return e.alone.Load() }
 
-// SetAlone records what the last heartbeat found (see Alone).
-func (e *Env) SetAlone(alone bool) { e.alone.Store(alone) }
+// SetAlone records what the last look found (see Alone), and reports
+// whether that changed.
+func (e *Env) SetAlone(alone bool) (changed bool) { return e.alone.Swap(alone) != alone }
 
 // NewEnv returns an Env whose Config reads cfg, which the relay swaps on
 // reload.

@@ -139,3 +139,40 @@ func TestReconnectsAfterTheConnectionDrops(t *testing.T) {
 	}
 	require.Contains(t, tb.logs.String(), "replication session ended")
 }
+
+// TestFirstAttemptDoesNotWaitForTheIngestBefore holds one event's ingest
+// transaction (its checkpoint row locked) and commits a second event
+// meanwhile: the second one's first attempt goes out at once, from the
+// stream, not after the ingest before it. Both are recorded once the
+// lock is gone, each delivered once.
+func TestFirstAttemptDoesNotWaitForTheIngestBefore(t *testing.T) {
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "ep", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+
+	lock, err := tb.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, `SELECT 1 FROM postbox.checkpoints FOR UPDATE`)
+	require.NoError(t, err)
+
+	first := tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":1}`)})
+	waitUntil(t, 10*time.Second, "the first event's attempt", func() bool { return rc.byID()[first[0]] == 1 })
+	second := tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":2}`)})
+	waitUntil(t, 10*time.Second, "the second event's attempt, while the first one's ingest waits", func() bool {
+		return rc.byID()[second[0]] == 1
+	})
+	var n int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries`).Scan(&n))
+	require.Zero(t, n, "no ingest has committed while the checkpoint row is locked")
+
+	require.NoError(t, lock.Rollback(ctx))
+	tb.waitSettled(t, 2, 20*time.Second)
+	require.Equal(t, 2, tb.deliveries(t)[state.Delivered])
+	rc.requireEachOnce(t, 2)
+	for _, id := range append(first, second...) {
+		require.Equal(t, 1, tb.attempts(t, id), "event %s: its attempt is recorded", id)
+	}
+}

@@ -45,11 +45,20 @@ type ingester struct {
 	systemID string
 	timeline int32
 
-	conn   *store.IngestConn
-	tx     *dispatch.Ingest // the open transaction's handle
-	rows   int              // outbox rows written in the open transaction
-	queued bool             // it wrote deliveries for the queue (not the fast path)
-	kept   []keptDelivery   // deliveries it wrote in flight to be kept by id
+	conn    *store.IngestConn
+	open    bool               // a database transaction is open
+	handles []*dispatch.Ingest // of the chunks written in it (their first attempts)
+	rows    int                // outbox rows written in it
+	queued  bool               // it wrote deliveries for the queue (not the fast path)
+	kept    []keptDelivery     // deliveries it wrote in flight to be kept by id
+}
+
+// prepared is a chunk's rows as the ingest writes them, decided when the
+// chunk arrived (Supervisor.prepare), with the first attempts it started.
+type prepared struct {
+	evs  []store.NewEvent
+	jobs []*dispatch.Job  // per row: its first attempt, submitted at once, or nil
+	tx   *dispatch.Ingest // the jobs' ingest, finished with the transaction that writes the chunk; nil without jobs
 }
 
 // keptDelivery is a delivery written in flight for this instance, to be
@@ -86,6 +95,7 @@ func (ing *ingester) run(ctx context.Context) {
 			break
 		}
 		if ing.err != nil {
+			ing.drop(batch, ing.err)
 			continue
 		}
 		if err := ing.ingest(ctx, batch); err != nil {
@@ -94,12 +104,34 @@ func (ing *ingester) run(ctx context.Context) {
 	}
 	// The stream stopped. A transaction cut off mid-way is abandoned; the
 	// server sends it again next session, since it was never confirmed.
-	if ing.tx != nil {
+	if ing.open {
 		conn.Rollback(ctx)
-		ing.tx.Finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
-		ing.tx = nil
+		ing.finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
 	}
 	ing.keep(false)
+}
+
+// finish ends the open transaction's handles: its chunks' first attempts
+// are recorded (nil) or their outcomes dropped.
+func (ing *ingester) finish(err error) {
+	for _, h := range ing.handles {
+		h.Finish(err)
+	}
+	ing.handles = ing.handles[:0]
+	ing.open, ing.rows, ing.queued = false, 0, false
+}
+
+// drop gives up chunks that will not be written: their first attempts'
+// outcomes are dropped and their kept reservations given back (the
+// stream brings the events again).
+func (ing *ingester) drop(chunks []wal.Chunk, err error) {
+	for i := range chunks {
+		p := ing.s.prepared(&chunks[i])
+		if p.tx != nil {
+			p.tx.Finish(err)
+		}
+		ing.s.unkeep(p.evs, p.jobs)
+	}
 }
 
 // keep hands the deliveries the transaction wrote in flight to be kept
@@ -128,6 +160,7 @@ func (ing *ingester) ingest(ctx context.Context, batch []wal.Chunk) error {
 	}
 	if split > 0 {
 		if err := ing.write(ctx, batch[:split], true); err != nil {
+			ing.drop(batch[split:], err)
 			return err
 		}
 	}
@@ -139,66 +172,37 @@ func (ing *ingester) ingest(ctx context.Context, batch []wal.Chunk) error {
 
 func (ing *ingester) abort(err error) {
 	ing.err = err
-	if ing.tx != nil {
-		ing.tx.Finish(err) // Release closes the connection of a transaction left open
-		ing.tx = nil
-	}
+	ing.finish(err) // Release closes the connection of a transaction left open
 	ing.keep(false)
 	ing.fail()
 }
 
 // write inserts the chunks' rows into the open transaction (opening one)
 // and, when commit is set, commits it with the checkpoint of the last
-// chunk, which then is a transaction's end.
+// chunk, which then is a transaction's end. When it fails, the chunks not
+// yet inserted are dropped.
 func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool) error {
 	s := ing.s
 	cfg := s.env.Config()
 	var evs []store.NewEvent
 	var jobs []*dispatch.Job
-	submitted := false
-	alone := s.deps.Alone()
-	for _, c := range chunks {
-		for _, row := range c.Rows {
-			ev, r := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
-			evs = append(evs, ev)
-			if r != routeFast {
-				jobs = append(jobs, nil)
-				continue
-			}
-			// The first attempt starts now, while the event is written:
-			// everything it sends is in the row. Its outcome is recorded
-			// once the ingest has committed, under the id the insert
-			// returns (dispatch.Dispatcher.Assign).
-			if ing.tx == nil {
-				ing.tx = dispatch.NewIngest()
-			}
-			j := &dispatch.Job{
-				Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
-				EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
-				CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: ing.tx,
-			}
-			s.deps.Fast.Submit(j, true)
-			jobs, submitted = append(jobs, j), true
+	for i := range chunks {
+		p := s.prepared(&chunks[i])
+		if p.tx != nil {
+			ing.handles = append(ing.handles, p.tx)
 		}
-	}
-	if submitted {
-		// Let the attempts just submitted start before this goroutine
-		// goes on to the insert: a new goroutine waits in this P's queue
-		// until the current one blocks (other Ps do not steal it at
-		// once), and building and sending the insert took ~130 µs.
-		runtime.Gosched()
+		evs, jobs = append(evs, p.evs...), append(jobs, p.jobs...)
 	}
 	for len(evs) > 0 {
 		n := min(len(evs), MaxInsertRowsDefault)
-		if ing.tx == nil {
-			ing.tx = dispatch.NewIngest()
-		}
+		ing.open = true
 		ing.conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention == 0)
 		if err != nil {
 			// The jobs submitted keep no id: their outcomes are dropped
 			// once the ingest is finished (failed), and the stream brings
 			// the events again.
+			s.unkeep(evs, jobs)
 			return fmt.Errorf("ingest: %w", err)
 		}
 		queued, kept := s.afterInsert(evs[:n], jobs[:n], got)
@@ -211,15 +215,14 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		return nil
 	}
 	end := chunks[len(chunks)-1].EndLSN
-	if ing.tx == nil {
+	if !ing.open {
 		s.durable.Advance(end) // empty transactions: nothing to write
 		return nil
 	}
 	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
 	err := ing.conn.Commit(ctx, end, ing.queued)
-	tx, queued, rows, kept := ing.tx, ing.queued, ing.rows, len(ing.kept) > 0
-	ing.tx, ing.rows, ing.queued = nil, 0, false
-	tx.Finish(err)
+	queued, rows, kept := ing.queued, ing.rows, len(ing.kept) > 0
+	ing.finish(err)
 	ing.keep(err == nil)
 	if err != nil {
 		if store.IsFenced(err) {
@@ -235,6 +238,62 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		s.deps.Queued()
 	}
 	return nil
+}
+
+// prepare decides, as a chunk arrives, what becomes of its rows, and
+// submits the first attempts of those the fast path takes: everything an
+// attempt sends is in the row, so it starts now, in the stream's
+// goroutine, rather than behind the ingest of what arrived before. Its
+// outcome is recorded once the ingest has committed, under the id the
+// insert returns (dispatch.Dispatcher.Assign).
+func (s *Supervisor) prepare(c *wal.Chunk) {
+	cfg := s.env.Config()
+	alone := s.deps.Alone()
+	p := &prepared{evs: make([]store.NewEvent, 0, len(c.Rows)), jobs: make([]*dispatch.Job, 0, len(c.Rows))}
+	for _, row := range c.Rows {
+		ev, r := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
+		p.evs = append(p.evs, ev)
+		if r != routeFast {
+			p.jobs = append(p.jobs, nil)
+			continue
+		}
+		if p.tx == nil {
+			p.tx = dispatch.NewIngest()
+		}
+		j := &dispatch.Job{
+			Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
+			EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
+			CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: p.tx,
+		}
+		s.deps.Fast.Submit(j, true)
+		p.jobs = append(p.jobs, j)
+	}
+	c.Prepared = p
+	if p.tx != nil {
+		// Let the attempts just submitted start before this goroutine
+		// reads on: a new goroutine waits in this P's queue until the
+		// current one blocks (other Ps do not steal it at once).
+		runtime.Gosched()
+	}
+}
+
+// prepared returns what prepare decided for a chunk, preparing it now if
+// the stream did not.
+func (s *Supervisor) prepared(c *wal.Chunk) *prepared {
+	if c.Prepared == nil {
+		s.prepare(c)
+	}
+	return c.Prepared.(*prepared)
+}
+
+// unkeep gives back the kept reservations of deliveries that will not be
+// written (those in flight without a job).
+func (s *Supervisor) unkeep(evs []store.NewEvent, jobs []*dispatch.Job) {
+	for i := range evs {
+		if jobs[i] == nil && evs[i].Status == state.InFlight {
+			s.deps.Fast.Keep(evs[i].Key(), 0)
+		}
+	}
 }
 
 // route is where newEvent sends an event's delivery.

@@ -28,10 +28,10 @@ func NewQueue(maxRows, maxBytes int) *Queue {
 		ready: make(chan struct{}, 1), space: make(chan struct{}, 1)}
 }
 
-// tryPut adds c unless the queue is full.
-func (q *Queue) tryPut(c Chunk) bool {
+// put adds c unless the queue is full; with force, whether full or not.
+func (q *Queue) put(c Chunk, force bool) bool {
 	q.mu.Lock()
-	if len(q.chunks) > 0 && (q.rows+len(c.Rows) > q.maxRows || q.bytes+c.Bytes > q.maxBytes) {
+	if !force && len(q.chunks) > 0 && (q.rows+len(c.Rows) > q.maxRows || q.bytes+c.Bytes > q.maxBytes) {
 		q.mu.Unlock()
 		return false
 	}

@@ -45,6 +45,8 @@ type Chunk struct {
 	EndLSN     pglogrepl.LSN // the checkpoint once this transaction is ingested
 	CommitTime time.Time
 	Bytes      int
+	// Prepared is the consumer's, set by Options.Prepare.
+	Prepared any
 }
 
 // Acker is the consumer's side of the stream: how far everything is
@@ -79,6 +81,13 @@ type Options struct {
 	// Flushed, when set, is called with each flushed position reported to
 	// the server.
 	Flushed func(pglogrepl.LSN)
+	// Prepare, when set, is called with each chunk as it is complete, in
+	// the stream's goroutine, before the chunk is queued: the consumer's
+	// work that needs no database (starting first attempts) starts at
+	// once, not after the ingest of what arrived before. It may set
+	// Chunk.Prepared. A chunk prepared is always queued, if need be
+	// beyond the queue's bounds when the session ends while it waits.
+	Prepare func(*Chunk)
 }
 
 // Stream reads outbox inserts from a logical replication slot.
@@ -427,13 +436,16 @@ func (ss *session) add(ctx context.Context, row Row) error {
 // keeps the server informed, so a slow ingest does not trip
 // wal_sender_timeout.
 func (ss *session) send(ctx context.Context, c Chunk) error {
-	if ss.out.tryPut(c) {
+	if ss.opts.Prepare != nil {
+		ss.opts.Prepare(&c)
+	}
+	if ss.out.put(c, false) {
 		return nil
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		if ss.out.tryPut(c) {
+		if ss.out.put(c, false) {
 			return nil
 		}
 		select {
@@ -444,6 +456,7 @@ func (ss *session) send(ctx context.Context, c Chunk) error {
 			}
 			ss.lastRecv = time.Now() // we are the slow side, not the server
 		case <-ctx.Done():
+			ss.out.put(c, true) // the consumer takes it over, prepared
 			return ctx.Err()
 		}
 	}

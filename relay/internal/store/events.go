@@ -342,6 +342,20 @@ func dedupe(evs []NewEvent) (kept []NewEvent, orig []int) {
 	return kept, orig
 }
 
+// saveCheckpointSQL stores the end LSN of an ingested transaction, and the
+// server it came from, if the caller still holds leadership token $3;
+// otherwise it raises PBF01 (postbox.checkpoint_fenced) and the caller's
+// whole ingest transaction rolls back. A plain statement, not a PL/pgSQL
+// call: the function call cost more than the update.
+const saveCheckpointSQL = `
+WITH saved AS (
+  UPDATE postbox.checkpoints
+  SET lsn = greatest(lsn, $2::pg_lsn), system_id = $4, timeline = $5, updated_at = now()
+  WHERE slot = $1 AND fencing = $3
+  RETURNING 1
+)
+SELECT postbox.checkpoint_fenced($1, $3) WHERE NOT EXISTS (SELECT FROM saved)`
+
 // Commit stores the checkpoint (when lsn is not zero) and commits; with notify, it wakes every instance's
 // claimer as it commits (rows were queued). Without an open transaction it
 // stores only the checkpoint.
@@ -354,7 +368,7 @@ func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, notify bool
 		b.Queue(`SELECT pg_notify($1, '')`, WakeChannel)
 	}
 	if lsn != 0 {
-		b.Queue(`SELECT postbox.save_checkpoint($1, $2::pg_lsn, $3, $4, $5)`, ic.s.Slot, lsn.String(), ic.lead.Token, ic.systemID, ic.timeline)
+		b.Queue(saveCheckpointSQL, ic.s.Slot, lsn.String(), ic.lead.Token, ic.systemID, ic.timeline)
 	}
 	if ic.inTx {
 		b.Queue("COMMIT")
@@ -440,7 +454,8 @@ func (s *Store) SetReconcilePending(ctx context.Context, pending bool) error {
 // leadership token is stale and its checkpoint write was refused.
 var ErrFenced = errors.New("fenced off: another instance took over streaming")
 
-// codeFenced is the SQLSTATE postbox.save_checkpoint raises when fenced.
+// codeFenced is the SQLSTATE postbox.checkpoint_fenced (and the previous
+// version's save_checkpoint) raises when fenced.
 const codeFenced = "PBF01"
 
 // IsFenced reports whether err is a fenced checkpoint write.

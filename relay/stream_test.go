@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -175,4 +176,26 @@ func TestFirstAttemptDoesNotWaitForTheIngestBefore(t *testing.T) {
 	for _, id := range append(first, second...) {
 		require.Equal(t, 1, tb.attempts(t, id), "event %s: its attempt is recorded", id)
 	}
+}
+
+// TestLiveTransactionsShareAnIngestCommit commits ten events a few
+// milliseconds apart, each in its own transaction: their deliveries go
+// out at once, and their ingest gathers them into a few commits
+// (ingest.LingerDefault) rather than one each.
+func TestLiveTransactionsShareAnIngestCommit(t *testing.T) {
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "ep", rc.URL, nil)
+	tb.start(t, relay.Options{})
+	const n = 10
+	for i := range n {
+		tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+		time.Sleep(3 * time.Millisecond)
+	}
+	tb.waitSettled(t, n, 20*time.Second)
+	rc.requireEachOnce(t, n)
+	var commits int
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(DISTINCT xmin::text) FROM postbox.events`).Scan(&commits))
+	t.Logf("%d events ingested in %d transactions", n, commits)
+	require.LessOrEqual(t, commits, n/2, "transactions arriving together are ingested together")
 }

@@ -26,6 +26,16 @@ const (
 	// LargeTransactionRows is the size above which an ingested transaction
 	// is logged (at debug).
 	LargeTransactionRows = 1000
+	// LingerDefault is how long the ingest gathers the transactions that
+	// follow one whose deliveries all went out on the fast path, before
+	// it commits them together; LingerRowsDefault rows end it sooner.
+	// Nothing waits for such a commit but the records of attempts already
+	// made, and one commit of several transactions costs PostgreSQL a
+	// fraction of one each (a round trip, the checkpoint update, the WAL
+	// flush). A delivery that waits for its commit (queued, kept) ends it
+	// at once.
+	LingerDefault     = 20 * time.Millisecond
+	LingerRowsDefault = 200
 )
 
 // ingester writes what one session's stream sends into postbox.events and
@@ -59,6 +69,9 @@ type prepared struct {
 	evs  []store.NewEvent
 	jobs []*dispatch.Job  // per row: its first attempt, submitted at once, or nil
 	tx   *dispatch.Ingest // the jobs' ingest, finished with the transaction that writes the chunk; nil without jobs
+	// waits says a delivery of the chunk waits for its commit: written
+	// pending for the queue, or in flight to be kept by id.
+	waits bool
 }
 
 // keptDelivery is a delivery written in flight for this instance, to be
@@ -98,7 +111,7 @@ func (ing *ingester) run(ctx context.Context) {
 			ing.drop(batch, ing.err)
 			continue
 		}
-		if err := ing.ingest(ctx, batch); err != nil {
+		if err := ing.ingest(ctx, ing.linger(batch)); err != nil {
 			ing.abort(err)
 		}
 	}
@@ -109,6 +122,35 @@ func (ing *ingester) run(ctx context.Context) {
 		ing.finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
 	}
 	ing.keep(false)
+}
+
+// linger adds to a batch of one transaction (the ingest keeps pace) what
+// the stream queues within LingerDefault, while none of it waits for the
+// commit and it holds fewer than LingerRowsDefault rows. A stream that
+// closes ends it. A batch of several transactions is the ingest behind:
+// it commits at once.
+func (ing *ingester) linger(batch []wal.Chunk) []wal.Chunk {
+	if len(batch) != 1 {
+		return batch
+	}
+	deadline := time.Now().Add(LingerDefault)
+	rows := 0
+	for seen := 0; ; seen = len(batch) {
+		for i := seen; i < len(batch); i++ {
+			if ing.s.prepared(&batch[i]).waits {
+				return batch
+			}
+			rows += len(batch[i].Rows)
+		}
+		if rows >= LingerRowsDefault {
+			return batch
+		}
+		more, ok := ing.in.TakeBefore(deadline)
+		if !ok {
+			return batch
+		}
+		batch = append(batch, more...)
+	}
 }
 
 // finish ends the open transaction's handles: its chunks' first attempts
@@ -253,6 +295,7 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 	for _, row := range c.Rows {
 		ev, r := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
 		p.evs = append(p.evs, ev)
+		p.waits = p.waits || r == routeKeep || ev.Status == state.Pending
 		if r != routeFast {
 			p.jobs = append(p.jobs, nil)
 			continue

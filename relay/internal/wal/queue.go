@@ -3,6 +3,7 @@ package wal
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // Queue hands transactions from the stream to their consumer. It holds at
@@ -43,6 +44,13 @@ func (q *Queue) put(c Chunk, force bool) bool {
 	return true
 }
 
+// queuedRows is how many rows are queued.
+func (q *Queue) queuedRows() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.rows
+}
+
 // Close marks the end of the stream: Take returns what is left, then false.
 func (q *Queue) Close() {
 	q.mu.Lock()
@@ -54,6 +62,18 @@ func (q *Queue) Close() {
 // Take waits for chunks and returns all that are queued, in order. It
 // returns false once the queue is closed and empty (or ctx ends).
 func (q *Queue) Take(ctx context.Context) ([]Chunk, bool) {
+	return q.take(ctx.Done(), nil)
+}
+
+// TakeBefore is Take that gives up at deadline: it returns false when
+// nothing is queued by then, or the queue is closed and empty.
+func (q *Queue) TakeBefore(deadline time.Time) ([]Chunk, bool) {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	return q.take(nil, t.C)
+}
+
+func (q *Queue) take(done <-chan struct{}, expired <-chan time.Time) ([]Chunk, bool) {
 	for {
 		q.mu.Lock()
 		if len(q.chunks) > 0 {
@@ -70,7 +90,9 @@ func (q *Queue) Take(ctx context.Context) ([]Chunk, bool) {
 		}
 		select {
 		case <-q.ready:
-		case <-ctx.Done():
+		case <-done:
+			return nil, false
+		case <-expired:
 			return nil, false
 		}
 	}

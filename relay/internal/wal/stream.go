@@ -81,12 +81,16 @@ type Options struct {
 	// Flushed, when set, is called with each flushed position reported to
 	// the server.
 	Flushed func(pglogrepl.LSN)
-	// Prepare, when set, is called with each chunk as it is complete, in
-	// the stream's goroutine, before the chunk is queued: the consumer's
+	// Prepare, when set, is called with a chunk as it is complete, in the
+	// stream's goroutine, before the chunk is queued, while fewer than
+	// PrepareAheadRows rows are queued (the consumer keeps pace): its
 	// work that needs no database (starting first attempts) starts at
-	// once, not after the ingest of what arrived before. It may set
-	// Chunk.Prepared. A chunk prepared is always queued, if need be
-	// beyond the queue's bounds when the session ends while it waits.
+	// once, not after the ingest of what it took last. It may set
+	// Chunk.Prepared. Behind a backlog, chunks are left for the consumer
+	// to prepare as it takes them: prepared early, they would hold their
+	// decisions and memory while they wait. A chunk prepared is always
+	// queued, if need be beyond the queue's bounds when the session ends
+	// while it waits.
 	Prepare func(*Chunk)
 }
 
@@ -102,6 +106,9 @@ const (
 	DrainTimeoutDefault   = 30 * time.Second
 	ChunkRowsDefault      = 1000
 	ChunkBytesDefault     = 1 << 20
+	// PrepareAheadRows is the queue's length (in rows) below which the
+	// stream prepares chunks itself (Options.Prepare).
+	PrepareAheadRows = 64
 )
 
 // minKeep is the length up to which the stream reads any column's value,
@@ -436,7 +443,7 @@ func (ss *session) add(ctx context.Context, row Row) error {
 // keeps the server informed, so a slow ingest does not trip
 // wal_sender_timeout.
 func (ss *session) send(ctx context.Context, c Chunk) error {
-	if ss.opts.Prepare != nil {
+	if ss.opts.Prepare != nil && ss.out.queuedRows() < PrepareAheadRows {
 		ss.opts.Prepare(&c)
 	}
 	if ss.out.put(c, false) {

@@ -72,6 +72,7 @@ type prepared struct {
 	// waits says a delivery of the chunk waits for its commit: written
 	// pending for the queue, or in flight to be kept by id.
 	waits bool
+	ahead bool // prepared by the stream (prepareAhead)
 }
 
 // keptDelivery is a delivery written in flight for this instance, to be
@@ -226,14 +227,23 @@ func (ing *ingester) abort(err error) {
 func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool) error {
 	s := ing.s
 	cfg := s.env.Config()
-	var evs []store.NewEvent
-	var jobs []*dispatch.Job
+	rows := 0
+	for i := range chunks {
+		rows += len(chunks[i].Rows)
+	}
+	evs, jobs := make([]store.NewEvent, 0, rows), make([]*dispatch.Job, 0, rows)
+	submitted := false
 	for i := range chunks {
 		p := s.prepared(&chunks[i])
 		if p.tx != nil {
 			ing.handles = append(ing.handles, p.tx)
 		}
 		evs, jobs = append(evs, p.evs...), append(jobs, p.jobs...)
+		submitted = submitted || p.tx != nil && !p.ahead
+	}
+	if submitted {
+		// Let the attempts submitted here start before the insert.
+		runtime.Gosched()
 	}
 	for len(evs) > 0 {
 		n := min(len(evs), MaxInsertRowsDefault)
@@ -312,10 +322,17 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 		p.jobs = append(p.jobs, j)
 	}
 	c.Prepared = p
+}
+
+// prepareAhead is the stream's Prepare: it prepares a chunk, then lets
+// the attempts just submitted start before the stream reads on (a new
+// goroutine waits in this P's queue until the current one blocks; other
+// Ps do not steal it at once).
+func (s *Supervisor) prepareAhead(c *wal.Chunk) {
+	s.prepare(c)
+	p := c.Prepared.(*prepared)
+	p.ahead = true
 	if p.tx != nil {
-		// Let the attempts just submitted start before this goroutine
-		// reads on: a new goroutine waits in this P's queue until the
-		// current one blocks (other Ps do not steal it at once).
 		runtime.Gosched()
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -47,6 +48,7 @@ type ingester struct {
 	drained chan struct{}
 	fail    context.CancelFunc // ends the session after an error
 	err     error
+	failed  atomic.Bool // err is set: the stream prepares no more
 
 	// The session's leadership and server, for checkpoint writes; the
 	// stream's plan sets the server before it queues anything, and the
@@ -164,12 +166,16 @@ func (ing *ingester) finish(err error) {
 	ing.open, ing.rows, ing.queued = false, 0, false
 }
 
-// drop gives up chunks that will not be written: their first attempts'
-// outcomes are dropped and their kept reservations given back (the
-// stream brings the events again).
+// drop gives up chunks that will not be written: the first attempts of
+// those prepared have their outcomes dropped, and their kept reservations
+// are given back (the stream brings the events again). Chunks not yet
+// prepared stay so: no attempt starts for an event that is not written.
 func (ing *ingester) drop(chunks []wal.Chunk, err error) {
 	for i := range chunks {
-		p := ing.s.prepared(&chunks[i])
+		p, _ := chunks[i].Prepared.(*prepared)
+		if p == nil {
+			continue
+		}
 		if p.tx != nil {
 			p.tx.Finish(err)
 		}
@@ -215,6 +221,7 @@ func (ing *ingester) ingest(ctx context.Context, batch []wal.Chunk) error {
 
 func (ing *ingester) abort(err error) {
 	ing.err = err
+	ing.failed.Store(true)
 	ing.finish(err) // Release closes the connection of a transaction left open
 	ing.keep(false)
 	ing.fail()
@@ -327,8 +334,14 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 // prepareAhead is the stream's Prepare: it prepares a chunk, then lets
 // the attempts just submitted start before the stream reads on (a new
 // goroutine waits in this P's queue until the current one blocks; other
-// Ps do not steal it at once).
-func (s *Supervisor) prepareAhead(c *wal.Chunk) {
+// Ps do not steal it at once). Once the ingest has failed it prepares
+// nothing: what the session still streams is dropped, and no attempt
+// should start for it.
+func (ing *ingester) prepareAhead(c *wal.Chunk) {
+	if ing.failed.Load() {
+		return
+	}
+	s := ing.s
 	s.prepare(c)
 	p := c.Prepared.(*prepared)
 	p.ahead = true

@@ -229,7 +229,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 		MaxBody:        func() int { return int(s.env.Config().MaxBody) },
 		Logger:         s.env.Logger("wal"),
 		Flushed:        func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },
-		Prepare:        s.prepareAhead,
+		Prepare:        ing.prepareAhead,
 	})
 	plan := func(ss wal.Session) (pglogrepl.LSN, pglogrepl.LSN, error) {
 		ing.systemID, ing.timeline = ss.SystemID, ss.Timeline

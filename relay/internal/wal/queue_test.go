@@ -1,0 +1,52 @@
+package wal
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestTakeBeforeGivesUpAtItsDeadline: TakeBefore returns what is queued
+// at once, what arrives before its deadline, nothing after it, and false
+// once the queue is closed and empty.
+func TestTakeBeforeGivesUpAtItsDeadline(t *testing.T) {
+	q := NewQueue(10, 1<<20)
+	require.True(t, q.put(Chunk{Rows: []Row{{EventID: "a"}}}, false))
+	got, ok := q.TakeBefore(time.Now().Add(time.Hour))
+	require.True(t, ok)
+	require.Len(t, got, 1)
+
+	_, ok = q.TakeBefore(time.Now().Add(20 * time.Millisecond))
+	require.False(t, ok, "nothing queued by the deadline")
+
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		q.put(Chunk{Rows: []Row{{EventID: "b"}}}, false)
+	}()
+	got, ok = q.TakeBefore(time.Now().Add(10 * time.Second))
+	require.True(t, ok, "a chunk queued before the deadline")
+	require.Equal(t, "b", got[0].Rows[0].EventID)
+
+	q.Close()
+	_, ok = q.TakeBefore(time.Now().Add(10 * time.Second))
+	require.False(t, ok, "closed and empty")
+	_, ok = q.Take(context.Background())
+	require.False(t, ok)
+}
+
+// TestForcedPutGoesPastTheBounds: a chunk the stream prepared is queued
+// even when the queue is full (the session ending while it waited), so
+// its consumer finishes what was started for it.
+func TestForcedPutGoesPastTheBounds(t *testing.T) {
+	q := NewQueue(1, 1<<20)
+	require.True(t, q.put(Chunk{Rows: []Row{{EventID: "a"}}}, false))
+	require.False(t, q.put(Chunk{Rows: []Row{{EventID: "b"}}}, false), "full")
+	require.Equal(t, 1, q.queuedRows())
+	require.True(t, q.put(Chunk{Rows: []Row{{EventID: "b"}}}, true))
+	got, ok := q.Take(context.Background())
+	require.True(t, ok)
+	require.Len(t, got, 2)
+	require.Zero(t, q.queuedRows())
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/protect"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
@@ -213,7 +214,12 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 	openedAt := time.Now()
 	before := rc.count()
 
-	// Events written while the breaker is open wait.
+	// Events written while the breaker is open wait. The streaming
+	// instance learns of a breaker the other one opened at its next claim
+	// cycle (a sweep at the latest, its view at most
+	// protect.RefreshIntervalDefault old); until then its fast path may
+	// still try the endpoint once.
+	time.Sleep(time.Duration(tb.cfg.SweepInterval) + protect.RefreshIntervalDefault)
 	held := tb.insert(t, outbox.Event{Endpoint: "flaky"}, outbox.Event{Endpoint: "flaky"})
 	// Let it probe and fail until the cooldown has reached its cap (each
 	// cooldown is shortened by up to a quarter at random).

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -175,6 +177,30 @@ func holdIngest(t *testing.T, pool *pgxpool.Pool, endpoint string) (id string, w
 		return pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holder).Scan(&waiting) == nil
 	})
 	return id, waiting, release
+}
+
+// waitStopped waits until every thread of process pid is stopped (by
+// SIGSTOP): state T in /proc/PID/task/*/stat.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	waitForT(t, 10*time.Second, "every thread of the frozen process to stop", func() bool {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil || len(tasks) == 0 {
+			return false
+		}
+		for _, task := range tasks {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			if err != nil {
+				return false
+			}
+			// pid (comm) state …: comm may hold spaces, the state follows its last ')'.
+			i := bytes.LastIndexByte(stat, ')')
+			if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func deref(s *string) string {
@@ -721,6 +747,10 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	x, ingestPID, release := holdIngest(t, pool, "p")
 	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGSTOP))
 	frozenAt := time.Now()
+	// A stop takes effect on each thread on its own, and on a loaded
+	// machine one may still send the commit after the signal was sent:
+	// the held row is released only once every thread has stopped.
+	waitStopped(t, leader.cmd.Process.Pid)
 	release()
 	var oldXID string
 	// Its transaction stays open: idle, or, when the rest of the ingest's

@@ -37,6 +37,14 @@ const (
 	// at once.
 	LingerDefault     = 20 * time.Millisecond
 	LingerRowsDefault = 200
+	// AheadStallDefault: the stream prepares chunks ahead of the ingest
+	// (starting their first attempts) only while the ingest's current
+	// write is younger than this. A write stuck longer (a database that
+	// stopped answering, a process that was frozen and lost its lease) may
+	// be about to fail, and the session then drops what the stream sent
+	// since: attempted already, those events would all be delivered again
+	// by the next session.
+	AheadStallDefault = 100 * time.Millisecond
 )
 
 // ingester writes what one session's stream sends into postbox.events and
@@ -48,7 +56,8 @@ type ingester struct {
 	drained chan struct{}
 	fail    context.CancelFunc // ends the session after an error
 	err     error
-	failed  atomic.Bool // err is set: the stream prepares no more
+	failed  atomic.Bool  // err is set: the stream prepares no more
+	writing atomic.Int64 // when the current write began (Unix ns), 0 between writes
 
 	// The session's leadership and server, for checkpoint writes; the
 	// stream's plan sets the server before it queues anything, and the
@@ -232,6 +241,8 @@ func (ing *ingester) abort(err error) {
 // chunk, which then is a transaction's end. When it fails, the chunks not
 // yet inserted are dropped.
 func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool) error {
+	ing.writing.Store(time.Now().UnixNano())
+	defer ing.writing.Store(0)
 	s := ing.s
 	cfg := s.env.Config()
 	rows := 0
@@ -334,11 +345,14 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 // prepareAhead is the stream's Prepare: it prepares a chunk, then lets
 // the attempts just submitted start before the stream reads on (a new
 // goroutine waits in this P's queue until the current one blocks; other
-// Ps do not steal it at once). Once the ingest has failed it prepares
-// nothing: what the session still streams is dropped, and no attempt
-// should start for it.
+// Ps do not steal it at once). Once the ingest has failed, or while its
+// write is stuck (AheadStallDefault), it prepares nothing: what the
+// session still streams may be dropped, and no attempt should start for it.
 func (ing *ingester) prepareAhead(c *wal.Chunk) {
 	if ing.failed.Load() {
+		return
+	}
+	if w := ing.writing.Load(); w != 0 && time.Since(time.Unix(0, w)) > AheadStallDefault {
 		return
 	}
 	s := ing.s

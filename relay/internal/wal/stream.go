@@ -463,7 +463,9 @@ func (ss *session) send(ctx context.Context, c Chunk) error {
 			}
 			ss.lastRecv = time.Now() // we are the slow side, not the server
 		case <-ctx.Done():
-			ss.out.put(c, true) // the consumer takes it over, prepared
+			if c.Prepared != nil {
+				ss.out.put(c, true) // its attempts started: the consumer finishes them
+			}
 			return ctx.Err()
 		}
 	}

@@ -177,12 +177,30 @@ func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free, 
 // Those no longer owner's (the sweep of another instance took them back,
 // thinking this one gone) are left out.
 func (s *Store) LoadOwned(ctx context.Context, owner string, ids []int64) ([]Claimed, error) {
-	return s.claim(ctx, `
-		SELECT `+claimedColumns+`
-		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
-		WHERE d.id = ANY($1) AND d.status = 'in_flight' AND d.lease_owner = $2
-		ORDER BY d.id`, ids, owner)
+	var out []Claimed
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(noTableScan)
+		b.Queue(loadOwnedSQL, ids, owner).Query(func(rows pgx.Rows) error {
+			var err error
+			out, err = collectClaimed(rows)
+			return err
+		})
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim deliveries: %w", err)
+	}
+	return out, nil
 }
+
+// loadOwnedSQL reaches deliveries by primary key and their events by
+// theirs, whatever the statistics (see recordResultsSQL).
+const loadOwnedSQL = `
+SELECT ` + claimedColumns + `
+FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+WHERE d.id = ANY($1) AND d.status IS NOT DISTINCT FROM 'in_flight' AND d.lease_owner IS NOT DISTINCT FROM $2
+ORDER BY d.id`
 
 func unzipCaps(m map[string]int) ([]string, []int32) {
 	keys := make([]string, 0, len(m))
@@ -208,19 +226,24 @@ func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]Claimed, 
 	if err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
+	out, err := collectClaimed(rows)
+	if err != nil {
+		return nil, fmt.Errorf("claim deliveries: %w", err)
+	}
+	return out, nil
+}
+
+func collectClaimed(rows pgx.Rows) ([]Claimed, error) {
 	defer rows.Close()
 	var out []Claimed
 	for rows.Next() {
 		c, err := scanClaimed(rows)
 		if err != nil {
-			return nil, fmt.Errorf("claim deliveries: %w", err)
+			return nil, err
 		}
 		out = append(out, c)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim deliveries: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 func scanClaimed(row pgx.Row) (Claimed, error) {
@@ -242,6 +265,25 @@ func scanClaimed(row pgx.Row) (Claimed, error) {
 	return c, nil
 }
 
+// By id, whatever the statistics. The statements that read or write an
+// owner's in-flight deliveries by id (RecordResults, LoadOwned, Rescue)
+// test status and lease_owner with IS NOT DISTINCT FROM, which no index
+// serves and which implies no partial index's predicate, so that the
+// planner can reach the rows only through the primary key, by the ids.
+// With plain equality it chose deliveries_lease_owner on statistics taken
+// while the owner held little, and then read the owner's whole in-flight
+// set for each batch: in a catch-up, up to 100,000 rows filtered down to
+// the few hundred of the batch. Neither column is compared with NULL here,
+// so the meaning is equality's. Left the primary key and a sequential
+// scan, the planner, on the same statistics, guessed that one row would
+// pass the filters and scanned the whole table, or looped over the batch
+// for each row it found: noTableScan and noLoops, set for the statement's
+// transaction, take those choices away.
+const (
+	noTableScan = `SELECT set_config('enable_seqscan', 'off', true)`
+	noLoops     = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true)`
+)
+
 const recordResultsSQL = `
 UPDATE postbox.deliveries d SET
   status = CASE WHEN r.status = 'released'
@@ -259,7 +301,8 @@ UPDATE postbox.deliveries d SET
   lease_owner = NULL, updated_at = now()
 FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::float4[], $8::text[], $9::timestamptz[], $10::float4[])
   AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms)
-WHERE d.id = ANY($1) AND d.id = r.id AND d.status = 'in_flight' AND d.lease_owner = $11`
+WHERE d.id = ANY($1) AND d.id = r.id
+  AND d.status IS NOT DISTINCT FROM 'in_flight' AND d.lease_owner IS NOT DISTINCT FROM $11`
 
 const insertAttemptsSQL = `
 INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
@@ -353,6 +396,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	var changes []HealthChange
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
+		b.Queue(noLoops)
 		b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
 		if len(attempts.ids) > 0 {
 			if hist != nil {
@@ -527,7 +571,7 @@ func (s *Store) Rescue(ctx context.Context, owner string, ids []int64) (int64, e
 		UPDATE postbox.deliveries
 		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
 		    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
-		WHERE id = ANY($2) AND status = 'in_flight' AND lease_owner = $1`, owner, ids)
+		WHERE id = ANY($2) AND status IS NOT DISTINCT FROM 'in_flight' AND lease_owner IS NOT DISTINCT FROM $1`, owner, ids)
 	if err != nil {
 		return 0, fmt.Errorf("rescue stale claims: %w", err)
 	}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -325,4 +328,75 @@ func TestProbesAreClaimedInOneStatement(t *testing.T) {
 	got, err = s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: "idle"}})
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"idle": 1}, count(got), "probed once something is queued")
+}
+
+// The recorder and LoadOwned reach the batch's deliveries by primary key
+// and read nothing else, even when the statistics were taken before the
+// owner held anything in flight (a catch-up fills the table faster than
+// autovacuum analyses it): the owner's other in-flight rows are not read
+// and filtered away, nor is the table scanned.
+func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	_, err := s.Pool.Exec(ctx, `ALTER TABLE postbox.deliveries SET (autovacuum_enabled = false)`)
+	require.NoError(t, err)
+	queue(t, s, "ep", 200)
+	_, err = s.Pool.Exec(ctx, `ANALYZE postbox.deliveries`)
+	require.NoError(t, err)
+
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	evs := make([]store.NewEvent, 5000)
+	for i := range evs {
+		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`),
+			CreatedAt: time.Now(), Status: state.InFlight}
+	}
+	ingested, err := ic.Insert(ctx, evs, false)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+	ic.Release()
+	var ids []int64
+	for _, in := range ingested[2000:2010] {
+		ids = append(ids, in.DeliveryID)
+	}
+	n := len(ids)
+
+	explain := func(setting, sql string, args ...any) string {
+		t.Helper()
+		tx, err := s.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, setting)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) `+sql, args...)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	removed := regexp.MustCompile(`Rows Removed by [A-Za-z ]+: (\d+)`)
+	byKey := regexp.MustCompile(`deliveries_pkey.*\(actual rows=(\d+) `)
+	check := func(what, plan string) {
+		t.Helper()
+		m := byKey.FindStringSubmatch(plan)
+		require.NotNil(t, m, "%s reaches deliveries by id:\n%s", what, plan)
+		require.Equal(t, fmt.Sprint(n), m[1], "%s finds its batch by id:\n%s", what, plan)
+		require.NotContains(t, plan, "Seq Scan on deliveries", "%s scans the table:\n%s", what, plan)
+		for _, m := range removed.FindAllStringSubmatch(plan, -1) {
+			require.Equal(t, "0", m[1], "%s reads rows not in its batch:\n%s", what, plan)
+		}
+	}
+
+	plan := explain(store.NoTableScan, store.LoadOwnedSQL, ids, "me")
+	check("LoadOwned", plan)
+
+	statuses, delays, attempted := make([]string, n), make([]float64, n), make([]bool, n)
+	errs, codes, ms, bodies := make([]string, n), make([]int32, n), make([]float32, n), make([]string, n)
+	ats, c2d := make([]time.Time, n), make([]float32, n)
+	for i := range ids {
+		statuses[i], attempted[i], codes[i], ats[i] = string(state.Delivered), true, 200, time.Now()
+	}
+	plan = explain(store.NoLoops, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me")
+	check("RecordResults", plan)
 }

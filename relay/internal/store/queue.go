@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
 )
@@ -178,17 +179,16 @@ func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free, 
 // thinking this one gone) are left out.
 func (s *Store) LoadOwned(ctx context.Context, owner string, ids []int64) ([]Claimed, error) {
 	var out []Claimed
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(noTableScan)
-		b.Queue(loadOwnedSQL, ids, owner).Query(func(rows pgx.Rows) error {
-			var err error
-			out, err = collectClaimed(rows)
-			return err
-		})
-		return tx.SendBatch(ctx, b).Close()
+	// One round trip: a batch runs in one implicit transaction, to which
+	// noTableScan's setting is local.
+	b := &pgx.Batch{}
+	b.Queue(noTableScan)
+	b.Queue(loadOwnedSQL, ids, owner).Query(func(rows pgx.Rows) error {
+		var err error
+		out, err = collectClaimed(rows)
+		return err
 	})
-	if err != nil {
+	if err := s.Pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("claim deliveries: %w", err)
 	}
 	return out, nil
@@ -567,15 +567,21 @@ func (s *Store) StaleOwned(ctx context.Context, owner string, age time.Duration,
 // holds in flight: claims whose statement committed although its answer
 // was lost (a broken connection), so that no attempt will ever record them.
 func (s *Store) Rescue(ctx context.Context, owner string, ids []int64) (int64, error) {
-	tag, err := s.Pool.Exec(ctx, `
+	var n int64
+	b := &pgx.Batch{}
+	b.Queue(noTableScan) // by id, as RecordResults (see recordResultsSQL)
+	b.Queue(`
 		UPDATE postbox.deliveries
 		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
 		    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
-		WHERE id = ANY($2) AND status IS NOT DISTINCT FROM 'in_flight' AND lease_owner IS NOT DISTINCT FROM $1`, owner, ids)
-	if err != nil {
+		WHERE id = ANY($2) AND status IS NOT DISTINCT FROM 'in_flight' AND lease_owner IS NOT DISTINCT FROM $1`, owner, ids).Exec(func(tag pgconn.CommandTag) error {
+		n = tag.RowsAffected()
+		return nil
+	})
+	if err := s.Pool.SendBatch(ctx, b).Close(); err != nil {
 		return 0, fmt.Errorf("rescue stale claims: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // ReleaseOwned returns every delivery owner still holds to the queue, due

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,13 @@ func TestMetricsAndProbes(t *testing.T) {
 		require.Contains(t, body, name, "series %s", name)
 	}
 	require.Regexp(t, `postbox_ingested_events_total 10003\b`, body)
+	// First attempts that started from the stream time postbox's own share.
+	started := regexp.MustCompile(`postbox_stream_to_attempt_seconds_count (\d+)`).FindStringSubmatch(body)
+	require.NotNil(t, started, "postbox_stream_to_attempt_seconds")
+	n, err := strconv.Atoi(started[1])
+	require.NoError(t, err)
+	require.Positive(t, n, "first attempts timed from the stream")
+	require.Regexp(t, `postbox_commit_to_stream_seconds_count 2\b`, body, "the two transactions timed from their commit")
 	labels := map[string]bool{}
 	for _, m := range regexp.MustCompile(`endpoint="([^"]+)"`).FindAllStringSubmatch(body, -1) {
 		labels[m[1]] = true

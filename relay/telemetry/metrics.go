@@ -3,6 +3,7 @@ package telemetry
 import (
 	"sort"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -21,6 +22,8 @@ type Metrics struct {
 	deadLetters      *prometheus.CounterVec
 	attemptDuration  *prometheus.HistogramVec
 	commitToDelivery *prometheus.HistogramVec
+	streamToAttempt  prometheus.Histogram
+	commitToStream   prometheus.Histogram
 	ingested         prometheus.Counter
 	queueDepth       *prometheus.GaugeVec
 	oldestPending    prometheus.Gauge
@@ -58,6 +61,18 @@ func NewMetrics() *Metrics {
 			Help:    "Time from the outbox transaction's commit to the successful delivery.",
 			Buckets: latencyBuckets,
 		}, []string{"endpoint"}),
+		streamToAttempt: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "postbox_stream_to_attempt_seconds",
+			Help: "postbox's own share of a first attempt's latency: from the stream's receipt of the committed row " +
+				"to the request's hand-over to the HTTP client, for first attempts started from the stream.",
+			Buckets: []float64{.00005, .0001, .0002, .0005, .001, .002, .005, .01, .02, .05, .1, .5},
+		}),
+		commitToStream: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "postbox_commit_to_stream_seconds",
+			Help: "Time from an outbox transaction's commit to postbox's receipt of it from the replication stream: " +
+				"the database's share of the latency while postbox keeps up, the stream's backlog while it catches up.",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 5, 30, 60, 300},
+		}),
 		ingested: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingested_events_total",
 			Help: "Outbox events ingested from the stream or by reconciliation.",
@@ -91,7 +106,7 @@ func NewMetrics() *Metrics {
 			Help: "1 while this instance streams the replication slot.",
 		}),
 	}
-	reg.MustRegister(m.deliveries, m.deadLetters, m.attemptDuration, m.commitToDelivery, m.ingested, m.queueDepth,
+	reg.MustRegister(m.deliveries, m.deadLetters, m.attemptDuration, m.commitToDelivery, m.streamToAttempt, m.commitToStream, m.ingested, m.queueDepth,
 		m.oldestPending, m.breaker, m.endpointLatency, m.slotLag, m.alerts, m.streaming)
 	m.SetLabeled(nil, 0)
 	return m
@@ -123,6 +138,10 @@ func (m *Metrics) Label(name string) string {
 // Ingested counts ingested events.
 func (m *Metrics) Ingested(n int) { m.ingested.Add(float64(n)) }
 
+// Streamed observes how long after its commit a transaction reached
+// postbox (0 when the clocks of the two hosts disagree the other way).
+func (m *Metrics) Streamed(after time.Duration) { m.commitToStream.Observe(max(after, 0).Seconds()) }
+
 // Streaming sets whether this instance streams.
 func (m *Metrics) Streaming(on bool) {
 	if on {
@@ -138,6 +157,9 @@ func (m *Metrics) Recorded(r state.Result) {
 	m.deliveries.WithLabelValues(ep, r.Status.String()).Inc()
 	if r.Sampled {
 		m.attemptDuration.WithLabelValues(ep).Observe(r.ResponseMS / 1000)
+	}
+	if r.StreamToAttempt > 0 {
+		m.streamToAttempt.Observe(r.StreamToAttempt.Seconds())
 	}
 	switch r.Status {
 	case state.Delivered:

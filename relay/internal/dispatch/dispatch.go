@@ -38,6 +38,9 @@ type Job struct {
 	Headers     []byte
 	CreatedAt   time.Time
 	CommittedAt time.Time // zero when unknown
+	// Received is when the stream had the row, for a first attempt started
+	// from the stream (zero for the others).
+	Received time.Time
 	// Ingest, when not nil, is the transaction that writes this delivery;
 	// its result can be recorded only once that has committed.
 	Ingest *Ingest

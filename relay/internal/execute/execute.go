@@ -246,6 +246,9 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		Secrets: cfg.SigningSecrets(ep),
 		Timeout: ep.Timeout,
 	}
+	if !j.Received.IsZero() {
+		res.StreamToAttempt = max(time.Since(j.Received), 1)
+	}
 	resp := x.client.Do(ctx, req)
 	res.At = x.env.Now()
 	if ctx.Err() != nil && resp.Err != nil {

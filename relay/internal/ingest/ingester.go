@@ -252,6 +252,9 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	evs, jobs := make([]store.NewEvent, 0, rows), make([]*dispatch.Job, 0, rows)
 	submitted := false
 	for i := range chunks {
+		if c := &chunks[i]; c.Final && c.TxRows > 0 && !c.CommitTime.IsZero() {
+			s.env.Metrics.Streamed(c.Received.Sub(c.CommitTime))
+		}
 		p := s.prepared(&chunks[i])
 		if p.tx != nil {
 			ing.handles = append(ing.handles, p.tx)
@@ -334,7 +337,7 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 		j := &dispatch.Job{
 			Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
 			EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
-			CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Ingest: p.tx,
+			CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Received: c.Received, Ingest: p.tx,
 		}
 		s.deps.Fast.Submit(j, true)
 		p.jobs = append(p.jobs, j)

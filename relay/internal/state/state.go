@@ -108,6 +108,10 @@ type Result struct {
 	Response           string // the start of the response body, redacted
 	At                 time.Time
 	CommitToDeliveryMS float64 // -1 when unknown
+	// StreamToAttempt is postbox's own share of a first attempt started
+	// from the stream: from the stream's receipt of the row to the
+	// request's hand-over to the HTTP client (0 for other attempts).
+	StreamToAttempt time.Duration
 }
 
 // LaneKey is the key a delivery is queued and protected under: its lane

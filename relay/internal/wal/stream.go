@@ -45,6 +45,12 @@ type Chunk struct {
 	EndLSN     pglogrepl.LSN // the checkpoint once this transaction is ingested
 	CommitTime time.Time
 	Bytes      int
+	// Received is when the stream had the chunk: its Commit message's
+	// arrival, or for a part of a larger transaction, the moment it filled.
+	Received time.Time
+	// TxRows, on a transaction's final chunk, counts the outbox rows of
+	// all its chunks.
+	TxRows int
 	// Prepared is the consumer's, set by Options.Prepare.
 	Prepared any
 }
@@ -217,6 +223,7 @@ type session struct {
 
 	inTx bool // between Begin and Commit
 	skip bool // the current transaction was ingested before
+	rows int  // the current transaction's outbox rows so far
 	cur  Chunk
 
 	sentEnd    pglogrepl.LSN // end of the last transaction sent
@@ -388,6 +395,7 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 		ss.inTx = true
 		ss.skip = m.FinalLSN < ss.skipBefore
 		ss.cur = Chunk{CommitLSN: m.FinalLSN, CommitTime: m.CommitTime}
+		ss.rows = 0
 	case *pglogrepl.CommitMessage:
 		ss.inTx = false
 		if ss.skip {
@@ -397,6 +405,7 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 		c := ss.cur
 		ss.cur = Chunk{}
 		c.Final, c.EndLSN, c.CommitLSN, c.CommitTime = true, m.TransactionEndLSN, m.CommitLSN, m.CommitTime
+		c.Received, c.TxRows = time.Now(), ss.rows
 		if err := ss.send(ctx, c); err != nil {
 			return err
 		}
@@ -430,9 +439,11 @@ func (ss *session) insert(ctx context.Context, data []byte) error {
 // it is full.
 func (ss *session) add(ctx context.Context, row Row) error {
 	ss.cur.Rows = append(ss.cur.Rows, row)
+	ss.rows++
 	ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
 	if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
 		part := ss.cur
+		part.Received = time.Now()
 		ss.cur = Chunk{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime}
 		return ss.send(ctx, part)
 	}

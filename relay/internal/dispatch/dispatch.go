@@ -109,6 +109,16 @@ func (i *Ingest) AfterFinish(f func()) {
 // Done is closed when the transaction has finished.
 func (i *Ingest) Done() <-chan struct{} { return i.done }
 
+// Finished reports whether the transaction has finished.
+func (i *Ingest) Finished() bool {
+	select {
+	case <-i.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Err is the transaction's outcome once Done is closed.
 func (i *Ingest) Err() error {
 	i.mu.Lock()
@@ -184,6 +194,9 @@ type lane struct {
 	inFlight int
 	reserved int
 	queue    []*Job
+	// awaiting are attempts made whose ingest has not finished (see
+	// canStart).
+	awaiting int
 	starved  bool      // in Dispatcher.starved
 	lastOK   time.Time // when an attempt of the lane last delivered
 	// kept are deliveries written in flight for this instance and held
@@ -193,9 +206,26 @@ type lane struct {
 	keepReserved int
 }
 
+// canStart reports whether the lane's next job may start now: a free
+// slot, and, for a job whose ingest has not finished, fewer than cap
+// attempts already made that wait for an ingest. Those cannot be recorded
+// until it commits, and a crash before then repeats them all: the fast
+// path may start attempts before the commit, for the latency of live
+// events, but a lane that answers quickly must not run through its whole
+// buffer ahead of a slow ingest. At most 2 × cap - 1 attempts a lane are
+// then outstanding at a crash beyond what the queue table shows in flight.
+func (l *lane) canStart() bool {
+	if l.inFlight >= l.cap || len(l.queue) == 0 {
+		return false
+	}
+	j := l.queue[0]
+	return j.Ingest == nil || l.awaiting < l.cap || j.Ingest.Finished()
+}
+
 // held is how many jobs the lane holds or has promised room for, in
-// memory; kept deliveries wait outside it.
-func (l *lane) held() int { return l.inFlight + l.reserved + len(l.queue) }
+// memory, with the attempts still waiting for their ingest; kept
+// deliveries wait outside it.
+func (l *lane) held() int { return l.inFlight + l.reserved + len(l.queue) + l.awaiting }
 
 // keptLimit is how many jobs the lane may hold once its kept deliveries
 // are read back (KeptLaneLimit).
@@ -528,7 +558,7 @@ func (d *Dispatcher) Stopping() bool {
 // are global ones; a lane left waiting for a global slot is served, in
 // turn, when one frees.
 func (d *Dispatcher) pumpLocked(l *lane) {
-	for l.inFlight < l.cap && len(l.queue) > 0 {
+	for l.canStart() {
 		if d.inFlight >= d.opts.MaxConcurrency {
 			if !l.starved {
 				l.starved = true
@@ -559,12 +589,12 @@ func (d *Dispatcher) pumpStarvedLocked() {
 		d.starved[0] = nil
 		d.starved = d.starved[1:]
 		l.starved = false
-		if l.inFlight >= l.cap || len(l.queue) == 0 {
+		if !l.canStart() {
 			d.dropIdleLocked(l.name, l)
 			continue
 		}
 		d.startLocked(l)
-		if len(l.queue) > 0 && l.inFlight < l.cap {
+		if l.canStart() {
 			l.starved = true
 			d.starved = append(d.starved, l)
 		}
@@ -590,6 +620,12 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	d.mu.Lock()
 	l.inFlight--
 	d.inFlight--
+	// An attempt made before its ingest committed cannot be recorded until
+	// it has, and counts until then (see canStart).
+	ahead := j.Ingest != nil
+	if ahead {
+		l.awaiting++
+	}
 	if res.Status == state.Delivered {
 		l.lastOK = time.Now()
 	}
@@ -602,7 +638,26 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	low := l.held() <= l.limit()/2 || len(l.kept) > 0 && l.held() <= l.keptLimit()/2
 	d.dropIdleLocked(j.Key(), l)
 	d.mu.Unlock()
+	if ahead {
+		j.Ingest.AfterFinish(func() { d.ingested(l) }) // at once if it has finished
+	}
 	d.opts.OnOutcome(Outcome{Job: j, Result: res})
+	if low {
+		d.notifyFree()
+	}
+}
+
+// ingested gives back the room of an attempt whose ingest has finished,
+// and starts what waited for it.
+func (d *Dispatcher) ingested(l *lane) {
+	d.mu.Lock()
+	l.awaiting--
+	if !d.stopping {
+		d.pumpLocked(l)
+	}
+	low := l.held() <= l.limit()/2 || len(l.kept) > 0 && l.held() <= l.keptLimit()/2
+	d.dropIdleLocked(l.name, l)
+	d.mu.Unlock()
 	if low {
 		d.notifyFree()
 	}

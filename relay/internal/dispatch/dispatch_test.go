@@ -244,3 +244,23 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 	h.d.Keep("e", 21)
 	require.Equal(t, map[string][]int64{"e": {20, 21}}, h.d.TakeKept(nil), "as far as the lane has room")
 }
+
+// Attempts made before their ingest committed cannot be recorded until it
+// has, and a crash meanwhile repeats them: a lane whose partner answers at
+// once makes at most 2 × cap - 1 of them, then waits for the ingest.
+func TestAttemptsAheadOfTheIngestWaitForIt(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 2})
+	close(h.release) // the partner answers at once
+	tx := dispatch.NewIngest()
+	for i := range 20 {
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i + 1), Endpoint: "e", Ingest: tx}, false)
+	}
+	require.Eventually(t, func() bool { return h.count(state.Delivered) == 3 }, 5*time.Second, time.Millisecond)
+	require.Never(t, func() bool { return h.count(state.Delivered) > 3 }, 100*time.Millisecond, time.Millisecond,
+		"no more attempts before the ingest commits")
+	free, _ := h.d.Free()
+	require.Zero(t, free["e"], "the attempts waiting for the ingest hold their room")
+	tx.Finish(nil)
+	require.Eventually(t, func() bool { return h.count(state.Delivered) == 20 }, 5*time.Second, time.Millisecond)
+}

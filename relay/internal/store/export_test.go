@@ -4,6 +4,6 @@ package store
 const (
 	RecordResultsSQL = recordResultsSQL
 	LoadOwnedSQL     = loadOwnedSQL
-	NoLoops          = noLoops
+	RecordPlans      = recordPlans
 	NoTableScan      = noTableScan
 )

@@ -277,11 +277,20 @@ func scanClaimed(row pgx.Row) (Claimed, error) {
 // so the meaning is equality's. Left the primary key and a sequential
 // scan, the planner, on the same statistics, guessed that one row would
 // pass the filters and scanned the whole table, or looped over the batch
-// for each row it found: noTableScan and noLoops, set for the statement's
+// for each row it found: noTableScan and recordPlans, set for the statement's
 // transaction, take those choices away.
+//
+// recordPlans, the recorder's, also rules out nested loops, and keeps the
+// plans of its transaction's statements across batches (plan_cache_mode;
+// the session's is force_custom_plan, see Configure). Pinned so, the
+// UPDATE's plan no longer depends on the statistics, and the other
+// statements reach tables only by key or by insert. At live rates,
+// planning them for each batch cost as much as running them (the UPDATE:
+// 0.37 ms planned, 0.44 ms run).
 const (
 	noTableScan = `SELECT set_config('enable_seqscan', 'off', true)`
-	noLoops     = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true)`
+	recordPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true),
+	                      set_config('plan_cache_mode', 'force_generic_plan', true)`
 )
 
 const recordResultsSQL = `
@@ -396,7 +405,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	var changes []HealthChange
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(noLoops)
+		b.Queue(recordPlans)
 		b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
 		if len(attempts.ids) > 0 {
 			if hist != nil {

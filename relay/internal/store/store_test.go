@@ -397,7 +397,7 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 	for i := range ids {
 		statuses[i], attempted[i], codes[i], ats[i] = string(state.Delivered), true, 200, time.Now()
 	}
-	plan = explain(store.NoLoops, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me")
+	plan = explain(store.RecordPlans, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me")
 	check("RecordResults", plan)
 
 	// The calls themselves, on one connection whose statistics are

@@ -222,6 +222,12 @@ func (l *lane) canStart() bool {
 	return j.Ingest == nil || l.awaiting < l.cap || j.Ingest.Finished()
 }
 
+// low reports whether the lane has drained to half its limit (to half its
+// kept limit while it keeps deliveries): room for the claimer to fill.
+func (l *lane) low() bool {
+	return l.held() <= l.limit()/2 || len(l.kept) > 0 && l.held() <= l.keptLimit()/2
+}
+
 // held is how many jobs the lane holds or has promised room for, in
 // memory, with the attempts still waiting for their ingest; kept
 // deliveries wait outside it.
@@ -621,8 +627,11 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	l.inFlight--
 	d.inFlight--
 	// An attempt made before its ingest committed cannot be recorded until
-	// it has, and counts until then (see canStart).
-	ahead := j.Ingest != nil
+	// it has, and counts until then (see canStart). One whose ingest has
+	// committed meanwhile (most, in a catch-up) has nothing to wait for; if
+	// it commits between this test and AfterFinish, that runs ingested at
+	// once.
+	ahead := j.Ingest != nil && !j.Ingest.Finished()
 	if ahead {
 		l.awaiting++
 	}
@@ -635,11 +644,11 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 		}
 		d.pumpLocked(l)
 	}
-	low := l.held() <= l.limit()/2 || len(l.kept) > 0 && l.held() <= l.keptLimit()/2
+	low := l.low()
 	d.dropIdleLocked(j.Key(), l)
 	d.mu.Unlock()
 	if ahead {
-		j.Ingest.AfterFinish(func() { d.ingested(l) }) // at once if it has finished
+		j.Ingest.AfterFinish(func() { d.ingested(l) })
 	}
 	d.opts.OnOutcome(Outcome{Job: j, Result: res})
 	if low {
@@ -655,7 +664,7 @@ func (d *Dispatcher) ingested(l *lane) {
 	if !d.stopping {
 		d.pumpLocked(l)
 	}
-	low := l.held() <= l.limit()/2 || len(l.kept) > 0 && l.held() <= l.keptLimit()/2
+	low := l.low()
 	d.dropIdleLocked(l.name, l)
 	d.mu.Unlock()
 	if low {

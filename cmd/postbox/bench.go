@@ -16,7 +16,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var asJSON bool
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, hanging, failing, catchup, load, chaos, soak, dead, scale")
+	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, floor, hanging, failing, catchup, load, chaos, soak, dead, scale")
 	fs.IntVar(&o.Rate, "rate", 0, fmt.Sprintf("latency, chaos, soak: events per second (default %d, chaos %d)", bench.RateDefault, bench.ChaosRateDefault))
 	fs.IntVar(&o.Endpoints, "endpoints", bench.EndpointsDefault, "number of endpoints")
 	fs.DurationVar(&o.Duration, "duration", bench.DurationDefault, "latency, load, chaos, soak: how long to produce")

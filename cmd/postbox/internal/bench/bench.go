@@ -30,7 +30,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "hanging", "failing", "catchup", "load", "chaos", "soak", "dead", "scale"}
+var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "load", "chaos", "soak", "dead", "scale"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -45,8 +45,9 @@ const maxRate = 100000
 
 // Options say what to measure. Zero values take the …Default constants.
 type Options struct {
-	// Scenarios is a comma-separated list of latency, hanging, failing,
-	// catchup, load, chaos, soak and dead, run in the order given.
+	// Scenarios is a comma-separated list of latency, floor, hanging,
+	// failing, catchup, load, chaos, soak, dead and scale, run in the order
+	// given.
 	Scenarios string
 	// Rate is the latency and chaos scenarios' events per second; zero
 	// means RateDefault, and ChaosRateDefault for chaos.
@@ -157,6 +158,8 @@ func (o Options) validate() ([]string, error) {
 		return nil, fmt.Errorf("producers: want at least 1, got %d", o.Producers)
 	case slices.Contains(names, "chaos") && o.Endpoints < 2:
 		return nil, fmt.Errorf("endpoints: chaos wants at least 2 (one of them flaps), got %d", o.Endpoints)
+	case slices.Contains(names, "floor") && o.Emit:
+		return nil, errors.New("floor: reads outbox rows only, not outbox.Emit's messages")
 	case o.Relays < 0 || o.Relays > 16:
 		return nil, fmt.Errorf("relays: want 1 to 16, got %d", o.Relays)
 	}
@@ -170,6 +173,8 @@ func (o Options) validate() ([]string, error) {
 type Result struct {
 	Machine string         `json:"machine"`
 	Latency *LatencyResult `json:"latency,omitempty"`
+	// Floor is the latency scenario without the relay (see floor).
+	Floor   *LatencyResult `json:"latency_floor_without_relay,omitempty"`
 	Hanging *LatencyResult `json:"latency_with_hanging_endpoint,omitempty"`
 	Failing *FailingResult `json:"failing_endpoint,omitempty"`
 	Catchup *CatchupResult `json:"catchup,omitempty"`
@@ -352,6 +357,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		switch s {
 		case "latency":
 			res.Latency, err = env.latency(ctx, opts, false)
+		case "floor":
+			res.Floor, err = env.floor(ctx, opts)
 		case "hanging":
 			res.Hanging, err = env.latency(ctx, opts, true)
 		case "failing":

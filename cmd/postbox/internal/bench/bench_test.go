@@ -107,15 +107,17 @@ func TestOptions(t *testing.T) {
 }
 
 // TestRun runs a small latency scenario and catch-up end to end, with the
-// relay as its own process: nothing lost, every signature good. (The load
-// scenario adds a baseline run and a drain; it is left to `postbox bench`.)
+// relay as its own process: nothing lost, every signature good. The floor
+// runs first, before the relay has made its schema, and none of its events
+// reaches the relay. (The load scenario adds a baseline run and a drain;
+// it is left to `postbox bench`.)
 func TestRun(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts the relay process three times")
 	}
 	opts := Options{
-		Scenarios:   "latency,catchup",
+		Scenarios:   "floor,latency,catchup",
 		Rate:        50,
 		Endpoints:   3,
 		Duration:    2 * time.Second,
@@ -136,6 +138,15 @@ func TestRun(t *testing.T) {
 	require.Zero(t, l.Dups)
 	require.Zero(t, l.BadSignatures)
 	require.Positive(t, l.P50ms)
+
+	f := res.Floor
+	require.NotNil(t, f)
+	require.Positive(t, f.Sent)
+	require.Equal(t, f.Sent, f.Received)
+	require.Zero(t, f.Lost)
+	require.Zero(t, f.Dups)
+	require.Zero(t, f.BadSignatures)
+	require.Positive(t, f.P50ms)
 
 	c := res.Catchup
 	require.NotNil(t, c)

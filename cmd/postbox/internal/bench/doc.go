@@ -15,6 +15,14 @@
 //     Options.Endpoints endpoints. Measures commit → first arrival at the
 //     receiver (p50, p90, p99, max), from postbox.events.committed_at, once
 //     the relay has caught up with the WAL.
+//   - floor: the latency scenario without postbox. A bare logical
+//     replication client in the bench process sends each row to the
+//     receiver, signed, as soon as its transaction's Commit arrives: no
+//     ingest, no database writes, no retries. Commit → arrival is then what
+//     PostgreSQL (the commit's WAL flush, the walsender), one HTTP request
+//     and the machine's scheduling cost alone: the floor under any relay's
+//     latency here. Run beside latency (`--scenario latency,floor`), the
+//     difference is postbox's share.
 //   - hanging: the latency scenario with one endpoint that never answers;
 //     the figures are the healthy endpoints' (the hanging one's events are
 //     not expected). It shows whether one stuck endpoint slows the others.

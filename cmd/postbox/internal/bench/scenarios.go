@@ -56,34 +56,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	}
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
 	from := e.read(ctx)
-	interval := time.Second / time.Duration(o.Rate)
-	total := int(o.Duration / interval)
-	var wg sync.WaitGroup
-	start := time.Now()
-	// Paced producer: each event its own single-row transaction, issued on
-	// schedule by a small pool of workers so one slow commit does not
-	// delay the next.
-	jobs := make(chan int, 64)
-	for range 8 {
-		wg.Go(func() {
-			for i := range jobs {
-				ep := fmt.Sprintf("ep-%d", i%o.Endpoints)
-				if hanging && i%o.Endpoints == o.Endpoints-1 {
-					ep = "hang"
-				}
-				id, err := e.produce(ctx, o, "postbox.outbox", ep, i)
-				if err == nil && ep != "hang" {
-					led.commit(id)
-				}
-			}
-		})
-	}
-	for i := range total {
-		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
+	e.pace(ctx, o, "postbox.outbox", led, hanging)
 	err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	to := e.read(ctx)
 	rss := e.stopRelay()
@@ -103,6 +76,41 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		RSSMB: rss, Costs: costs(from, to, e.rowsWritten(ctx), t.sent),
 	}, nil
+}
+
+// pace produces o.Rate events a second for o.Duration into table, round
+// robin over the endpoints, each its own single-row transaction, and records each
+// committed id in led; with hanging, the last endpoint's events go to the
+// endpoint that never answers and are not recorded. It returns when the
+// last commit has been acknowledged.
+func (e *env) pace(ctx context.Context, o Options, table string, led *ledger, hanging bool) {
+	interval := time.Second / time.Duration(o.Rate)
+	total := int(o.Duration / interval)
+	var wg sync.WaitGroup
+	start := time.Now()
+	// Issued on schedule by a small pool of workers, so one slow commit
+	// does not delay the next.
+	jobs := make(chan int, 64)
+	for range 8 {
+		wg.Go(func() {
+			for i := range jobs {
+				ep := fmt.Sprintf("ep-%d", i%o.Endpoints)
+				if hanging && i%o.Endpoints == o.Endpoints-1 {
+					ep = "hang"
+				}
+				id, err := e.produce(ctx, o, table, ep, i)
+				if err == nil && ep != "hang" {
+					led.commit(id)
+				}
+			}
+		})
+	}
+	for i := range total {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
 }
 
 // insertFlat inserts single-row transactions into table from o.Producers

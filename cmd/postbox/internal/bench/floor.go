@@ -1,0 +1,262 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+// floorTable and floorPublication are the floor scenario's own: a copy of
+// the outbox the relay does not publish, so the relay never sees these
+// events. Its slot is temporary, gone with the connection, and named
+// after the relay's (unique when the server is shared).
+const (
+	floorTable       = "public.bench_floor"
+	floorPublication = "bench_floor"
+)
+
+// floor is the latency scenario without postbox: the same paced producer
+// and receiver, and in between a bare logical replication client that, as
+// each transaction's Commit arrives, sends its rows to the receiver, signed,
+// one request each, concurrently. It ingests nothing, writes nothing to the
+// database and never retries, so what it measures is what PostgreSQL (the
+// commit's WAL flush, the walsender), one HTTP request and this machine's
+// scheduling cost: the floor under any relay's latency here. Read beside
+// the latency scenario's, the difference is what postbox adds.
+func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
+	// The copy is of the relay's outbox, its indexes and defaults.
+	if err := e.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	_, err := e.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+floorPublication+`;
+		DROP TABLE IF EXISTS `+floorTable+`;
+		CREATE TABLE `+floorTable+` (LIKE postbox.outbox INCLUDING ALL);
+		CREATE PUBLICATION `+floorPublication+` FOR TABLE `+floorTable+` WITH (publish = 'insert')`)
+	if err != nil {
+		return nil, fmt.Errorf("create the floor's table: %w", err)
+	}
+	defer func() {
+		_, _ = e.pool.Exec(context.WithoutCancel(ctx), `DROP PUBLICATION `+floorPublication+`; DROP TABLE `+floorTable)
+	}()
+	led := e.recv.reset()
+	var fw *forwarder
+	fw, err = startForwarder(ctx, e.dbURL, e.slot+"_floor", e.recv.URL, e.secret)
+	if err != nil {
+		return nil, fmt.Errorf("start the bare logical client: %w", err)
+	}
+	fmt.Fprintf(e.log, "bench: floor, %d events/s over %d endpoints for %s, no relay: a bare logical client forwards each row\n", o.Rate, o.Endpoints, o.Duration)
+	from := e.read(ctx)
+	e.pace(ctx, o, floorTable, led, false)
+	err = waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	to := e.read(ctx)
+	committed, ferr := fw.stop()
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return nil, err
+	}
+	t := led.tally()
+	lat := make([]float64, 0, len(t.first))
+	for id, at := range t.first {
+		if c, ok := committed[id]; ok {
+			lat = append(lat, float64(at.Sub(c).Microseconds())/1000)
+		}
+	}
+	sort.Float64s(lat)
+	return &LatencyResult{
+		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
+		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),
+		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
+		Costs: costs(from, to, e.rowsWritten(ctx), t.sent),
+	}, nil
+}
+
+// forwarder is the floor scenario's bare logical client.
+type forwarder struct {
+	conn    *pgconn.PgConn
+	client  *http.Client
+	target  string
+	secrets []outbox.Secret
+	cancel  context.CancelFunc
+	done    chan error
+
+	mu        sync.Mutex
+	committed map[string]time.Time // event id → its transaction's commit time
+	posts     sync.WaitGroup
+
+	// Decoding state, the receive loop's alone.
+	columns map[uint32][]string // relation id → column names
+	pending []forwardRow        // the open transaction's rows
+}
+
+type forwardRow struct{ id, endpoint, payload string }
+
+// startForwarder opens a replication connection, creates a temporary slot
+// and starts streaming from it.
+func startForwarder(ctx context.Context, dbURL, slot, target, secret string) (*forwarder, error) {
+	key, err := outbox.ParseSecret(secret)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgconn.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "bench_floor"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Temporary: true}); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + floorPublication + "'"},
+	})
+	if err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	fw := &forwarder{
+		conn: conn, target: target, secrets: []outbox.Secret{key}, cancel: cancel, done: make(chan error, 1),
+		client:    &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
+		committed: map[string]time.Time{}, columns: map[uint32][]string{},
+	}
+	go func() { fw.done <- fw.receive(rctx) }()
+	return fw, nil
+}
+
+// stop ends the stream, waits for the requests in flight and returns the
+// commit time of every event it saw.
+func (fw *forwarder) stop() (map[string]time.Time, error) {
+	fw.cancel()
+	err := <-fw.done
+	fw.posts.Wait()
+	fw.client.CloseIdleConnections()
+	_ = fw.conn.Close(context.Background())
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	return fw.committed, err
+}
+
+// receive reads the stream until ctx ends.
+func (fw *forwarder) receive(ctx context.Context) error {
+	for {
+		msg, err := fw.conn.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.CopyData:
+			if err := fw.handle(ctx, msg.Data); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (fw *forwarder) handle(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil || !ka.ReplyRequested {
+			return err
+		}
+		return pglogrepl.SendStandbyStatusUpdate(ctx, fw.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: ka.ServerWALEnd})
+	case pglogrepl.XLogDataByteID:
+	default:
+		return nil
+	}
+	x, err := pglogrepl.ParseXLogData(data[1:])
+	if err != nil {
+		return err
+	}
+	m, err := pglogrepl.Parse(x.WALData)
+	if err != nil {
+		return err
+	}
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessage:
+		names := make([]string, len(m.Columns))
+		for i, c := range m.Columns {
+			names[i] = c.Name
+		}
+		fw.columns[m.RelationID] = names
+	case *pglogrepl.InsertMessage:
+		var r forwardRow
+		for i, c := range m.Tuple.Columns {
+			switch fw.columns[m.RelationID][i] {
+			case "event_id":
+				r.id = string(c.Data)
+			case "endpoint":
+				r.endpoint = string(c.Data)
+			case "payload":
+				r.payload = string(c.Data)
+			}
+		}
+		fw.pending = append(fw.pending, r)
+	case *pglogrepl.CommitMessage:
+		fw.mu.Lock()
+		for _, r := range fw.pending {
+			fw.committed[r.id] = m.CommitTime
+		}
+		fw.mu.Unlock()
+		for _, r := range fw.pending {
+			fw.posts.Add(1)
+			go fw.post(r)
+		}
+		fw.pending = fw.pending[:0]
+		return pglogrepl.SendStandbyStatusUpdate(ctx, fw.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: m.TransactionEndLSN})
+	}
+	return nil
+}
+
+// post sends one row to the receiver as the relay would: its payload,
+// signed. A failure is only counted by the receiver's ledger, as missing.
+func (fw *forwarder) post(r forwardRow) {
+	defer fw.posts.Done()
+	body := []byte(r.payload)
+	ts := time.Now().Unix()
+	req, err := http.NewRequest(http.MethodPost, fw.target+"/"+r.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set(outbox.HeaderID, r.id)
+	req.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(outbox.HeaderSignature, outbox.SignatureHeader(fw.secrets, r.id, ts, body))
+	resp, err := fw.client.Do(req)
+	if err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+}

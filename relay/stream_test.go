@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/ingest"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
@@ -176,6 +177,25 @@ func TestFirstAttemptDoesNotWaitForTheIngestBefore(t *testing.T) {
 	for _, id := range append(first, second...) {
 		require.Equal(t, 1, tb.attempts(t, id), "event %s: its attempt is recorded", id)
 	}
+}
+
+// TestAQueuedDeliveryEndsTheIngestLinger: a transaction that arrives
+// while the ingest lingers, with a delivery that waits for the commit (an
+// ordered endpoint's, which goes to the queue), ends the linger, even an
+// hour's.
+func TestAQueuedDeliveryEndsTheIngestLinger(t *testing.T) {
+	t.Cleanup(ingest.SetLinger(time.Hour)) // first registered: runs after the relay has stopped
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "ep", rc.URL, nil)
+	tb.endpoint(t, "ord", rc.URL, func(ec *config.EndpointConfig) { ec.Ordered = new(bool); *ec.Ordered = true })
+	tb.start(t, relay.Options{})
+	tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":1}`)})
+	require.Eventually(t, func() bool { return rc.count() == 1 }, 20*time.Second, 5*time.Millisecond)
+	tb.insert(t, outbox.Event{Endpoint: "ord", Payload: []byte(`{"n":2}`)})
+	require.Eventually(t, func() bool { return rc.count() == 2 }, 20*time.Second, 5*time.Millisecond,
+		"the ordered endpoint's delivery waits in a lingering ingest")
+	rc.requireEachOnce(t, 2)
 }
 
 // TestLiveTransactionsShareAnIngestCommit commits ten events a few

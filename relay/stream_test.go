@@ -179,6 +179,35 @@ func TestFirstAttemptDoesNotWaitForTheIngestBefore(t *testing.T) {
 	}
 }
 
+// TestALaneEndsTheIngestLinger: the ingest lingers for the transactions
+// that follow a live one, but a lane's attempts wait for an uncommitted
+// ingest once max_in_flight of them are ahead of it, so a lane with that
+// many first attempts in the lingering batch ends the linger. With a
+// linger of an hour and max_in_flight 2, a third event committed while
+// the linger runs is delivered all the same. (Not parallel: the linger is
+// set for every relay started meanwhile.)
+func TestALaneEndsTheIngestLinger(t *testing.T) {
+	t.Cleanup(ingest.SetLinger(time.Hour)) // first registered: runs after the relay has stopped
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "ep", rc.URL, func(ec *config.EndpointConfig) { ec.MaxInFlight = intp(2) })
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":1}`)})
+	require.Eventually(t, func() bool { return rc.count() == 1 }, 20*time.Second, 5*time.Millisecond)
+	// The ingest of the first now lingers: two more, each its own
+	// transaction. The second makes two of the lane's attempts ahead of
+	// the lingering ingest, and ends it; the third then has room.
+	ids = append(ids, tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":2}`)})...)
+	ids = append(ids, tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":3}`)})...)
+	require.Eventually(t, func() bool { return rc.count() == 3 }, 20*time.Second, 5*time.Millisecond,
+		"the third delivery waits for an ingest that lingers")
+	rc.requireEachOnce(t, 3)
+	for _, id := range ids[:2] {
+		require.Eventually(t, func() bool { return tb.attempts(t, id) == 1 }, 20*time.Second, 10*time.Millisecond,
+			"event %s: ingested and its attempt recorded, without waiting for the hour", id)
+	}
+}
+
 // TestAQueuedDeliveryEndsTheIngestLinger: a transaction that arrives
 // while the ingest lingers, with a delivery that waits for the commit (an
 // ordered endpoint's, which goes to the queue), ends the linger, even an

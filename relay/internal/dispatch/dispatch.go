@@ -311,11 +311,15 @@ func (d *Dispatcher) fullLocked() bool {
 func (d *Dispatcher) laneLocked(endpoint string) *lane {
 	l := d.lanes[endpoint]
 	if l == nil {
-		l = &lane{name: endpoint, cap: max(1, d.opts.Capacity(endpoint))}
+		l = &lane{name: endpoint, cap: d.Capacity(endpoint)}
 		d.lanes[endpoint] = l
 	}
 	return l
 }
+
+// Capacity is lane's in-flight cap: how many attempts of unfinished
+// ingests it makes before it waits for one to commit (see canStart).
+func (d *Dispatcher) Capacity(lane string) int { return max(1, d.opts.Capacity(lane)) }
 
 // Reserve promises room for one job on endpoint, for the fast path. It
 // reports false when the lane is full (the delivery then waits in the

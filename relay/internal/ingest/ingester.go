@@ -34,8 +34,11 @@ const (
 	// made, and one commit of several transactions costs PostgreSQL a
 	// fraction of one each (a round trip, the checkpoint update, the WAL
 	// flush). A delivery that waits for its commit (queued, kept) ends it
-	// at once.
-	LingerDefault     = 20 * time.Millisecond
+	// at once, and so does a lane's max_in_flight of first attempts: a
+	// lane makes no more attempts ahead of an uncommitted ingest than
+	// that before it waits for the commit (dispatch's canStart), and the
+	// linger must not be what it waits for.
+	LingerDefault     = 50 * time.Millisecond
 	LingerRowsDefault = 200
 	// AheadStallDefault: the stream prepares chunks ahead of the ingest
 	// (starting their first attempts) only while the ingest's current
@@ -150,19 +153,35 @@ func (ing *ingester) run(ctx context.Context) {
 
 // linger adds to a batch of one transaction (the ingest keeps pace) what
 // the stream queues within lingerFor, while none of it waits for the
-// commit and it holds fewer than LingerRowsDefault rows. A stream that
-// closes ends it. A batch of several transactions is the ingest behind:
-// it commits at once.
+// commit, no lane has its in-flight cap of first attempts in it, and it
+// holds fewer than LingerRowsDefault rows. A stream that closes ends it.
+// A batch of several transactions is the ingest behind: it commits at
+// once.
 func (ing *ingester) linger(batch []wal.Chunk) []wal.Chunk {
 	if len(batch) != 1 {
 		return batch
 	}
 	deadline := time.Now().Add(lingerFor)
 	rows := 0
+	var perLane map[string]int
 	for seen := 0; ; {
 		for i := seen; i < len(batch); i++ {
-			if ing.s.prepared(&batch[i]).waits {
+			p := ing.s.prepared(&batch[i])
+			if p.waits {
 				return batch
+			}
+			for _, j := range p.jobs {
+				if j == nil {
+					continue
+				}
+				if perLane == nil {
+					perLane = map[string]int{}
+				}
+				k := j.Key()
+				perLane[k]++
+				if perLane[k] >= ing.s.deps.Fast.Capacity(k) {
+					return batch
+				}
 			}
 			rows += len(batch[i].Rows)
 		}

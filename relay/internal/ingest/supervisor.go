@@ -49,6 +49,9 @@ type FastPath interface {
 	// dispatch.Dispatcher.ReserveKeep).
 	ReserveKeep(lane string) bool
 	Keep(lane string, id int64)
+	// Capacity is a lane's in-flight cap, which is also how many attempts
+	// it makes ahead of an uncommitted ingest before it waits for it.
+	Capacity(lane string) int
 }
 
 // Deps are what the supervisor needs of the other services.

@@ -130,23 +130,8 @@ func TestRun(t *testing.T) {
 	res, err := Run(ctx, opts, t.Output())
 	require.NoError(t, err)
 
-	l := res.Latency
-	require.NotNil(t, l)
-	require.Positive(t, l.Sent)
-	require.Equal(t, l.Sent, l.Received)
-	require.Zero(t, l.Lost)
-	require.Zero(t, l.Dups)
-	require.Zero(t, l.BadSignatures)
-	require.Positive(t, l.P50ms)
-
-	f := res.Floor
-	require.NotNil(t, f)
-	require.Positive(t, f.Sent)
-	require.Equal(t, f.Sent, f.Received)
-	require.Zero(t, f.Lost)
-	require.Zero(t, f.Dups)
-	require.Zero(t, f.BadSignatures)
-	require.Positive(t, f.P50ms)
+	requireEachOnce(t, "latency", res.Latency)
+	requireEachOnce(t, "floor", res.Floor)
 
 	c := res.Catchup
 	require.NotNil(t, c)
@@ -159,6 +144,19 @@ func TestRun(t *testing.T) {
 	var out strings.Builder
 	res.Print(&out)
 	require.Contains(t, out.String(), "lost 0, duplicates 0, bad signatures 0")
+}
+
+// requireEachOnce: a latency-shaped scenario ran, and every event it sent
+// arrived once, well signed, with a latency measured.
+func requireEachOnce(t *testing.T, name string, l *LatencyResult) {
+	t.Helper()
+	require.NotNil(t, l, name)
+	require.Positive(t, l.Sent, name)
+	require.Equal(t, l.Sent, l.Received, name)
+	require.Zero(t, l.Lost, name)
+	require.Zero(t, l.Dups, name)
+	require.Zero(t, l.BadSignatures, name)
+	require.Positive(t, l.P50ms, name)
 }
 
 // TestChaos runs the chaos scenario for a minute with a fixed seed: three

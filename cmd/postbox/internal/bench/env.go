@@ -173,22 +173,33 @@ func (e *env) latencies(ctx context.Context, first map[string]time.Time) ([]floa
 		return nil, fmt.Errorf("read commit times: %w", err)
 	}
 	defer rows.Close()
-	var lat []float64
+	committed := map[string]time.Time{}
 	for rows.Next() {
 		var id string
-		var committed time.Time
-		if err := rows.Scan(&id, &committed); err != nil {
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
 			return nil, fmt.Errorf("read commit times: %w", err)
 		}
-		if at, ok := first[id]; ok {
-			lat = append(lat, float64(at.Sub(committed).Microseconds())/1000)
-		}
+		committed[id] = at
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read commit times: %w", err)
 	}
+	return latenciesFrom(first, committed), nil
+}
+
+// latenciesFrom are the commit → first arrival times, in milliseconds and
+// sorted, of the events in both first (arrivals) and committed (commit
+// times).
+func latenciesFrom(first, committed map[string]time.Time) []float64 {
+	lat := make([]float64, 0, len(first))
+	for id, at := range first {
+		if c, ok := committed[id]; ok {
+			lat = append(lat, float64(at.Sub(c).Microseconds())/1000)
+		}
+	}
 	sort.Float64s(lat)
-	return lat, nil
+	return lat
 }
 
 // waitFor polls cond every interval until it holds, for at most d. It

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -70,13 +69,7 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 		return nil, err
 	}
 	t := led.tally()
-	lat := make([]float64, 0, len(t.first))
-	for id, at := range t.first {
-		if c, ok := committed[id]; ok {
-			lat = append(lat, float64(at.Sub(c).Microseconds())/1000)
-		}
-	}
-	sort.Float64s(lat)
+	lat := latenciesFrom(t.first, committed)
 	return &LatencyResult{
 		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),

@@ -140,6 +140,11 @@ func TestRun(t *testing.T) {
 	require.Zero(t, c.Dups)
 	require.Zero(t, c.BadSignatures)
 	require.Zero(t, c.Unacknowledged)
+	// Every event was written at least as an event row and a delivery row
+	// (the statistics are the whole server's: other tests only add).
+	require.NotNil(t, c.Costs)
+	require.GreaterOrEqual(t, c.Costs.WALRecordsPerEvent, 2.0)
+	require.GreaterOrEqual(t, c.Costs.RowsPerEvent, 2.0)
 
 	var out strings.Builder
 	res.Print(&out)

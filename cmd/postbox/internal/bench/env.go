@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -263,17 +264,18 @@ func machineDescription(ownServer bool) string {
 // postgresCPU is the CPU time, in seconds, the bench's PostgreSQL server
 // has used: its processes alive now and those it has reaped. Zero with a
 // given database, whose processes are not the bench's to read.
-func (e *env) postgresCPU() float64 {
+// walsenders is the part of it the walsenders alive now have used.
+func (e *env) postgresCPU() (all, walsenders float64) {
 	if e.cluster == nil {
-		return 0
+		return 0, 0
 	}
 	data, err := os.ReadFile(filepath.Join(e.cluster.Dir(), "data", "postmaster.pid"))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[0]))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	// /proc/PID/stat after the command name: state(0) ppid(1) …
 	// utime(11) stime(12) cutime(13) cstime(14), in clock ticks.
@@ -285,10 +287,17 @@ func (e *env) postgresCPU() float64 {
 			continue
 		}
 		if f := procStat(child); len(f) >= 15 && f[1] == strconv.Itoa(pid) {
-			total += ticks(f, 13)
+			t := ticks(f, 13)
+			total += t
+			// A walsender titles itself "postgres: walsender …"; one that
+			// has exited is counted in the postmaster's reaped children
+			// only.
+			if title, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline")); bytes.HasPrefix(title, []byte("postgres: walsender")) {
+				walsenders += t
+			}
 		}
 	}
-	return total / clockTicks
+	return total / clockTicks, walsenders / clockTicks
 }
 
 // procCPU is a process's own CPU time in seconds (0 when it is gone).

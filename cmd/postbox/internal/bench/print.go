@@ -120,6 +120,6 @@ func (c *Costs) print(w io.Writer) {
 	if c == nil {
 		return
 	}
-	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL, %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.0f WAL bytes\n",
-		c.PostgresCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALPerEvent)
+	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL (%.0f of it walsender), %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.1f WAL records, %.0f WAL bytes\n",
+		c.PostgresCPUms, c.WalsenderCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALRecordsPerEvent, c.WALPerEvent)
 }

@@ -292,6 +292,54 @@ func (e *env) dumpStatements(ctx context.Context, path string) {
 	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
+// walRecordsFile, from POSTBOX_BENCH_WALRECORDS, is where the catch-up
+// writes what kinds of WAL record its events cost, and of which relation
+// (pg_walinspect, PostgreSQL 15 and later): every index entry is a record,
+// and the walsender pays for each.
+var walRecordsFile = os.Getenv("POSTBOX_BENCH_WALRECORDS")
+
+// dumpWALRecords writes the WAL records between the LSNs from and to (bytes
+// since 0/0), per event, by resource manager, record type and relation.
+func (e *env) dumpWALRecords(ctx context.Context, path string, from, to int64, events int) {
+	if events == 0 {
+		return
+	}
+	if _, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
+		fmt.Fprintf(e.log, "bench: pg_walinspect: %v\n", err)
+		return
+	}
+	rows, err := e.pool.Query(ctx, `
+		WITH r AS (
+		  SELECT resource_manager || ' ' || split_part(record_type, ' ', 1) AS kind,
+		         regexp_match(block_ref, 'rel \d+/(\d+)/(\d+)') AS rel, fpi_length
+		  FROM pg_get_wal_records_info('0/0'::pg_lsn + $1::numeric, '0/0'::pg_lsn + $2::numeric)
+		)
+		SELECT kind,
+		       CASE WHEN r.rel IS NULL THEN ''
+		            WHEN r.rel[1]::oid <> (SELECT oid FROM pg_database WHERE datname = current_database()) THEN '(another database)'
+		            ELSE coalesce(c.relname::text, r.rel[2]) END,
+		       count(*), count(*) FILTER (WHERE fpi_length > 0)
+		FROM r LEFT JOIN pg_class c ON c.relfilenode = r.rel[2]::oid
+		GROUP BY 1, 2 ORDER BY 3 DESC`, from, to)
+	if err != nil {
+		fmt.Fprintf(e.log, "bench: pg_walinspect: %v\n", err)
+		return
+	}
+	defer rows.Close()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%10s %8s %8s  %-22s %s\n", "records", "/event", "with FPI", "kind", "relation")
+	for rows.Next() {
+		var kind, rel string
+		var n, fpi int64
+		if err := rows.Scan(&kind, &rel, &n, &fpi); err != nil {
+			fmt.Fprintf(e.log, "bench: pg_walinspect: %v\n", err)
+			return
+		}
+		fmt.Fprintf(&b, "%10d %8.2f %8d  %-22s %s\n", n, float64(n)/float64(events), fpi, kind, rel)
+	}
+	_ = os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
 // Run measures the scenarios of opts, writing progress (and the relay's
 // own output) to progress. When a delivery failed signature verification
 // it returns the figures together with an error wrapping ErrBadSignatures.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -242,4 +243,49 @@ func TestSoakGrowth(t *testing.T) {
 
 	_, _, judged = growing(flat[:5])
 	require.False(t, judged)
+}
+
+// TestDumpWALRecords: the WAL records between two LSNs are written per
+// kind and relation, per event: ten rows into a table with a primary key
+// are ten heap inserts and ten index entries.
+func TestDumpWALRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
+	require.NoError(t, err)
+	defer pool.Close()
+	e := &env{pool: pool, log: t.Output()}
+	_, err = pool.Exec(ctx, `CREATE TABLE walrec_probe (id int PRIMARY KEY, v text)`)
+	require.NoError(t, err)
+	lsn := func() int64 {
+		var n int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&n))
+		return n
+	}
+	from := lsn()
+	_, err = pool.Exec(ctx, `INSERT INTO walrec_probe SELECT i, 'x' FROM generate_series(1, 10) i`)
+	require.NoError(t, err)
+	to := lsn()
+	path := filepath.Join(t.TempDir(), "wal.txt")
+	e.dumpWALRecords(ctx, path, from, to, 10)
+	out, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := strings.Split(string(out), "\n")
+	find := func(kind, rel string) string {
+		for _, l := range lines {
+			f := strings.Fields(l)
+			if len(f) >= 6 && strings.Join(f[3:5], " ") == kind && f[5] == rel {
+				return l
+			}
+		}
+		t.Fatalf("no %s of %s in\n%s", kind, rel, out)
+		return ""
+	}
+	for _, l := range []string{find("Heap INSERT", "walrec_probe"), find("Btree INSERT_LEAF", "walrec_probe_pkey")} {
+		// Ten records, one per event (the first may have started the page).
+		f := strings.Fields(l)
+		n, err := strconv.Atoi(f[0])
+		require.NoError(t, err)
+		require.InDelta(t, 10, n, 1, l)
+	}
 }

@@ -266,6 +266,9 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 		}
 	}
 	drain := hi.Sub(lo).Seconds()
+	if walRecordsFile != "" {
+		e.dumpWALRecords(ctx, walRecordsFile, from.wal, to.wal, t.received)
+	}
 	e.truncate(ctx, false)
 	return &CatchupResult{
 		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,

@@ -130,8 +130,9 @@ func (s *Store) UnhealthyEndpoints(ctx context.Context) (map[string]Health, erro
 // claimProbesSQL turns each candidate lane's open breaker whose cooldown has
 // passed (or a half-open one whose prober is gone, or whose probe the
 // candidate's retry says this instance never got) half-open for owner, and
-// claims the one delivery that probes it: the earliest queued, due or not,
-// or for an ordered endpoint the oldest. Only one instance can win a
+// claims the one delivery that probes it: the earliest queued, due or not
+// (by id: one queued since the breaker opened, not parked yet and so due,
+// waits behind those queued before), or for an ordered endpoint the oldest. Only one instance can win a
 // transition, so there is exactly one probe however many there are. A
 // breaker with nothing queued is left as it is, to be probed once
 // something is.
@@ -175,7 +176,7 @@ first AS (
       (SELECT d.id, NULL FROM postbox.deliveries d
        WHERE probe.ordered AND d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed')
        ORDER BY d.id LIMIT 1)
-    ) u ORDER BY u.next_attempt_at NULLS FIRST, u.id LIMIT 1) c
+    ) u ORDER BY u.id LIMIT 1) c
 ),
 next AS (
   SELECT d.id FROM postbox.deliveries d

@@ -330,6 +330,30 @@ func TestProbesAreClaimedInOneStatement(t *testing.T) {
 	require.Equal(t, map[string]int{"idle": 1}, count(got), "probed once something is queued")
 }
 
+// TestProbeTakesTheEarliestQueued: a breaker's probe takes the lane's
+// earliest queued delivery, parked or not: not one queued since the
+// breaker opened and not parked yet, which still looks due.
+func TestProbeTakesTheEarliestQueued(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "ep", 2)
+	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, cooldown_seconds)
+		VALUES ('ep', 'open', now() - interval '10 seconds', 5)`)
+	require.NoError(t, err)
+	parked, err := s.Park(ctx, 100)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, parked)
+	queue(t, s, "ep", 1) // queued while open, before the next park
+	var earliest int64
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT min(id) FROM postbox.deliveries WHERE endpoint = 'ep'`).Scan(&earliest))
+
+	got, err := s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: "ep"}})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, earliest, got[0].DeliveryID)
+}
+
 // The recorder and LoadOwned reach the batch's deliveries by primary key
 // and read nothing else, even when the statistics were taken before the
 // owner held anything in flight (a catch-up fills the table faster than

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -76,9 +77,92 @@ func nullString(s string) *string {
 	return &s
 }
 
-// writeHealth stores the new health rows (the statistics columns are the
-// telemetry's and stay as they are).
-func (s *Store) writeHealth(ctx context.Context, tx pgx.Tx, changes []HealthChange) error {
+// HealthQuietFor is how far behind the latest success an endpoint's
+// last_success_at may stay: a batch that changes nothing else of the row
+// writes it only once it is this much newer.
+const HealthQuietFor = time.Second
+
+// errHealthChanged ends a RecordResults transaction in which an endpoint
+// read without a lock turned out to change: it runs again with the lock.
+var errHealthChanged = errors.New("endpoint health changed: record again with its row locked")
+
+// allSucceeded reports whether every result of a batch for one endpoint is
+// a delivery: the healthy endpoint's usual batch.
+func allSucceeded(rs []state.Result) bool {
+	for _, r := range rs {
+		if r.Signal != state.SignalSuccess || r.Status != state.Delivered || r.Pause > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// recordHealth applies a batch's results to the endpoints' health and
+// writes what changed, in tx. The rows of locking were read locked (in
+// name order, so instances recording at once see each other's streaks,
+// and lock in the same order), and are computed and written as they come.
+// The rows of reading, endpoints that only had successes, were read
+// without a lock: most such batches change nothing but the latest success
+// (the endpoint stays closed with no failures), and then the row is left
+// alone, or, once its last_success_at is HealthQuietFor behind, only that
+// moves forward, by a plain update (the later time wins). The lock, the
+// row lock's WAL record and the write are paid where the breaker, a
+// streak, a failure or a pause changes. When a row read without the lock
+// would change, recordHealth returns errHealthChanged before writing.
+// A success recorded beside another instance's uncommitted failure does
+// not reset that failure's streak, as it would have after waiting for the
+// lock: the breaker may open a batch sooner on an endpoint that fails for
+// one instance and not for another.
+func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, locked map[string]Health,
+	reading []string, read map[string]Health, byEndpoint map[string][]state.Result, apply HealthFunc) ([]HealthChange, error) {
+	changes := make([]HealthChange, 0, len(locking)+len(reading))
+	var succeeded []string
+	var succeededAt []time.Time
+	for _, name := range reading {
+		cur, ok := read[name]
+		if !ok {
+			return nil, errHealthChanged // the endpoint's first row
+		}
+		next := apply(cur, byEndpoint[name])
+		at := next.LastSuccessAt
+		next.LastSuccessAt = cur.LastSuccessAt
+		if next != cur {
+			return nil, errHealthChanged
+		}
+		changes = append(changes, HealthChange{Old: cur, New: cur})
+		if at.Sub(cur.LastSuccessAt) >= HealthQuietFor {
+			succeeded, succeededAt = append(succeeded, name), append(succeededAt, at)
+		}
+	}
+	written := make([]HealthChange, 0, len(locking))
+	for _, name := range locking {
+		cur, ok := locked[name]
+		if !ok {
+			cur = Health{Endpoint: name, State: state.BreakerClosed}
+		}
+		written = append(written, HealthChange{Old: cur, New: apply(cur, byEndpoint[name])})
+	}
+	b := &pgx.Batch{}
+	if len(written) > 0 {
+		queueHealthWrite(b, written)
+	}
+	if len(succeeded) > 0 {
+		b.Queue(`
+			UPDATE postbox.endpoint_health h SET last_success_at = greatest(h.last_success_at, s.at)
+			FROM unnest($1::text[], $2::timestamptz[]) AS s(endpoint, at)
+			WHERE h.endpoint = s.endpoint`, succeeded, succeededAt)
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, err
+		}
+	}
+	return append(changes, written...), nil
+}
+
+// queueHealthWrite queues the statement that stores the new health rows
+// (the statistics columns are the telemetry's and stay as they are).
+func queueHealthWrite(b *pgx.Batch, changes []HealthChange) {
 	n := len(changes)
 	names, states, fails, thresholds, cooldowns := make([]string, n), make([]string, n), make([]int32, n), make([]int32, n), make([]float64, n)
 	opened, success, failure, paused := make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
@@ -95,7 +179,7 @@ func (s *Store) writeHealth(ctx context.Context, tx pgx.Tx, changes []HealthChan
 			codes[i] = &code
 		}
 	}
-	_, err := tx.Exec(ctx, `
+	b.Queue(`
 		INSERT INTO postbox.endpoint_health AS h (endpoint, state, consecutive_failures, failure_threshold, cooldown_seconds,
 		  opened_at, last_success_at, last_failure_at, paused_until, last_error, probe_owner, last_status_code)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int4[], $5::float8[], $6::timestamptz[], $7::timestamptz[],
@@ -109,7 +193,6 @@ func (s *Store) writeHealth(ctx context.Context, tx pgx.Tx, changes []HealthChan
 		  probe_started_at = CASE WHEN excluded.probe_owner IS NULL THEN NULL ELSE h.probe_started_at END,
 		  last_status_code = excluded.last_status_code`,
 		names, states, fails, thresholds, cooldowns, opened, success, failure, paused, lastErr, probe, codes)
-	return err
 }
 
 // UnhealthyEndpoints returns the endpoints whose breaker is not closed or

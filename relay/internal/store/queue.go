@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -403,45 +404,61 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 		}
 	}
 	var changes []HealthChange
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(recordPlans)
-		b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
-		if len(attempts.ids) > 0 {
-			if hist != nil {
-				b.Queue(histogramMode)
+	// Endpoints whose results are all successes are read without a lock,
+	// and most stay as they were (see recordHealth); when one turns out to
+	// change, the transaction runs again with every row locked, as the
+	// others always are.
+	for lockAll := false; ; lockAll = true {
+		err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			b.Queue(recordPlans)
+			b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
+			if len(attempts.ids) > 0 {
+				if hist != nil {
+					b.Queue(histogramMode)
+				}
+				b.Queue(insertAttemptsSQL, attempts.args(owner)...)
 			}
-			b.Queue(insertAttemptsSQL, attempts.args(owner)...)
-		}
-		if flush {
-			queueHistogramUpsert(b, counts)
-		}
-		var current map[string]Health
-		if len(names) > 0 {
-			b.Queue(selectHealthSQL+` WHERE endpoint = ANY($1) ORDER BY endpoint FOR UPDATE`, names).Query(func(rows pgx.Rows) error {
-				var err error
-				current, err = collectHealth(rows)
+			if flush {
+				queueHistogramUpsert(b, counts)
+			}
+			var locking, reading []string
+			for _, name := range names {
+				if !lockAll && allSucceeded(byEndpoint[name]) {
+					reading = append(reading, name)
+				} else {
+					locking = append(locking, name)
+				}
+			}
+			var locked, read map[string]Health
+			if len(locking) > 0 {
+				b.Queue(selectHealthSQL+` WHERE endpoint = ANY($1) ORDER BY endpoint FOR UPDATE`, locking).Query(func(rows pgx.Rows) error {
+					var err error
+					locked, err = collectHealth(rows)
+					return err
+				})
+			}
+			if len(reading) > 0 {
+				b.Queue(selectHealthSQL+` WHERE endpoint = ANY($1)`, reading).Query(func(rows pgx.Rows) error {
+					var err error
+					read, err = collectHealth(rows)
+					return err
+				})
+			}
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
-			})
-		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return err
-		}
-		if len(names) == 0 {
-			return nil
-		}
-		changes = make([]HealthChange, 0, len(names))
-		for _, name := range names {
-			cur, ok := current[name]
-			if !ok {
-				cur = Health{Endpoint: name, State: state.BreakerClosed}
 			}
-			changes = append(changes, HealthChange{Old: cur, New: apply(cur, byEndpoint[name])})
+			var err error
+			changes, err = s.recordHealth(ctx, tx, locking, locked, reading, read, byEndpoint, apply)
+			return err
+		})
+		if errors.Is(err, errHealthChanged) && !lockAll {
+			continue
 		}
-		return s.writeHealth(ctx, tx, changes)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("record results: %w", err)
+		if err != nil {
+			return nil, fmt.Errorf("record results: %w", err)
+		}
+		break
 	}
 	switch {
 	case flush:

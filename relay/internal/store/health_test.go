@@ -1,0 +1,126 @@
+package store_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/protect"
+	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+)
+
+// TestQuietHealthTakesNoLock: a batch of successes to a healthy endpoint
+// records its deliveries while another transaction holds the endpoint's
+// health row locked (it neither locks nor writes the row), and moves
+// last_success_at forward only once it is HealthQuietFor behind (with a
+// plain update, no read of the row under lock); a failure still locks the
+// row, waits for the holder, and counts in the streak; the success that
+// ends the streak is recorded again under the lock, once.
+func TestQuietHealthTakesNoLock(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	var cfg atomic.Pointer[config.Config]
+	resolved, err := config.Default().Resolve()
+	require.NoError(t, err)
+	cfg.Store(resolved)
+	env := service.NewEnv(&cfg)
+	env.Store, env.Owner = s, "me"
+	apply := protect.New(env).Apply
+
+	queue(t, s, "ep", 5)
+	claimed, err := s.Claim(ctx, "me", 10, nil, nil, 10, nil)
+	require.NoError(t, err)
+	require.Len(t, claimed, 5)
+	result := func(i int, ok bool, at time.Time) state.Result {
+		r := state.Result{DeliveryID: claimed[i].DeliveryID, Endpoint: "ep", Attempted: true, Sampled: true, Attempt: 1,
+			At: at, CommitToDeliveryMS: -1}
+		if ok {
+			r.Status, r.Signal, r.StatusCode = state.Delivered, state.SignalSuccess, 200
+		} else {
+			r.Status, r.Signal, r.StatusCode, r.LastError, r.Delay = state.Failed, state.SignalFailure, 500, "http 500", time.Minute
+		}
+		return r
+	}
+	health := func() (xmin string, success time.Time, failures int) {
+		t.Helper()
+		require.NoError(t, s.Pool.QueryRow(ctx, `SELECT xmin::text, last_success_at, consecutive_failures
+			FROM postbox.endpoint_health WHERE endpoint = 'ep'`).Scan(&xmin, &success, &failures))
+		return xmin, success, failures
+	}
+
+	// The first success writes the row.
+	t0 := time.Now().Truncate(time.Microsecond)
+	_, err = s.RecordResults(ctx, "me", []state.Result{result(0, true, t0)}, apply, nil)
+	require.NoError(t, err)
+	xmin, success, _ := health()
+	require.True(t, t0.Equal(success))
+
+	// Another transaction holds the row locked, as a failing batch of
+	// another instance would.
+	holder, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM postbox.endpoint_health WHERE endpoint = 'ep' FOR UPDATE`)
+	require.NoError(t, err)
+
+	quiet, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	changes, err := s.RecordResults(quiet, "me", []state.Result{result(1, true, t0.Add(store.HealthQuietFor/2))}, apply, nil)
+	require.NoError(t, err, "a quiet batch must not wait for the row's lock")
+	require.Len(t, changes, 1)
+	require.Equal(t, state.BreakerClosed, changes[0].New.State)
+	var status string
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT status FROM postbox.deliveries WHERE id = $1`, claimed[1].DeliveryID).Scan(&status))
+	require.Equal(t, "delivered", status)
+	now, success, _ := health()
+	require.Equal(t, xmin, now, "the row is not written")
+	require.True(t, t0.Equal(success))
+
+	// Past HealthQuietFor the latest success is written: a plain update,
+	// which waits for the holder like any write of the row.
+	require.NoError(t, holder.Rollback(ctx))
+	later := t0.Add(2 * store.HealthQuietFor)
+	_, err = s.RecordResults(quiet, "me", []state.Result{result(2, true, later)}, apply, nil)
+	require.NoError(t, err)
+	_, success, _ = health()
+	require.True(t, later.Equal(success), "last_success_at moves forward once it is HealthQuietFor behind")
+
+	// A failure changes the streak: it locks the row and writes it.
+	holder, err = s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, `SELECT 1 FROM postbox.endpoint_health WHERE endpoint = 'ep' FOR UPDATE`)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.RecordResults(ctx, "me", []state.Result{result(3, false, later.Add(time.Millisecond))}, apply, nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("a failure was recorded past the row's lock: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	require.NoError(t, <-done)
+	_, _, failures := health()
+	require.Equal(t, 1, failures)
+
+	// A success that ends the streak changes the row: it is recorded again
+	// with the lock, and resets it.
+	_, err = s.RecordResults(ctx, "me", []state.Result{result(4, true, later.Add(2*time.Millisecond))}, apply, nil)
+	require.NoError(t, err)
+	_, _, failures = health()
+	require.Zero(t, failures)
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT status FROM postbox.deliveries WHERE id = $1`, claimed[4].DeliveryID).Scan(&status))
+	require.Equal(t, "delivered", status)
+	var attempts int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.attempts WHERE delivery_id = $1`, claimed[4].DeliveryID).Scan(&attempts))
+	require.Equal(t, 1, attempts, "the transaction ran again, and its attempt is written once")
+}

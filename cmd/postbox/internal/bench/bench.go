@@ -292,16 +292,17 @@ func (e *env) dumpStatements(ctx context.Context, path string) {
 	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-// walRecordsFile, from POSTBOX_BENCH_WALRECORDS, is where the catch-up
-// writes what kinds of WAL record its events cost, and of which relation
-// (pg_walinspect, PostgreSQL 15 and later): every index entry is a record,
-// and the walsender pays for each.
+// walRecordsFile, from POSTBOX_BENCH_WALRECORDS, is where the latency and
+// catch-up scenarios append what kinds of WAL record their events cost,
+// and of which relation (pg_walinspect, PostgreSQL 15 and later): every
+// index entry is a record, and the walsender pays for each.
 var walRecordsFile = os.Getenv("POSTBOX_BENCH_WALRECORDS")
 
-// dumpWALRecords writes the WAL records between the LSNs from and to (bytes
-// since 0/0), per event, by resource manager, record type and relation.
-func (e *env) dumpWALRecords(ctx context.Context, path string, from, to int64, events int) {
-	if events == 0 {
+// dumpWALRecords appends to path the WAL records of scenario between the
+// LSNs from and to (bytes since 0/0), per event, by resource manager, record
+// type and relation.
+func (e *env) dumpWALRecords(ctx context.Context, path, scenario string, from, to int64, events int) {
+	if path == "" || events == 0 {
 		return
 	}
 	if _, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
@@ -327,7 +328,7 @@ func (e *env) dumpWALRecords(ctx context.Context, path string, from, to int64, e
 	}
 	defer rows.Close()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%10s %8s %8s  %-22s %s\n", "records", "/event", "with FPI", "kind", "relation")
+	fmt.Fprintf(&b, "# %s: %d events\n%10s %8s %8s  %-22s %s\n", scenario, events, "records", "/event", "with FPI", "kind", "relation")
 	for rows.Next() {
 		var kind, rel string
 		var n, fpi int64
@@ -337,7 +338,13 @@ func (e *env) dumpWALRecords(ctx context.Context, path string, from, to int64, e
 		}
 		fmt.Fprintf(&b, "%10d %8.2f %8d  %-22s %s\n", n, float64(n)/float64(events), fpi, kind, rel)
 	}
-	_ = os.WriteFile(path, []byte(b.String()), 0o644)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		fmt.Fprintf(e.log, "bench: %v\n", err)
+		return
+	}
+	_, _ = f.WriteString(b.String())
+	_ = f.Close()
 }
 
 // Run measures the scenarios of opts, writing progress (and the relay's

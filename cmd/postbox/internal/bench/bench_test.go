@@ -267,7 +267,7 @@ func TestDumpWALRecords(t *testing.T) {
 	require.NoError(t, err)
 	to := lsn()
 	path := filepath.Join(t.TempDir(), "wal.txt")
-	e.dumpWALRecords(ctx, path, from, to, 10)
+	e.dumpWALRecords(ctx, path, "probe", from, to, 10)
 	out, err := os.ReadFile(path)
 	require.NoError(t, err)
 	lines := strings.Split(string(out), "\n")

@@ -69,6 +69,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	if err != nil {
 		return nil, err
 	}
+	e.dumpWALRecords(ctx, walRecordsFile, "latency", from.wal, to.wal, t.sent)
 	e.truncate(ctx, false)
 	return &LatencyResult{
 		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
@@ -266,9 +267,7 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 		}
 	}
 	drain := hi.Sub(lo).Seconds()
-	if walRecordsFile != "" {
-		e.dumpWALRecords(ctx, walRecordsFile, from.wal, to.wal, t.received)
-	}
+	e.dumpWALRecords(ctx, walRecordsFile, "catch-up", from.wal, to.wal, t.received)
 	e.truncate(ctx, false)
 	return &CatchupResult{
 		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,

@@ -200,12 +200,12 @@ func (r *Recorder) loop(stop context.Context) {
 }
 
 // flushHistograms writes the latency counts gathered; if the database
-// does not take them now they wait a second (or for the next results).
+// does not take them now they wait until they are due again.
 func (r *Recorder) flushHistograms(ctx context.Context) {
 	err := r.env.Store.FlushHistograms(ctx, r.hist)
 	r.env.Faults.Observe("recorder", err)
 	if err != nil && ctx.Err() == nil {
-		r.log.Warn().Err(err).Msg("writing latency histograms failed; trying again in a second")
+		r.log.Warn().Err(err).Msg("writing latency histograms failed; trying again when they are next due")
 	}
 }
 

@@ -31,6 +31,7 @@ func TestHistogramsCountedInMemoryMatchTheTrigger(t *testing.T) {
 		}
 	}
 	hist := store.NewHistograms()
+	hist.Every = 200 * time.Millisecond
 	_, err := s.RecordResults(ctx, "me", rs[:10], keep, hist)
 	require.NoError(t, err)
 	histogram := func(endpoint string) map[[2]int64]int64 {
@@ -49,9 +50,9 @@ func TestHistogramsCountedInMemoryMatchTheTrigger(t *testing.T) {
 	require.Empty(t, histogram("mem"), "counted in memory, not yet due")
 	pending, due := hist.Pending()
 	require.True(t, pending)
-	require.WithinDuration(t, time.Now().Add(store.HistogramFlushDefault), due, store.HistogramFlushDefault)
+	require.WithinDuration(t, time.Now().Add(hist.Every), due, hist.Every)
 
-	time.Sleep(store.HistogramFlushDefault) // the next batch writes them all
+	time.Sleep(hist.Every) // the next batch writes them all
 	_, err = s.RecordResults(ctx, "me", rs[10:], keep, hist)
 	require.NoError(t, err)
 	pending, _ = hist.Pending()

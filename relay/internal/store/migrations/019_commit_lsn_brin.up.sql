@@ -4,6 +4,9 @@
 -- searched from an LSN onwards (replay --from-lsn), and events arrive in
 -- commit order, so a BRIN index serves that range: its last, unsummarized
 -- page range takes new rows without a WAL record, where the B-tree wrote
--- one per event.
+-- one per event. A range that retention empties and new events refill
+-- keeps its old minimum, but a search from an LSN reads the maximum, which
+-- stays right. Building it reads the table once, and ingest waits for that
+-- (a sequential scan: seconds for millions of events); deliveries go on.
 DROP INDEX postbox.events_commit_lsn;
 CREATE INDEX events_commit_lsn ON postbox.events USING brin (commit_lsn);

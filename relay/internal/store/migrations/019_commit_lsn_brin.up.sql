@@ -7,6 +7,8 @@
 -- one per event. A range that retention empties and new events refill
 -- keeps its old minimum, but a search from an LSN reads the maximum, which
 -- stays right. Building it reads the table once, and ingest waits for that
--- (a sequential scan: seconds for millions of events); deliveries go on.
+-- (a sequential scan: seconds for millions of events); readers of events
+-- (claims, searches) wait only for the drop and the rename after it.
+CREATE INDEX events_commit_lsn_brin ON postbox.events USING brin (commit_lsn);
 DROP INDEX postbox.events_commit_lsn;
-CREATE INDEX events_commit_lsn ON postbox.events USING brin (commit_lsn);
+ALTER INDEX postbox.events_commit_lsn_brin RENAME TO events_commit_lsn;

@@ -56,6 +56,10 @@ type Options struct {
 	// to spare). The relay never closes it. The replication connection
 	// still comes from the configuration's database_url.
 	Pool *pgxpool.Pool
+	// IngestLinger is how long the ingest of a live transaction waits for
+	// the transactions that follow, to commit them together
+	// (ingest.LingerDefault when zero). For tests.
+	IngestLinger time.Duration
 }
 
 // Relay streams the outbox and delivers its events. Start it, Stop it.
@@ -214,7 +218,8 @@ func (r *Relay) start(ctx context.Context) error {
 	})
 	s.claimer = claim.New(env, s.disp, s.prot)
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
-	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Alone: env.Alone})
+	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Alone: env.Alone,
+		Linger: r.opts.IngestLinger})
 	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload})
 
 	// Each service's context is the relay's hard one: Stop ends them

@@ -19,7 +19,6 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/ingest"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
@@ -184,14 +183,13 @@ func TestFirstAttemptDoesNotWaitForTheIngestBefore(t *testing.T) {
 // ingest once max_in_flight of them are ahead of it, so a lane with that
 // many first attempts in the lingering batch ends the linger. With a
 // linger of an hour and max_in_flight 2, a third event committed while
-// the linger runs is delivered all the same. (Not parallel: the linger is
-// set for every relay started meanwhile.)
+// the linger runs is delivered all the same.
 func TestALaneEndsTheIngestLinger(t *testing.T) {
-	t.Cleanup(ingest.SetLinger(time.Hour)) // first registered: runs after the relay has stopped
+	t.Parallel()
 	tb := setup(t)
 	rc := newReceiver(t, nil)
 	tb.endpoint(t, "ep", rc.URL, func(ec *config.EndpointConfig) { ec.MaxInFlight = intp(2) })
-	tb.start(t, relay.Options{})
+	tb.start(t, relay.Options{IngestLinger: time.Hour})
 	ids := tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":1}`)})
 	require.Eventually(t, func() bool { return rc.count() == 1 }, 20*time.Second, 5*time.Millisecond)
 	// The ingest of the first now lingers: two more, each its own
@@ -213,12 +211,12 @@ func TestALaneEndsTheIngestLinger(t *testing.T) {
 // ordered endpoint's, which goes to the queue), ends the linger, even an
 // hour's.
 func TestAQueuedDeliveryEndsTheIngestLinger(t *testing.T) {
-	t.Cleanup(ingest.SetLinger(time.Hour)) // first registered: runs after the relay has stopped
+	t.Parallel()
 	tb := setup(t)
 	rc := newReceiver(t, nil)
 	tb.endpoint(t, "ep", rc.URL, nil)
 	tb.endpoint(t, "ord", rc.URL, func(ec *config.EndpointConfig) { ec.Ordered = new(bool); *ec.Ordered = true })
-	tb.start(t, relay.Options{})
+	tb.start(t, relay.Options{IngestLinger: time.Hour})
 	tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":1}`)})
 	require.Eventually(t, func() bool { return rc.count() == 1 }, 20*time.Second, 5*time.Millisecond)
 	tb.insert(t, outbox.Event{Endpoint: "ord", Payload: []byte(`{"n":2}`)})

@@ -96,18 +96,6 @@ type keptDelivery struct {
 	id   int64 // 0: its event had been ingested before
 }
 
-// lingerFor is LingerDefault, unless a test set it (SetLinger).
-var lingerFor = LingerDefault
-
-// SetLinger makes the ingests of relays started from now on linger d,
-// for a test that must see what ends a linger other than its time. It
-// returns the function that restores LingerDefault. Not for tests that
-// run in parallel with others.
-func SetLinger(d time.Duration) (restore func()) {
-	lingerFor = d
-	return func() { lingerFor = LingerDefault }
-}
-
 var _ wal.Acker = (*ingester)(nil)
 
 func newIngester(s *Supervisor, in *wal.Queue, lead store.Leadership, fail context.CancelFunc) *ingester {
@@ -152,7 +140,7 @@ func (ing *ingester) run(ctx context.Context) {
 }
 
 // linger adds to a batch of one transaction (the ingest keeps pace) what
-// the stream queues within lingerFor, while none of it waits for the
+// the stream queues within the linger (Deps.Linger), while none of it waits for the
 // commit, no lane has its in-flight cap of first attempts in it, and it
 // holds fewer than LingerRowsDefault rows. A stream that closes ends it.
 // A batch of several transactions is the ingest behind: it commits at
@@ -161,7 +149,7 @@ func (ing *ingester) linger(batch []wal.Chunk) []wal.Chunk {
 	if len(batch) != 1 {
 		return batch
 	}
-	deadline := time.Now().Add(lingerFor)
+	deadline := time.Now().Add(ing.s.deps.linger())
 	rows := 0
 	var perLane map[string]int
 	for seen := 0; ; {

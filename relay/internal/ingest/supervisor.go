@@ -65,6 +65,17 @@ type Deps struct {
 	// Alone reports whether no other instance is registered: one that is
 	// could claim from the queue what this one would keep.
 	Alone func() bool
+	// Linger is how long the ingest of a live transaction waits for more
+	// (LingerDefault when zero); a test lengthens it to see what else
+	// ends it.
+	Linger time.Duration
+}
+
+func (d Deps) linger() time.Duration {
+	if d.Linger > 0 {
+		return d.Linger
+	}
+	return LingerDefault
 }
 
 // Supervisor streams and ingests. Start it, Stop it.

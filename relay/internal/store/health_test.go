@@ -2,15 +2,11 @@ package store_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/protect"
-	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
@@ -26,13 +22,7 @@ func TestQuietHealthTakesNoLock(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
-	var cfg atomic.Pointer[config.Config]
-	resolved, err := config.Default().Resolve()
-	require.NoError(t, err)
-	cfg.Store(resolved)
-	env := service.NewEnv(&cfg)
-	env.Store, env.Owner = s, "me"
-	apply := protect.New(env).Apply
+	apply := protection(t, s).Apply
 
 	queue(t, s, "ep", 5)
 	claimed, err := s.Claim(ctx, "me", 10, nil, nil, 10, nil)

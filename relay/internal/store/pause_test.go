@@ -2,15 +2,11 @@ package store_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/protect"
-	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
@@ -37,13 +33,7 @@ func TestPauseHoldsClaimsUntilResumed(t *testing.T) {
 
 	// An attempt that was in flight when the pause came back with 429 and
 	// Retry-After: 1s. Its result extends pauses, never shortens them.
-	var cfg atomic.Pointer[config.Config]
-	resolved, err := config.Default().Resolve()
-	require.NoError(t, err)
-	cfg.Store(resolved)
-	env := service.NewEnv(&cfg)
-	env.Store, env.Owner = s, "me"
-	prot := protect.New(env)
+	prot := protection(t, s)
 	var id int64
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT id FROM postbox.deliveries WHERE endpoint = 'held' ORDER BY id LIMIT 1`).Scan(&id))
 	_, err = s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'in_flight', lease_owner = 'me' WHERE id = $1`, id)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/protect"
+	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/pgtest"
@@ -114,9 +118,7 @@ func TestOneProbeWins(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	queue(t, s, "ep", 20)
-	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, cooldown_seconds)
-		VALUES ('ep', 'open', now() - interval '10 seconds', 5)`)
-	require.NoError(t, err)
+	openBreaker(t, s, "ep")
 	type win struct {
 		ok  bool
 		err error
@@ -288,6 +290,29 @@ func TestUningestedOutboxNullsAreInvalidRows(t *testing.T) {
 	require.Greater(t, rows[3].PayloadTooLarge, 2000)
 }
 
+// openBreaker opens endpoint's breaker, its cooldown (5 s) passed: the
+// next claim of probes may take it.
+func openBreaker(t testing.TB, s *store.Store, endpoint string) {
+	t.Helper()
+	_, err := s.Pool.Exec(context.Background(), `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, cooldown_seconds)
+		VALUES ($1, 'open', now() - interval '10 seconds', 5)`, endpoint)
+	require.NoError(t, err)
+}
+
+// protection is the relay's breaker rules for instance "me" of s, under
+// the default configuration: the HealthFunc the recorder gives
+// RecordResults.
+func protection(t testing.TB, s *store.Store) *protect.Protection {
+	t.Helper()
+	var cfg atomic.Pointer[config.Config]
+	resolved, err := config.Default().Resolve()
+	require.NoError(t, err)
+	cfg.Store(resolved)
+	env := service.NewEnv(&cfg)
+	env.Store, env.Owner = s, "me"
+	return protect.New(env)
+}
+
 // The queue table is vacuumed by a fixed count of dead rows, not by a
 // fraction of a table that grows with retention.
 func TestQueueTablesVacuumByCount(t *testing.T) {
@@ -338,9 +363,7 @@ func TestProbeTakesTheEarliestQueued(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	queue(t, s, "ep", 2)
-	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, state, opened_at, cooldown_seconds)
-		VALUES ('ep', 'open', now() - interval '10 seconds', 5)`)
-	require.NoError(t, err)
+	openBreaker(t, s, "ep")
 	parked, err := s.Park(ctx, 100)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, parked)

@@ -57,13 +57,10 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
 	from := e.read(ctx)
 	e.pace(ctx, o, "postbox.outbox", led, hanging)
-	err := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
-	to := e.read(ctx)
-	rss := e.stopRelay()
+	to, rss, err := e.endRun(ctx, waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil }))
 	if err != nil {
 		return nil, err
 	}
-	e.settle(ctx)
 	t := led.tally()
 	lat, err := e.latencies(ctx, t.first)
 	if err != nil {
@@ -183,12 +180,11 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	res.DeliveriesPerS = float64(led.received()) / loadEnd.Sub(start).Seconds()
 	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(loadEnd).Seconds()
-	to := e.read(ctx)
-	res.RSSMB = e.stopRelay()
+	to, rss, err := e.endRun(ctx, err)
 	if err != nil {
 		return nil, err
 	}
-	e.settle(ctx)
+	res.RSSMB = rss
 	res.Costs = costs(from, to, e.written(ctx), sent)
 	t := led.tally()
 	lat, err := e.latencies(ctx, t.first)
@@ -229,6 +225,20 @@ func (e *env) failing(ctx context.Context) (*FailingResult, error) {
 	return res, nil
 }
 
+// endRun ends a scenario's run of the relay once waiting for its events
+// returned waitErr: it reads the counters while the relay's CPU time can
+// still be read, stops the relay (returning its peak RSS) and, unless the
+// wait failed, lets the relay's statistics settle for written.
+func (e *env) endRun(ctx context.Context, waitErr error) (to meter, rssMB float64, err error) {
+	to = e.read(ctx)
+	rssMB = e.stopRelay()
+	if waitErr != nil {
+		return to, rssMB, waitErr
+	}
+	e.settle(ctx)
+	return to, rssMB, nil
+}
+
 // catchup queues o.Backlog events while the relay is down, then starts it
 // and waits for every one of them.
 func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
@@ -250,12 +260,10 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 	}
 	err := waitFor(ctx, 10*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	elapsed := time.Since(start)
-	to := e.read(ctx)
-	rss := e.stopRelay()
+	to, rss, err := e.endRun(ctx, err)
 	if err != nil {
 		return nil, err
 	}
-	e.settle(ctx)
 	t := led.tally()
 	var lo, hi time.Time
 	for _, at := range t.first {

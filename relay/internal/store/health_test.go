@@ -16,7 +16,8 @@ import (
 // health row locked (it neither locks nor writes the row), and moves
 // last_success_at forward only once it is HealthQuietFor behind (with a
 // plain update, no read of the row under lock); a failure still locks the
-// row, waits for the holder, and counts in the streak; the success that
+// row, waits for the holder's lock, and counts on from the streak the
+// holder committed; the success that
 // ends the streak is recorded again under the lock, once.
 func TestQuietHealthTakesNoLock(t *testing.T) {
 	t.Parallel()
@@ -82,25 +83,28 @@ func TestQuietHealthTakesNoLock(t *testing.T) {
 	_, success, _ = health()
 	require.True(t, later.Equal(success), "last_success_at moves forward once it is HealthQuietFor behind")
 
-	// A failure changes the streak: it locks the row and writes it.
+	// A failure changes the streak: it reads the row under its lock, so it
+	// counts on from another instance's failures committed while it waited
+	// (here, an update to 5 that holds the lock).
 	holder, err = s.Pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = holder.Exec(ctx, `SELECT 1 FROM postbox.endpoint_health WHERE endpoint = 'ep' FOR UPDATE`)
+	_, err = holder.Exec(ctx, `UPDATE postbox.endpoint_health SET consecutive_failures = 5 WHERE endpoint = 'ep'`)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.RecordResults(ctx, "me", []state.Result{result(3, false, later.Add(time.Millisecond))}, apply, nil)
 		done <- err
 	}()
-	select {
-	case err := <-done:
-		t.Fatalf("a failure was recorded past the row's lock: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	require.NoError(t, holder.Rollback(ctx))
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, 10*time.Second, 10*time.Millisecond, "the failure's batch waits for the row lock")
+	require.NoError(t, holder.Commit(ctx))
 	require.NoError(t, <-done)
 	_, _, failures := health()
-	require.Equal(t, 1, failures)
+	require.Equal(t, 6, failures, "the other instance's five and this one")
 
 	// A success that ends the streak changes the row: it is recorded again
 	// with the lock, and resets it.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -245,4 +246,70 @@ func TestLiveTransactionsShareAnIngestCommit(t *testing.T) {
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(DISTINCT xmin::text) FROM postbox.events`).Scan(&commits))
 	t.Logf("%d events ingested in %d transactions", n, commits)
 	require.LessOrEqual(t, commits, n/2, "transactions arriving together are ingested together")
+}
+
+// TestADeliveryDoneBeforeItsIngestIsWrittenOnce: a live event's first
+// attempt finishes within its ingest's linger, so the ingest writes its
+// delivery delivered, with the attempt, in the transaction that writes
+// the event (the same xmin) and the recorder never updates it; one that
+// failed is written in flight and updated by the recorder as before. The
+// recorder still counts both attempts' latency, once each.
+func TestADeliveryDoneBeforeItsIngestIsWrittenOnce(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, func(_ int, r received) int {
+		if strings.Contains(string(r.Body), "fail") {
+			return http.StatusInternalServerError
+		}
+		return http.StatusOK
+	})
+	tb.endpoint(t, "ep", rc.URL+"/hook", nil)
+	r := tb.start(t, relay.Options{IngestLinger: 300 * time.Millisecond})
+	ids := tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":"ok"}`)})
+	ids = append(ids, tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":"fail"}`)})...)
+	waitUntil(t, 20*time.Second, "both attempts recorded", func() bool {
+		return tb.attempts(t, ids[0]) == 1 && tb.attempts(t, ids[1]) == 1
+	})
+	ctx := context.Background()
+	once := func(id string) (bool, string) {
+		var same bool
+		var status string
+		require.NoError(t, tb.pool.QueryRow(ctx, `
+			SELECT d.xmin = e.xmin, d.status FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+			WHERE e.event_id = $1`, id).Scan(&same, &status))
+		return same, status
+	}
+	same, status := once(ids[0])
+	require.True(t, same, "the delivered one is written with its event and never again")
+	require.Equal(t, "delivered", status)
+	same, status = once(ids[1])
+	require.False(t, same, "the failed one is recorded after its ingest")
+	require.Equal(t, "failed", status)
+
+	d := tb.delivery(t, ids[0])
+	require.Equal(t, 1, d.Attempts)
+	require.Equal(t, http.StatusOK, d.LastStatus)
+	require.NotNil(t, d.DeliveredAt)
+	require.NotNil(t, d.C2DMS, "commit-to-delivery time written")
+	var owner *string
+	var attempt int
+	var outcome, target, instance string
+	require.NoError(t, tb.pool.QueryRow(ctx, `
+		SELECT d.lease_owner, a.attempt, a.outcome, a.target, a.instance
+		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk JOIN postbox.attempts a ON a.delivery_id = d.id
+		WHERE e.event_id = $1`, ids[0]).Scan(&owner, &attempt, &outcome, &target, &instance))
+	require.Nil(t, owner, "no lease on a delivered row")
+	require.Equal(t, 1, attempt)
+	require.Equal(t, "delivered", outcome)
+	require.Equal(t, rc.URL+"/hook", target)
+	require.Equal(t, r.InstanceID(), instance)
+
+	// The histograms have each attempt once, once the recorder flushes
+	// them (Stop does).
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, r.Stop(stopCtx))
+	var counted int64
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT coalesce(sum(count), 0) FROM postbox.latency_histogram WHERE endpoint = 'ep'`).Scan(&counted))
+	require.EqualValues(t, 2, counted)
 }

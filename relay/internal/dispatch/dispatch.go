@@ -48,7 +48,35 @@ type Job struct {
 	Probe bool
 
 	assigned atomic.Int64 // the id Assign gave a job submitted before its insert
+	// result is the attempt's outcome once it has finished (set before
+	// OnOutcome); written, that its ingest wrote it with the delivery
+	// (TakeDelivered).
+	result  atomic.Pointer[state.Result]
+	written atomic.Bool
 }
+
+// TakeDelivered returns the outcome of a first attempt that has already
+// delivered, for the ingest that has not yet inserted its delivery to
+// write it delivered at once, with its attempt, rather than in flight for
+// the recorder to update: one row version and its index entries instead
+// of two. The job is marked written (Written); its outcome still goes to
+// the recorder for the endpoint's health and statistics. It reports false
+// for a job not finished, not delivered, or taken already.
+func (j *Job) TakeDelivered() (state.Result, bool) {
+	r := j.result.Load()
+	if r == nil || r.Status != state.Delivered || !r.Attempted || !r.Sampled || j.Ingest == nil || j.Ingest.Finished() {
+		return state.Result{}, false
+	}
+	if !j.written.CompareAndSwap(false, true) {
+		return state.Result{}, false
+	}
+	return *r, true
+}
+
+// Written reports whether the job's ingest wrote its outcome with the
+// delivery (TakeDelivered). Once the job's Ingest has finished it is
+// final.
+func (j *Job) Written() bool { return j.written.Load() }
 
 // ID is the job's delivery id: DeliveryID, or for a job submitted before
 // its ingest inserted it, the id Assign gave it (0 until then, and for
@@ -627,6 +655,8 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 		}()
 		res = d.opts.Execute(d.attemptCx, j)
 	}()
+	done := res
+	j.result.Store(&done)
 	d.mu.Lock()
 	l.inFlight--
 	d.inFlight--

@@ -288,6 +288,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	}
 	for len(evs) > 0 {
 		n := min(len(evs), MaxInsertRowsDefault)
+		writeDelivered(evs[:n], jobs[:n])
 		ing.open = true
 		ing.conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := ing.conn.Insert(ctx, evs[:n], cfg.OutboxRetention == 0)
@@ -331,6 +332,23 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		s.deps.Queued()
 	}
 	return nil
+}
+
+// writeDelivered writes the deliveries whose first attempts have
+// delivered already (live events, whose attempts finish within the
+// ingest's linger) as delivered, with their attempts, so that each is one
+// row version where an in-flight row and the recorder's update of it were
+// two, each with its index entries. The recorder still has their outcomes,
+// for the endpoints' health and latency, but writes them no more.
+func writeDelivered(evs []store.NewEvent, jobs []*dispatch.Job) {
+	for i, j := range jobs {
+		if j == nil {
+			continue
+		}
+		if r, ok := j.TakeDelivered(); ok {
+			evs[i].Status, evs[i].LastError, evs[i].Delivered = state.Delivered, r.LastError, &r
+		}
+	}
 }
 
 // prepare decides, as a chunk arrives, what becomes of its rows, and

@@ -244,6 +244,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 				r.disp.Recorded(o.Job)
 				continue
 			}
+			o.Result.Written = o.Job.Written()
 		}
 		results = append(results, o.Result)
 		recorded = append(recorded, o.Job)

@@ -108,6 +108,11 @@ type Result struct {
 	Response           string // the start of the response body, redacted
 	At                 time.Time
 	CommitToDeliveryMS float64 // -1 when unknown
+	// Written says the ingest wrote this outcome with the delivery (a
+	// first attempt that delivered before its insert): the recorder
+	// counts it for health and statistics but writes neither the delivery
+	// nor the attempt again.
+	Written bool
 	// StreamToAttempt is postbox's own share of a first attempt started
 	// from the stream: from the stream's receipt of the row to the
 	// request's hand-over to the HTTP client (0 for other attempts).

@@ -37,6 +37,11 @@ type NewEvent struct {
 	CommittedAt time.Time     // zero when unknown
 	Status      state.Delivery
 	LastError   string
+	// Delivered is the outcome of a first attempt that delivered before
+	// the insert (Status is then Delivered): the delivery is written
+	// done, with its attempt row, instead of in flight and updated by the
+	// recorder (dispatch.Job.TakeDelivered).
+	Delivered *state.Result
 	// PayloadDropped is the size of a payload not stored (above max_body);
 	// Payload is then JSON null.
 	PayloadDropped int
@@ -79,16 +84,34 @@ ev AS (
   RETURNING id, event_id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error)
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error,
+                                  attempt_count, delivered_at, last_status_code, last_response_ms, last_response,
+                                  commit_to_delivery_ms, updated_at)
   SELECT ev.id, ev.endpoint, i.lane, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END,
-         nullif(i.last_error, '')
+         nullif(i.last_error, ''),
+         CASE WHEN i.status = 'delivered' THEN 1 ELSE 0 END, d.at, d.status_code, d.response_ms, nullif(d.response, ''),
+         nullif(d.c2d_ms, -1), coalesce(d.at, now())
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
+       JOIN unnest($16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::timestamptz[], $22::text[])
+         WITH ORDINALITY AS d(at, status_code, response_ms, response, c2d_ms, started_at, target, ord) ON d.ord = i.ord
   ORDER BY i.ord -- delivery ids follow commit order: ordered endpoints rely on it
   RETURNING id, event_pk
+),
+done AS (
+  SELECT i.ord, dl.id, dl.event_pk, i.endpoint, i.status, i.last_error
+  FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
+),
+att AS (
+  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
+                                error, response, target, instance)
+  SELECT done.id, done.endpoint, 1, d.started_at, d.response_ms, d.status_code, 'delivered',
+         nullif(done.last_error, ''), nullif(d.response, ''), nullif(d.target, ''), $13
+  FROM done JOIN unnest($16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::timestamptz[], $22::text[])
+         WITH ORDINALITY AS d(at, status_code, response_ms, response, c2d_ms, started_at, target, ord) ON d.ord = done.ord
+  WHERE done.status = 'delivered'
 )
-SELECT i.ord, dl.id, dl.event_pk
-FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint`
+SELECT ord, id, event_pk FROM done`
 
 // insertEventSQL is insertEventsSQL for one event, with the same
 // parameters (arrays of one): the single event of a live transaction
@@ -107,12 +130,25 @@ WITH ev AS (
   RETURNING id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error)
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error,
+                                  attempt_count, delivered_at, last_status_code, last_response_ms, last_response,
+                                  commit_to_delivery_ms, updated_at)
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END,
-         nullif(($12::text[])[1], '')
+         nullif(($12::text[])[1], ''),
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($16::timestamptz[])[1], ($17::int4[])[1],
+         ($18::float4[])[1], nullif(($19::text[])[1], ''), nullif(($20::float4[])[1], -1),
+         coalesce(($16::timestamptz[])[1], now())
   FROM ev
   RETURNING id, event_pk
+),
+att AS (
+  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
+                                error, response, target, instance)
+  SELECT dl.id, ($2::text[])[1], 1, ($21::timestamptz[])[1], ($18::float4[])[1], ($17::int4[])[1], 'delivered',
+         nullif(($12::text[])[1], ''), nullif(($19::text[])[1], ''), nullif(($22::text[])[1], ''), $13
+  FROM dl
+  WHERE ($11::text[])[1] = 'delivered'
 )
 SELECT 1::int8, dl.id, dl.event_pk FROM dl`
 
@@ -122,9 +158,14 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
 		lsns, statuses, errs                           = make([]*string, n), make([]string, n), make([]string, n)
 		dropped                                        = make([]int32, n)
-		lanes                                          = make([]*string, n)
-		outboxIDs                                      = make([]*int64, n)
-		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
+		// the first attempts that delivered before the insert (Delivered)
+		doneAt, started    = make([]*time.Time, n), make([]*time.Time, n)
+		codes              = make([]*int32, n)
+		ms, c2d            = make([]*float32, n), make([]*float32, n)
+		bodies, targets    = make([]*string, n), make([]*string, n)
+		lanes              = make([]*string, n)
+		outboxIDs          = make([]*int64, n)
+		created, committed = make([]*time.Time, n), make([]*time.Time, n)
 	)
 	for i := range evs {
 		e := &evs[i]
@@ -153,8 +194,18 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 		if !e.CommittedAt.IsZero() {
 			committed[i] = &e.CommittedAt
 		}
+		if r := e.Delivered; r != nil {
+			at, start := r.At, r.At.Add(-time.Duration(r.ResponseMS*float64(time.Millisecond)))
+			code, took, c2dMS := int32(r.StatusCode), float32(r.ResponseMS), float32(r.CommitToDeliveryMS)
+			doneAt[i], started[i], ms[i], c2d[i] = &at, &start, &took, &c2dMS
+			bodies[i], targets[i] = &r.Response, &r.Target
+			if code != 0 {
+				codes[i] = &code
+			}
+		}
 	}
-	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes}
+	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes,
+		doneAt, codes, ms, bodies, c2d, started, targets}
 }
 
 // IngestConn writes ingested events on one connection, in transactions
@@ -194,8 +245,11 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 	}
 	// The ingest statements read no table by a scan (they insert from
 	// parameters and join their own results), so a cached generic plan is
-	// safe here and saves planning on the latency path.
-	if _, err := c.Exec(ctx, "SET plan_cache_mode = auto"); err != nil {
+	// safe here and saves planning on the latency path. The attempts they
+	// write (first attempts that delivered before the insert) are counted
+	// into the histograms by the recorder, in memory, with their outcomes:
+	// the trigger stands aside (histogramMode).
+	if _, err := c.Exec(ctx, "SELECT set_config('plan_cache_mode', 'auto', false), set_config('postbox.histograms', 'in_memory', false)"); err != nil {
 		c.Release()
 		return nil, err
 	}

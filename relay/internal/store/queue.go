@@ -368,17 +368,24 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 		return nil, nil
 	}
 	n := len(rs)
-	ids, statuses, delays := make([]int64, n), make([]string, n), make([]float64, n)
-	attempted, errs, codes := make([]bool, n), make([]string, n), make([]int32, n)
-	ms, bodies, ats, c2d := make([]float32, n), make([]string, n), make([]time.Time, n), make([]float32, n)
-	var attempts attemptRows
+	ids, statuses, delays := make([]int64, 0, n), make([]string, 0, n), make([]float64, 0, n)
+	attempted, errs, codes := make([]bool, 0, n), make([]string, 0, n), make([]int32, 0, n)
+	ms, bodies, ats, c2d := make([]float32, 0, n), make([]string, 0, n), make([]time.Time, 0, n), make([]float32, 0, n)
+	// attempts are inserted; written, those the ingest wrote (Written),
+	// are only counted into the histograms.
+	var attempts, written attemptRows
 	byEndpoint := map[string][]state.Result{}
-	for i, r := range rs {
-		ids[i], statuses[i], delays[i] = r.DeliveryID, string(r.Status), r.Delay.Seconds()
-		attempted[i], errs[i], codes[i] = r.Attempted, r.LastError, int32(r.StatusCode)
-		ms[i], bodies[i], ats[i], c2d[i] = float32(r.ResponseMS), r.Response, r.At, float32(r.CommitToDeliveryMS)
-		if r.Sampled {
-			attempts.add(r)
+	for _, r := range rs {
+		if r.Written {
+			written.add(r)
+		} else {
+			ids, statuses, delays = append(ids, r.DeliveryID), append(statuses, string(r.Status)), append(delays, r.Delay.Seconds())
+			attempted, errs, codes = append(attempted, r.Attempted), append(errs, r.LastError), append(codes, int32(r.StatusCode))
+			ms, bodies = append(ms, float32(r.ResponseMS)), append(bodies, r.Response)
+			ats, c2d = append(ats, r.At), append(c2d, float32(r.CommitToDeliveryMS))
+			if r.Sampled {
+				attempts.add(r)
+			}
 		}
 		if r.Sampled || r.Attempted || r.Signal != state.SignalNone || r.Pause > 0 {
 			byEndpoint[r.Key()] = append(byEndpoint[r.Key()], r) // health is a lane's
@@ -394,8 +401,11 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 
 	var counts map[histKey]int64
 	flush := false
-	if hist != nil && len(attempts.ids) > 0 {
+	if hist != nil && len(attempts.ids)+len(written.ids) > 0 {
 		counts = countAttempts(&attempts)
+		for k, n := range countAttempts(&written) {
+			counts[k] += n
+		}
 		if pending, due := hist.Pending(); pending && !time.Now().Before(due) {
 			flush = true
 			for k, n := range hist.counts {
@@ -411,8 +421,10 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	for lockAll := false; ; lockAll = true {
 		err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 			b := &pgx.Batch{}
-			b.Queue(recordPlans)
-			b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
+			if len(ids) > 0 {
+				b.Queue(recordPlans)
+				b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
+			}
 			if len(attempts.ids) > 0 {
 				if hist != nil {
 					b.Queue(histogramMode)

@@ -64,12 +64,21 @@ type Ingested struct {
 // statement. Rows are inserted in (event_id, endpoint) order, the unique
 // key's order, so two ingests of overlapping rows (the stream and a
 // reconciliation) lock in the same order and cannot deadlock.
+//
+// The lines marked "-- delivered" write the deliveries whose first
+// attempts delivered before the insert (NewEvent.Delivered) as such, with
+// their attempt rows; a batch without any (a catch-up's) runs the
+// statement without them (withoutDelivered), which costs a tenth less.
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[])
+                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[]
+                       , $16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::timestamptz[], $22::text[] -- delivered
+                       )
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
-                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane, ord)
+                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane,
+                         done_at, status_code, response_ms, response, c2d_ms, started_at, target, -- delivered
+                         ord)
 ),
 ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
@@ -84,34 +93,28 @@ ev AS (
   RETURNING id, event_id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error,
-                                  attempt_count, delivered_at, last_status_code, last_response_ms, last_response,
-                                  commit_to_delivery_ms, updated_at)
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error
+                                  , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at -- delivered
+                                  )
   SELECT ev.id, ev.endpoint, i.lane, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END,
-         nullif(i.last_error, ''),
-         CASE WHEN i.status = 'delivered' THEN 1 ELSE 0 END, d.at, d.status_code, d.response_ms, nullif(d.response, ''),
-         nullif(d.c2d_ms, -1), coalesce(d.at, now())
+         nullif(i.last_error, '')
+         , CASE WHEN i.status = 'delivered' THEN 1 ELSE 0 END, i.done_at, i.status_code, i.response_ms, nullif(i.response, ''), -- delivered
+         nullif(i.c2d_ms, -1), coalesce(i.done_at, now()) -- delivered
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
-       JOIN unnest($16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::timestamptz[], $22::text[])
-         WITH ORDINALITY AS d(at, status_code, response_ms, response, c2d_ms, started_at, target, ord) ON d.ord = i.ord
   ORDER BY i.ord -- delivery ids follow commit order: ordered endpoints rely on it
   RETURNING id, event_pk
-),
-done AS (
-  SELECT i.ord, dl.id, dl.event_pk, i.endpoint, i.status, i.last_error
-  FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
-),
-att AS (
-  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
-                                error, response, target, instance)
-  SELECT done.id, done.endpoint, 1, d.started_at, d.response_ms, d.status_code, 'delivered',
-         nullif(done.last_error, ''), nullif(d.response, ''), nullif(d.target, ''), $13
-  FROM done JOIN unnest($16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::timestamptz[], $22::text[])
-         WITH ORDINALITY AS d(at, status_code, response_ms, response, c2d_ms, started_at, target, ord) ON d.ord = done.ord
-  WHERE done.status = 'delivered'
 )
-SELECT ord, id, event_pk FROM done`
+, att AS ( -- delivered
+  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome, -- delivered
+                                error, response, target, instance) -- delivered
+  SELECT dl.id, i.endpoint, 1, i.started_at, i.response_ms, i.status_code, 'delivered', -- delivered
+         nullif(i.last_error, ''), nullif(i.response, ''), nullif(i.target, ''), $13 -- delivered
+  FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint -- delivered
+  WHERE i.status = 'delivered' -- delivered
+) -- delivered
+SELECT i.ord, dl.id, dl.event_pk
+FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint`
 
 // insertEventSQL is insertEventsSQL for one event, with the same
 // parameters (arrays of one): the single event of a live transaction
@@ -130,27 +133,42 @@ WITH ev AS (
   RETURNING id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error,
-                                  attempt_count, delivered_at, last_status_code, last_response_ms, last_response,
-                                  commit_to_delivery_ms, updated_at)
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error
+                                  , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at -- delivered
+                                  )
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END,
-         nullif(($12::text[])[1], ''),
-         CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($16::timestamptz[])[1], ($17::int4[])[1],
-         ($18::float4[])[1], nullif(($19::text[])[1], ''), nullif(($20::float4[])[1], -1),
-         coalesce(($16::timestamptz[])[1], now())
+         nullif(($12::text[])[1], '')
+         , CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($16::timestamptz[])[1], ($17::int4[])[1], -- delivered
+         ($18::float4[])[1], nullif(($19::text[])[1], ''), nullif(($20::float4[])[1], -1), -- delivered
+         coalesce(($16::timestamptz[])[1], now()) -- delivered
   FROM ev
   RETURNING id, event_pk
-),
-att AS (
-  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
-                                error, response, target, instance)
-  SELECT dl.id, ($2::text[])[1], 1, ($21::timestamptz[])[1], ($18::float4[])[1], ($17::int4[])[1], 'delivered',
-         nullif(($12::text[])[1], ''), nullif(($19::text[])[1], ''), nullif(($22::text[])[1], ''), $13
-  FROM dl
-  WHERE ($11::text[])[1] = 'delivered'
 )
+, att AS ( -- delivered
+  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome, -- delivered
+                                error, response, target, instance) -- delivered
+  SELECT dl.id, ($2::text[])[1], 1, ($21::timestamptz[])[1], ($18::float4[])[1], ($17::int4[])[1], 'delivered', -- delivered
+         nullif(($12::text[])[1], ''), nullif(($19::text[])[1], ''), nullif(($22::text[])[1], ''), $13 -- delivered
+  FROM dl WHERE ($11::text[])[1] = 'delivered' -- delivered
+) -- delivered
 SELECT 1::int8, dl.id, dl.event_pk FROM dl`
+
+// insertArgs is the number of parameters of the insert statements
+// without their "-- delivered" lines, which use the rest.
+const insertArgs = 15
+
+// withoutDelivered drops an insert statement's lines marked "-- delivered".
+func withoutDelivered(sql string) string {
+	lines := strings.Split(sql, "\n")
+	kept := lines[:0]
+	for _, l := range lines {
+		if !strings.HasSuffix(l, "-- delivered") {
+			kept = append(kept, l)
+		}
+	}
+	return strings.Join(kept, "\n")
+}
 
 func insertEventsArgs(owner string, evs []NewEvent) []any {
 	n := len(evs)
@@ -219,11 +237,9 @@ type IngestConn struct {
 	inTx  bool
 	owner string
 	// searchKeys are the payload fields extracted into events.search, and
-	// insertSQL and insertOneSQL the insert statements (many events, one)
-	// that extract them.
-	searchKeys   []string
-	insertSQL    string
-	insertOneSQL string
+	// insert the statements that extract them.
+	searchKeys []string
+	insert     *insertStatements
 	// The session's leadership and server, written with each checkpoint.
 	lead     Leadership
 	systemID string
@@ -245,27 +261,30 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 	}
 	// The ingest statements read no table by a scan (they insert from
 	// parameters and join their own results), so a cached generic plan is
-	// safe here and saves planning on the latency path. The attempts they
-	// write (first attempts that delivered before the insert) are counted
-	// into the histograms by the recorder, in memory, with their outcomes:
-	// the trigger stands aside (histogramMode).
-	if _, err := c.Exec(ctx, "SELECT set_config('plan_cache_mode', 'auto', false), set_config('postbox.histograms', 'in_memory', false)"); err != nil {
+	// safe here and saves planning on the latency path.
+	if _, err := c.Exec(ctx, "SET plan_cache_mode = auto"); err != nil {
 		c.Release()
 		return nil, err
 	}
 	ic := &IngestConn{conn: c, s: s, owner: owner}
-	ic.insertSQL, ic.insertOneSQL = insertEventsStatements(nil)
+	ic.insert = insertEventsStatements(nil)
 	return ic, nil
 }
 
 // SetSearchKeys sets the payload fields the following inserts extract
 // for search (search_keys).
 func (ic *IngestConn) SetSearchKeys(keys []string) {
-	if ic.insertSQL != "" && slices.Equal(keys, ic.searchKeys) {
+	if ic.insert != nil && slices.Equal(keys, ic.searchKeys) {
 		return
 	}
 	ic.searchKeys = slices.Clone(keys)
-	ic.insertSQL, ic.insertOneSQL = insertEventsStatements(keys)
+	ic.insert = insertEventsStatements(keys)
+}
+
+// insertStatements are the ingest's insert statements: of many events
+// or one, with deliveries written delivered (done) or without.
+type insertStatements struct {
+	many, one, manyDone, oneDone string
 }
 
 // insertEventsStatements are insertEventsSQL and insertEventSQL
@@ -273,7 +292,7 @@ func (ic *IngestConn) SetSearchKeys(keys []string) {
 // value when it is a scalar, as text, written into the statement (keys are
 // validated names, and quoted) so that a row costs one jsonb_build_object,
 // not a subquery; NULL (no index entry) when none is there.
-func insertEventsStatements(keys []string) (many, one string) {
+func insertEventsStatements(keys []string) *insertStatements {
 	search := "NULL::jsonb"
 	if len(keys) > 0 {
 		var b strings.Builder
@@ -288,7 +307,9 @@ func insertEventsStatements(keys []string) (many, one string) {
 		b.WriteString(")), '{}'::jsonb)")
 		search = b.String()
 	}
-	return strings.Replace(insertEventsSQL, "{{search}}", search, 1), strings.Replace(insertEventSQL, "{{search}}", search, 1)
+	many := strings.Replace(insertEventsSQL, "{{search}}", search, 1)
+	one := strings.Replace(insertEventSQL, "{{search}}", search, 1)
+	return &insertStatements{many: withoutDelivered(many), one: withoutDelivered(one), manyDone: many, oneDone: one}
 }
 
 // InTx reports whether a transaction is open.
@@ -313,11 +334,26 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	if !ic.inTx {
 		b.Queue("BEGIN")
 	}
-	sql := ic.insertSQL
-	if len(evs) == 1 {
-		sql = ic.insertOneSQL
+	done := slices.ContainsFunc(evs, func(ev NewEvent) bool { return ev.Delivered != nil })
+	args := insertEventsArgs(ic.owner, evs)
+	var sql string
+	switch {
+	case done && len(evs) == 1:
+		sql = ic.insert.oneDone
+	case done:
+		sql = ic.insert.manyDone
+	case len(evs) == 1:
+		sql, args = ic.insert.one, args[:insertArgs]
+	default:
+		sql, args = ic.insert.many, args[:insertArgs]
 	}
-	b.Queue(sql, insertEventsArgs(ic.owner, evs)...)
+	if done {
+		// The attempts written here are counted into the histograms by
+		// the recorder, in memory, with their outcomes: the trigger
+		// stands aside.
+		b.Queue(histogramMode)
+	}
+	b.Queue(sql, args...)
 	if len(outboxIDs) > 0 {
 		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
 	}
@@ -328,6 +364,12 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 			return nil, fmt.Errorf("begin ingest: %w", err)
 		}
 		ic.inTx = true
+	}
+	if done {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("insert events: %w", err)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {

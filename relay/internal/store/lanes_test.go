@@ -214,3 +214,55 @@ func TestOneEventInsertsAsMany(t *testing.T) {
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk WHERE e.event_id = $1`, one).Scan(&n))
 	require.Equal(t, 1, n)
 }
+
+// TestDeliveredInsertsAlikeAloneAndAmongOthers: a delivery whose first
+// attempt delivered before the insert (NewEvent.Delivered) is written
+// delivered, with its attempt row, whether alone (the single-event
+// statement) or beside deliveries still to be made (the many-event one,
+// which writes those as before); the trigger leaves its latency to the
+// recorder.
+func TestDeliveredInsertsAlikeAloneAndAmongOthers(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	defer ic.Release()
+	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	done := func(id string) store.NewEvent {
+		return store.NewEvent{EventID: id, Endpoint: "partners", Payload: []byte(`{}`), Status: state.Delivered,
+			Delivered: &state.Result{Status: state.Delivered, StatusCode: 202, ResponseMS: 1.5, Response: "ok", At: at,
+				CommitToDeliveryMS: 4, Target: "http://a.test/pb", Attempted: true, Sampled: true}}
+	}
+	alone, among, other := outbox.NewEventID(), outbox.NewEventID(), outbox.NewEventID()
+	got, err := ic.Insert(ctx, []store.NewEvent{done(alone)}, false)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	got, err = ic.Insert(ctx, []store.NewEvent{
+		{EventID: other, Endpoint: "partners", Payload: []byte(`{}`), Status: state.InFlight}, done(among)}, false)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+
+	row := func(id string) string {
+		var out string
+		require.NoError(t, s.Pool.QueryRow(ctx, `
+			SELECT concat_ws(' | ', d.status, d.attempt_count, d.lease_owner, d.delivered_at, d.last_status_code,
+			                 d.last_response_ms, d.last_response, d.commit_to_delivery_ms, d.updated_at,
+			                 (SELECT string_agg(concat_ws(' ', a.attempt, a.started_at, a.duration_ms, a.status_code, a.outcome,
+			                                              a.response, a.target, a.instance), ', ')
+			                  FROM postbox.attempts a WHERE a.delivery_id = d.id))
+			FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id WHERE e.event_id = $1`, id).Scan(&out))
+		return out
+	}
+	want := "delivered | 1 | 2026-12-04 12:00:00+00 | 202 | 1.5 | ok | 4 | 2026-12-04 12:00:00+00 | " +
+		"1 2026-12-04 11:59:59.9985+00 1.5 202 delivered ok http://a.test/pb me"
+	require.Equal(t, want, row(alone))
+	require.Equal(t, want, row(among))
+	require.Equal(t, "in_flight | 0 | me", row(other)[:len("in_flight | 0 | me")])
+	var attempts, counted int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM postbox.attempts), (SELECT count(*) FROM postbox.latency_histogram)`).
+		Scan(&attempts, &counted))
+	require.Equal(t, 2, attempts)
+	require.Zero(t, counted, "counted by the recorder, in memory")
+}

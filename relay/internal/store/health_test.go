@@ -118,3 +118,61 @@ func TestQuietHealthTakesNoLock(t *testing.T) {
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.attempts WHERE delivery_id = $1`, claimed[4].DeliveryID).Scan(&attempts))
 	require.Equal(t, 1, attempts, "the transaction ran again, and its attempt is written once")
 }
+
+// TestWrittenResultsOnlyRecordHealth: results the ingest wrote with their
+// deliveries (Result.Written) write neither a delivery nor an attempt;
+// their latency is counted in memory; a quiet endpoint's row is only read
+// (even while another transaction holds it locked), and one whose health
+// changes (its first row; another instance's streak to reset) is
+// recorded under the lock as for any result.
+func TestWrittenResultsOnlyRecordHealth(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	apply := protection(t, s).Apply
+	hist := store.NewHistograms()
+	hist.Every = time.Hour
+	t0 := time.Now().Truncate(time.Microsecond)
+	written := func(id int64, at time.Time) []state.Result {
+		return []state.Result{{DeliveryID: id, Endpoint: "ep", Status: state.Delivered, Signal: state.SignalSuccess, StatusCode: 200,
+			Attempted: true, Sampled: true, Attempt: 1, ResponseMS: 1, At: at, CommitToDeliveryMS: 2, Written: true}}
+	}
+	health := func() (xmin string, failures int) {
+		t.Helper()
+		require.NoError(t, s.Pool.QueryRow(ctx, `SELECT xmin::text, consecutive_failures
+			FROM postbox.endpoint_health WHERE endpoint = 'ep'`).Scan(&xmin, &failures))
+		return xmin, failures
+	}
+
+	_, err := s.RecordResults(ctx, "me", written(1, t0), apply, hist)
+	require.NoError(t, err)
+	xmin, _ := health()
+
+	holder, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM postbox.endpoint_health WHERE endpoint = 'ep' FOR UPDATE`)
+	require.NoError(t, err)
+	quiet, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = s.RecordResults(quiet, "me", written(2, t0.Add(store.HealthQuietFor/2)), apply, hist)
+	require.NoError(t, err, "a quiet batch must not wait for the row's lock")
+	now, _ := health()
+	require.Equal(t, xmin, now, "the row is not written")
+	require.NoError(t, holder.Rollback(ctx))
+
+	_, err = s.Pool.Exec(ctx, `UPDATE postbox.endpoint_health SET consecutive_failures = 2 WHERE endpoint = 'ep'`)
+	require.NoError(t, err)
+	_, err = s.RecordResults(ctx, "me", written(3, t0.Add(time.Millisecond)), apply, hist)
+	require.NoError(t, err)
+	_, failures := health()
+	require.Zero(t, failures, "the success resets another instance's streak")
+
+	var rows int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM postbox.deliveries) + (SELECT count(*) FROM postbox.attempts)`).Scan(&rows))
+	require.Zero(t, rows, "nothing of the deliveries is written again")
+	require.NoError(t, s.FlushHistograms(ctx, hist))
+	var counted int64
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT coalesce(sum(count), 0) FROM postbox.latency_histogram WHERE endpoint = 'ep'`).Scan(&counted))
+	require.EqualValues(t, 3, counted, "each attempt counted once, in memory")
+}

@@ -6,7 +6,10 @@
 // transaction that writes its delivery has committed; its outcome waits
 // for that transaction (registered on it, never on a goroutine of its own)
 // without holding up the others. It is written whatever the transaction's
-// outcome: a failed commit may have committed after all.
+// outcome: a failed commit may have committed after all. An attempt that
+// delivered before that transaction wrote its delivery was written with it
+// (dispatch.Job.TakeDelivered); the recorder then only counts its latency
+// and its endpoint's health.
 package record
 
 import (

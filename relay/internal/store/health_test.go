@@ -5,11 +5,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
+
+// lockHealth begins a transaction that holds endpoint's health row
+// locked, as a failing batch of another instance would; it is rolled back
+// when the test ends, if not before.
+func lockHealth(t *testing.T, s *store.Store, endpoint string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(ctx) })
+	_, err = holder.Exec(ctx, `SELECT 1 FROM postbox.endpoint_health WHERE endpoint = $1 FOR UPDATE`, endpoint)
+	require.NoError(t, err)
+	return holder
+}
 
 // TestQuietHealthTakesNoLock: a batch of successes to a healthy endpoint
 // records its deliveries while another transaction holds the endpoint's
@@ -55,11 +70,7 @@ func TestQuietHealthTakesNoLock(t *testing.T) {
 
 	// Another transaction holds the row locked, as a failing batch of
 	// another instance would.
-	holder, err := s.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, `SELECT 1 FROM postbox.endpoint_health WHERE endpoint = 'ep' FOR UPDATE`)
-	require.NoError(t, err)
+	holder := lockHealth(t, s, "ep")
 
 	quiet, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -148,11 +159,7 @@ func TestWrittenResultsOnlyRecordHealth(t *testing.T) {
 	require.NoError(t, err)
 	xmin, _ := health()
 
-	holder, err := s.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, `SELECT 1 FROM postbox.endpoint_health WHERE endpoint = 'ep' FOR UPDATE`)
-	require.NoError(t, err)
+	holder := lockHealth(t, s, "ep")
 	quiet, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, err = s.RecordResults(quiet, "me", written(2, t0.Add(store.HealthQuietFor/2)), apply, hist)

@@ -12,6 +12,16 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
+// ingestConn is an ingest connection for instance "me", released when the
+// test ends.
+func ingestConn(t testing.TB, s *store.Store) *store.IngestConn {
+	t.Helper()
+	ic, err := s.AcquireIngest(context.Background(), "me")
+	require.NoError(t, err)
+	t.Cleanup(ic.Release)
+	return ic
+}
+
 // queueLane ingests n pending deliveries for endpoint in lane.
 func queueLane(t testing.TB, s *store.Store, endpoint, lane string, n int) {
 	t.Helper()
@@ -181,9 +191,7 @@ func TestOneEventInsertsAsMany(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
-	ic, err := s.AcquireIngest(ctx, "me")
-	require.NoError(t, err)
-	defer ic.Release()
+	ic := ingestConn(t, s)
 	ic.SetSearchKeys([]string{"click_id"})
 	ev := func(id string) store.NewEvent {
 		return store.NewEvent{EventID: id, Endpoint: "partners", Lane: "partners → a.test", URL: "http://a.test/pb",
@@ -225,9 +233,7 @@ func TestDeliveredInsertsAlikeAloneAndAmongOthers(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
-	ic, err := s.AcquireIngest(ctx, "me")
-	require.NoError(t, err)
-	defer ic.Release()
+	ic := ingestConn(t, s)
 	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	done := func(id string) store.NewEvent {
 		return store.NewEvent{EventID: id, Endpoint: "partners", Payload: []byte(`{}`), Status: state.Delivered,

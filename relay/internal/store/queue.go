@@ -362,7 +362,9 @@ type HealthChange struct {
 // The attempts' latency is counted in hist and added to the histograms
 // with the first batch after HistogramFlushDefault (or by
 // FlushHistograms); with hist nil, the attempts table's trigger counts
-// them in this transaction.
+// them in this transaction. Results the ingest wrote (Written) update
+// neither the delivery nor the attempts: they are counted into hist (their
+// rows were inserted with the trigger set aside) and move the health.
 func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Result, apply HealthFunc, hist *Histograms) ([]HealthChange, error) {
 	if len(rs) == 0 {
 		return nil, nil

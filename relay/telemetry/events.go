@@ -128,20 +128,22 @@ const latestStatusSQL = `e.id IN (
 
 // Searches order events by commit time, and no index does: the commit
 // time is not known for every event (reconciliation finds some without),
-// and a second index on events would slow every ingest. events_ingested_at
-// orders them by ingest instead, and an event is ingested after it commits
-// (both times from the database's clock). So a search runs in two steps.
-// searchBoundSQL takes the $1 matching events ingested last: none of the
-// events ingested before the earliest commit time among them can be in
-// the answer. searchEventsSQL then reads only the events ingested since
-// that bound, as many as were ingested since (normally about $1), and
-// orders those. Both read the conditions %[1]s (on e); a payload filter
-// finds its events through events_search instead.
+// and a second index on events would slow every ingest. Events are
+// numbered as they are ingested, and an event is ingested after it
+// commits (both times from the database's clock). So a search runs in two
+// steps. searchBoundSQL takes the $1 matching events ingested last (the
+// highest ids, through the primary key): none of the events ingested
+// before the earliest commit time among them can be in the answer, as $1
+// events at least as recent are known. searchEventsSQL then reads only the
+// events ingested since that bound (events_ingested_at, a BRIN index: the
+// page ranges holding them), as many as were ingested since (normally
+// about $1), and orders those. Both read the conditions %[1]s (on e); a
+// payload filter finds its events through events_search instead.
 const searchBoundSQL = `
 SELECT min(h.t) FROM (
   SELECT ` + eventTimeSQL + ` AS t FROM postbox.events e
   WHERE %[1]s
-  ORDER BY e.ingested_at DESC LIMIT $1) h`
+  ORDER BY e.id DESC LIMIT $1) h`
 
 // searchEventsSQL: the bound is the last argument, %[2]s.
 const searchEventsSQL = `

@@ -1,7 +1,9 @@
 package store_test
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -98,6 +100,8 @@ func TestPurgeEventsKeepsEventsWithALiveDelivery(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	evs := ingest(t, s, "ep", "", "", "", "", "", "", "", "")
+	// In ingest order, as events are numbered: the young one last.
+	slices.SortFunc(evs, func(a, b ingested) int { return cmp.Compare(a.eventPK, b.eventPK) })
 	pending, failed, inFlight, delivered, dead, replayedLive, replayedDone, young := evs[0], evs[1], evs[2], evs[3], evs[4], evs[5], evs[6], evs[7]
 	old := 8 * 24 * time.Hour
 	ageEvents(t, s, old, evs[:7]...)

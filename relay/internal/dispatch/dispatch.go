@@ -49,8 +49,8 @@ type Job struct {
 
 	assigned atomic.Int64 // the id Assign gave a job submitted before its insert
 	// result is the attempt's outcome once it has finished (set before
-	// OnOutcome); written, that its ingest wrote it with the delivery
-	// (TakeDelivered).
+	// OnOutcome, for a job with an Ingest); written, that its ingest wrote
+	// it with the delivery (TakeDelivered).
 	result  atomic.Pointer[state.Result]
 	written atomic.Bool
 }
@@ -655,8 +655,12 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 		}()
 		res = d.opts.Execute(d.attemptCx, j)
 	}()
-	done := res
-	j.result.Store(&done)
+	if j.Ingest != nil {
+		// Only a job whose ingest may not have written it yet has a use
+		// for its result (TakeDelivered).
+		done := res
+		j.result.Store(&done)
+	}
 	d.mu.Lock()
 	l.inFlight--
 	d.inFlight--

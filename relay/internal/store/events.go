@@ -68,7 +68,8 @@ type Ingested struct {
 // The lines marked "-- delivered" write the deliveries whose first
 // attempts delivered before the insert (NewEvent.Delivered) as such, with
 // their attempt rows; a batch without any (a catch-up's) runs the
-// statement without them (withoutDelivered), which costs a tenth less.
+// statement without them (withoutDelivered), as it was before they were
+// written so.
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -154,10 +155,6 @@ dl AS (
 ) -- delivered
 SELECT 1::int8, dl.id, dl.event_pk FROM dl`
 
-// insertArgs is the number of parameters of the insert statements
-// without their "-- delivered" lines, which use the rest.
-const insertArgs = 15
-
 // withoutDelivered drops an insert statement's lines marked "-- delivered".
 func withoutDelivered(sql string) string {
 	lines := strings.Split(sql, "\n")
@@ -170,21 +167,28 @@ func withoutDelivered(sql string) string {
 	return strings.Join(kept, "\n")
 }
 
-func insertEventsArgs(owner string, evs []NewEvent) []any {
+// insertEventsArgs are the insert statements' arguments for evs: those
+// of the statements without their "-- delivered" lines ($1 to $15), and
+// with done (some of evs were Delivered) those of these lines too.
+func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 	n := len(evs)
 	var (
 		ids, endpoints, urls, types, payloads, headers = make([]string, n), make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]*string, n)
 		lsns, statuses, errs                           = make([]*string, n), make([]string, n), make([]string, n)
 		dropped                                        = make([]int32, n)
+		lanes                                          = make([]*string, n)
+		outboxIDs                                      = make([]*int64, n)
+		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
 		// the first attempts that delivered before the insert (Delivered)
-		doneAt, started    = make([]*time.Time, n), make([]*time.Time, n)
-		codes              = make([]*int32, n)
-		ms, c2d            = make([]*float32, n), make([]*float32, n)
-		bodies, targets    = make([]*string, n), make([]*string, n)
-		lanes              = make([]*string, n)
-		outboxIDs          = make([]*int64, n)
-		created, committed = make([]*time.Time, n), make([]*time.Time, n)
+		doneAt, started []*time.Time
+		codes           []*int32
+		ms, c2d         []*float32
+		bodies, targets []*string
 	)
+	if done {
+		doneAt, started, codes = make([]*time.Time, n), make([]*time.Time, n), make([]*int32, n)
+		ms, c2d, bodies, targets = make([]*float32, n), make([]*float32, n), make([]*string, n), make([]*string, n)
+	}
 	for i := range evs {
 		e := &evs[i]
 		ids[i], endpoints[i], types[i], payloads[i] = e.EventID, e.Endpoint, e.EventType, string(e.Payload)
@@ -212,7 +216,7 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 		if !e.CommittedAt.IsZero() {
 			committed[i] = &e.CommittedAt
 		}
-		if r := e.Delivered; r != nil {
+		if r := e.Delivered; r != nil && done {
 			at, start := r.At, r.At.Add(-time.Duration(r.ResponseMS*float64(time.Millisecond)))
 			code, took, c2dMS := int32(r.StatusCode), float32(r.ResponseMS), float32(r.CommitToDeliveryMS)
 			doneAt[i], started[i], ms[i], c2d[i] = &at, &start, &took, &c2dMS
@@ -222,8 +226,11 @@ func insertEventsArgs(owner string, evs []NewEvent) []any {
 			}
 		}
 	}
-	return []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes,
-		doneAt, codes, ms, bodies, c2d, started, targets}
+	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes}
+	if done {
+		args = append(args, doneAt, codes, ms, bodies, c2d, started, targets)
+	}
+	return args
 }
 
 // IngestConn writes ingested events on one connection, in transactions
@@ -335,7 +342,6 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 		b.Queue("BEGIN")
 	}
 	done := slices.ContainsFunc(evs, func(ev NewEvent) bool { return ev.Delivered != nil })
-	args := insertEventsArgs(ic.owner, evs)
 	var sql string
 	switch {
 	case done && len(evs) == 1:
@@ -343,9 +349,9 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	case done:
 		sql = ic.insert.manyDone
 	case len(evs) == 1:
-		sql, args = ic.insert.one, args[:insertArgs]
+		sql = ic.insert.one
 	default:
-		sql, args = ic.insert.many, args[:insertArgs]
+		sql = ic.insert.many
 	}
 	if done {
 		// The attempts written here are counted into the histograms by
@@ -353,7 +359,7 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 		// stands aside.
 		b.Queue(histogramMode)
 	}
-	b.Queue(sql, args...)
+	b.Queue(sql, insertEventsArgs(ic.owner, evs, done)...)
 	if len(outboxIDs) > 0 {
 		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
 	}

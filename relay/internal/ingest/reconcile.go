@@ -52,6 +52,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 		return err
 	}
 	defer conn.Release()
+	conn.SetConcurrent() // the stream ingests beside it
 	var after, total int64
 	for ctx.Err() == nil {
 		rows, err := s.env.Store.UningestedOutbox(ctx, after, ReconcileBatchDefault, snapshot, cfg.MaxBody)

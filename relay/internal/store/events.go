@@ -61,9 +61,10 @@ type Ingested struct {
 }
 
 // insertEventsSQL writes events and their first deliveries in one
-// statement. Rows are inserted in (event_id, endpoint) order, the unique
-// key's order, so two ingests of overlapping rows (the stream and a
-// reconciliation) lock in the same order and cannot deadlock.
+// statement, skipping events already ingested (see absent). Rows are
+// inserted in (event_id, endpoint) order, the unique key's order, so two
+// ingests of overlapping rows (the stream and a reconciliation) lock in
+// the same order and cannot deadlock.
 //
 // The lines marked "-- delivered" write the deliveries whose first
 // attempts delivered before the insert (NewEvent.Delivered) as such, with
@@ -89,8 +90,9 @@ ev AS (
          {{search}},
          nullif(payload_dropped, 0)
   FROM input CROSS JOIN LATERAL (SELECT payload::jsonb AS v) AS p
+  {{absent}}
   ORDER BY event_id, endpoint
-  ON CONFLICT (event_id, endpoint) DO NOTHING
+  {{conflict}}
   RETURNING id, event_id, endpoint
 ),
 dl AS (
@@ -130,7 +132,8 @@ WITH ev AS (
          {{search}},
          nullif(($14::int4[])[1], 0)
   FROM (SELECT (($5::text[])[1])::jsonb AS v) AS p
-  ON CONFLICT (event_id, endpoint) DO NOTHING
+  {{absent}}
+  {{conflict}}
   RETURNING id, endpoint
 ),
 dl AS (
@@ -247,6 +250,7 @@ type IngestConn struct {
 	// insert the statements that extract them.
 	searchKeys []string
 	insert     *insertStatements
+	concurrent bool // see SetConcurrent
 	// The session's leadership and server, written with each checkpoint.
 	lead     Leadership
 	systemID string
@@ -268,14 +272,25 @@ func (s *Store) AcquireIngest(ctx context.Context, owner string) (*IngestConn, e
 	}
 	// The ingest statements read no table by a scan (they insert from
 	// parameters and join their own results), so a cached generic plan is
-	// safe here and saves planning on the latency path.
-	if _, err := c.Exec(ctx, "SET plan_cache_mode = auto"); err != nil {
+	// safe here and saves planning on the latency path. Their joins match
+	// a batch's rows to each other, by hash: the planner, guessing that
+	// absent's filter leaves one row of a batch's thousands, would loop
+	// over the whole batch for each.
+	if _, err := c.Exec(ctx, "SET plan_cache_mode = auto; SET enable_nestloop = off"); err != nil {
 		c.Release()
 		return nil, err
 	}
 	ic := &IngestConn{conn: c, s: s, owner: owner}
-	ic.insert = insertEventsStatements(nil)
+	ic.insert = insertEventsStatements(nil, false)
 	return ic, nil
+}
+
+// SetConcurrent declares that another ingest may insert the same events
+// while this one does (reconciliation, beside the stream): inserts then
+// skip existing events with ON CONFLICT (see absent).
+func (ic *IngestConn) SetConcurrent() {
+	ic.concurrent = true
+	ic.insert = insertEventsStatements(ic.searchKeys, true)
 }
 
 // SetSearchKeys sets the payload fields the following inserts extract
@@ -285,8 +300,26 @@ func (ic *IngestConn) SetSearchKeys(keys []string) {
 		return
 	}
 	ic.searchKeys = slices.Clone(keys)
-	ic.insert = insertEventsStatements(keys)
+	ic.insert = insertEventsStatements(keys, ic.concurrent)
 }
+
+// An insert skips the events already ingested ({{absent}}, {{conflict}}
+// in the statements) in one of two ways. Alone, an ingest reads the unique
+// key for each event (absent: a subquery per row, which the planner cannot
+// turn into a join that scans the table) and inserts those it does not
+// find. Beside another ingest of the same rows (a reconciliation beside
+// the stream) it inserts with ON CONFLICT, which waits for the other's
+// insert of a key to commit or abort. That speculative insertion writes a
+// second WAL record per event, to confirm it; without it an event costs
+// one record less, and the walsender one turn less. Were another ingest
+// to insert a key between the read and the insert all the same (a deposed
+// leader's, committed just before its fencing), the insert fails on the
+// unique key, nothing of the transaction is written, and the stream brings
+// the rows again.
+const (
+	absent     = `WHERE (SELECT 1 FROM postbox.events x WHERE x.event_id = %s AND x.endpoint = %s) IS NULL`
+	onConflict = `ON CONFLICT (event_id, endpoint) DO NOTHING`
+)
 
 // insertStatements are the ingest's insert statements: of many events
 // or one, with deliveries written delivered (done) or without.
@@ -299,7 +332,7 @@ type insertStatements struct {
 // value when it is a scalar, as text, written into the statement (keys are
 // validated names, and quoted) so that a row costs one jsonb_build_object,
 // not a subquery; NULL (no index entry) when none is there.
-func insertEventsStatements(keys []string) *insertStatements {
+func insertEventsStatements(keys []string, concurrent bool) *insertStatements {
 	search := "NULL::jsonb"
 	if len(keys) > 0 {
 		var b strings.Builder
@@ -316,6 +349,14 @@ func insertEventsStatements(keys []string) *insertStatements {
 	}
 	many := strings.Replace(insertEventsSQL, "{{search}}", search, 1)
 	one := strings.Replace(insertEventSQL, "{{search}}", search, 1)
+	if concurrent {
+		many, one = strings.Replace(many, "{{absent}}", "", 1), strings.Replace(one, "{{absent}}", "", 1)
+		many, one = strings.Replace(many, "{{conflict}}", onConflict, 1), strings.Replace(one, "{{conflict}}", onConflict, 1)
+	} else {
+		many = strings.Replace(many, "{{absent}}", fmt.Sprintf(absent, "input.event_id", "input.endpoint"), 1)
+		one = strings.Replace(one, "{{absent}}", fmt.Sprintf(absent, "($1::uuid[])[1]", "($2::text[])[1]"), 1)
+		many, one = strings.Replace(many, "{{conflict}}", "", 1), strings.Replace(one, "{{conflict}}", "", 1)
+	}
 	return &insertStatements{many: withoutDelivered(many), one: withoutDelivered(one), manyDone: many, oneDone: one}
 }
 
@@ -504,7 +545,7 @@ func (ic *IngestConn) Release() {
 	if ic.inTx {
 		_ = ic.conn.Conn().Close(context.Background())
 	} else {
-		_, _ = ic.conn.Exec(context.Background(), "RESET plan_cache_mode")
+		_, _ = ic.conn.Exec(context.Background(), "RESET plan_cache_mode; RESET enable_nestloop")
 	}
 	ic.conn.Release()
 }

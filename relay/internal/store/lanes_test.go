@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -271,4 +273,90 @@ func TestDeliveredInsertsAlikeAloneAndAmongOthers(t *testing.T) {
 		Scan(&attempts, &counted))
 	require.Equal(t, 2, attempts)
 	require.Zero(t, counted, "counted by the recorder, in memory")
+}
+
+// TestIngestsSkipWhatIsIngested: an ingest alone skips the events already
+// ingested, committed or earlier in its own transaction, among new ones;
+// one declared concurrent (a reconciliation's) waits for another ingest's
+// uncommitted insert of the same event and then skips it. An ingest alone
+// that meets such an insert fails once the other commits, and writes
+// nothing of its transaction.
+func TestIngestsSkipWhatIsIngested(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	ev := func(id string) store.NewEvent {
+		return store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending}
+	}
+	events := func(id string) int {
+		var n int
+		require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events WHERE event_id = $1`, id).Scan(&n))
+		return n
+	}
+
+	alone := ingestConn(t, s)
+	a, b, c := outbox.NewEventID(), outbox.NewEventID(), outbox.NewEventID()
+	got, err := alone.Insert(ctx, []store.NewEvent{ev(a)}, false)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	got, err = alone.Insert(ctx, []store.NewEvent{ev(b), ev(a), ev(c)}, false)
+	require.NoError(t, err)
+	require.Len(t, got, 2, "a, inserted earlier in the transaction, is skipped")
+	require.ElementsMatch(t, []int{0, 2}, []int{got[0].Index, got[1].Index})
+	require.NoError(t, alone.Commit(ctx, 0, false))
+	got, err = alone.Insert(ctx, []store.NewEvent{ev(c), ev(b)}, false)
+	require.NoError(t, err)
+	require.Empty(t, got, "committed before")
+	require.NoError(t, alone.Commit(ctx, 0, false))
+
+	// A reconciliation waits for the stream's insert and skips the event.
+	recon := ingestConn(t, s)
+	recon.SetConcurrent()
+	d := outbox.NewEventID()
+	_, err = alone.Insert(ctx, []store.NewEvent{ev(d)}, false)
+	require.NoError(t, err)
+	skipped := make(chan int, 1)
+	go func() {
+		got, err := recon.Insert(ctx, []store.NewEvent{ev(outbox.NewEventID()), ev(d)}, false)
+		assert.NoError(t, err)
+		assert.NoError(t, recon.Commit(ctx, 0, false))
+		skipped <- 2 - len(got)
+	}()
+	waitForLock(t, s)
+	require.NoError(t, alone.Commit(ctx, 0, false))
+	require.Equal(t, 1, <-skipped)
+	require.Equal(t, 1, events(d))
+
+	// The stream meets a reconciliation's insert: it fails, and its
+	// transaction's other event is not written.
+	e, f := outbox.NewEventID(), outbox.NewEventID()
+	_, err = recon.Insert(ctx, []store.NewEvent{ev(e)}, false)
+	require.NoError(t, err)
+	_, err = alone.Insert(ctx, []store.NewEvent{ev(f)}, false)
+	require.NoError(t, err)
+	failed := make(chan error, 1)
+	go func() {
+		_, err := alone.Insert(ctx, []store.NewEvent{ev(e)}, false)
+		failed <- err
+	}()
+	waitForLock(t, s)
+	require.NoError(t, recon.Commit(ctx, 0, false))
+	err = <-failed
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "23505", pgErr.Code)
+	alone.Rollback(ctx)
+	require.Equal(t, 1, events(e))
+	require.Zero(t, events(f))
+}
+
+// waitForLock waits until a session of s waits for a transaction's lock.
+func waitForLock(t *testing.T, s *store.Store) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.Pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'transactionid'`).Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, 5*time.Millisecond)
 }

@@ -1,0 +1,69 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// TestIngestInsertPlansProbeTheKey: the ingest's insert of many events,
+// planned generically on an ingest connection, reads the unique key once
+// per event to skip those already ingested (absent) and matches a batch's
+// rows to each other by hash. Guessing that the filter leaves one row,
+// the planner once looped over the whole batch for each, which cost a
+// 2,000-event batch 150 ms.
+func TestIngestInsertPlansProbeTheKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := Open(ctx, pgtest.NewDatabase(t), 4)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table, _ := outbox.ParseTable(outbox.DefaultTable)
+	require.NoError(t, Migrate(ctx, pool, table))
+	s := &Store{Pool: pool, Table: table, Slot: "test"}
+	batch := func(n int, done bool) []NewEvent {
+		evs := make([]NewEvent, n)
+		for i := range evs {
+			evs[i] = NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.InFlight}
+			if done && i%2 == 0 {
+				evs[i].Status, evs[i].Delivered = state.Delivered, &state.Result{Status: state.Delivered, StatusCode: 200}
+			}
+		}
+		return evs
+	}
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	t.Cleanup(ic.Release)
+	for range 5 {
+		_, err := ic.Insert(ctx, batch(1000, false), false)
+		require.NoError(t, err)
+		require.NoError(t, ic.Commit(ctx, 0, false))
+	}
+	_, err = ic.conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	for _, done := range []bool{false, true} {
+		sql := ic.insert.many
+		if done {
+			sql = ic.insert.manyDone
+		}
+		rows, err := ic.conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+sql, insertEventsArgs("me", batch(500, done), done)...)
+		require.NoError(t, err)
+		var plan strings.Builder
+		for rows.Next() {
+			var l string
+			require.NoError(t, rows.Scan(&l))
+			plan.WriteString(l + "\n")
+		}
+		require.NoError(t, rows.Err())
+		require.Contains(t, plan.String(), "Index Only Scan using events_event_endpoint on events x (actual time", plan.String())
+		require.Contains(t, plan.String(), "loops=500)", plan.String())
+		require.NotContains(t, plan.String(), "Nested Loop", plan.String())
+		require.NotContains(t, plan.String(), "Seq Scan", plan.String())
+	}
+}

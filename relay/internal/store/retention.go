@@ -50,42 +50,20 @@ func (s *Store) PurgeHistograms(ctx context.Context, window time.Duration) (int6
 }
 
 // PurgeDeliveries deletes delivered, dead-lettered and replayed
-// deliveries older than retention.
-//
-// Dead letters and replayed ones are found by their own partial indexes.
-// Delivered rows, most of the table, are read by id, from the oldest up
-// to the first delivery written within retention (found once per call):
-// none after it can have been delivered before. Their BRIN index on
-// delivered_at would serve the time alone, but, as events' (see
-// PurgeEvents), its page ranges emptied by retention and refilled keep
-// their old minimum.
+// deliveries older than retention, each status by its own partial index.
 func (s *Store) PurgeDeliveries(ctx context.Context, retention time.Duration) (int64, error) {
-	below := int64(math.MaxInt64) // every delivery is past retention
-	err := s.Pool.QueryRow(ctx, `
-		SELECT id FROM postbox.deliveries WHERE created_at >= now() - $1 * interval '1 second' ORDER BY id LIMIT 1`,
-		retention.Seconds()).Scan(&below)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("purge delivered rows: %w", err)
-	}
-	total, err := s.purge(ctx, "delivered rows", `
-		DELETE FROM postbox.deliveries WHERE id IN (
-		  SELECT id FROM postbox.deliveries
-		  WHERE id < $3 AND status = 'delivered' AND delivered_at < now() - $1 * interval '1 second'
-		  ORDER BY id LIMIT $2)`,
-		retention.Seconds(), purgeBatch, below)
-	if err != nil {
-		return total, err
-	}
-	for _, p := range []struct{ what, status string }{
-		{"dead letters", "dead_letter"},
-		{"replayed dead letters", "replayed"},
+	var total int64
+	for _, p := range []struct{ what, status, at string }{
+		{"delivered rows", "delivered", "delivered_at"},
+		{"dead letters", "dead_letter", "updated_at"},
+		{"replayed dead letters", "replayed", "updated_at"},
 	} {
 		// The status is written into the statement, not bound, so the
 		// planner can match it to the partial index.
 		n, err := s.purge(ctx, p.what, `
 			DELETE FROM postbox.deliveries WHERE id IN (
 			  SELECT id FROM postbox.deliveries
-			  WHERE status = '`+p.status+`' AND updated_at < now() - $1 * interval '1 second' LIMIT $2)`,
+			  WHERE status = '`+p.status+`' AND `+p.at+` < now() - $1 * interval '1 second' LIMIT $2)`,
 			retention.Seconds(), purgeBatch)
 		total += n
 		if err != nil {

@@ -350,16 +350,13 @@ func insertEventsStatements(keys []string, concurrent bool) *insertStatements {
 		b.WriteString(")), '{}'::jsonb)")
 		search = b.String()
 	}
-	many := strings.Replace(insertEventsSQL, "{{search}}", search, 1)
-	one := strings.Replace(insertEventSQL, "{{search}}", search, 1)
+	absentMany, absentOne := fmt.Sprintf(absent, "input.event_id", "input.endpoint"), fmt.Sprintf(absent, "($1::uuid[])[1]", "($2::text[])[1]")
+	conflict := ""
 	if concurrent {
-		many, one = strings.Replace(many, "{{absent}}", "", 1), strings.Replace(one, "{{absent}}", "", 1)
-		many, one = strings.Replace(many, "{{conflict}}", onConflict, 1), strings.Replace(one, "{{conflict}}", onConflict, 1)
-	} else {
-		many = strings.Replace(many, "{{absent}}", fmt.Sprintf(absent, "input.event_id", "input.endpoint"), 1)
-		one = strings.Replace(one, "{{absent}}", fmt.Sprintf(absent, "($1::uuid[])[1]", "($2::text[])[1]"), 1)
-		many, one = strings.Replace(many, "{{conflict}}", "", 1), strings.Replace(one, "{{conflict}}", "", 1)
+		absentMany, absentOne, conflict = "", "", onConflict
 	}
+	many := strings.NewReplacer("{{search}}", search, "{{absent}}", absentMany, "{{conflict}}", conflict).Replace(insertEventsSQL)
+	one := strings.NewReplacer("{{search}}", search, "{{absent}}", absentOne, "{{conflict}}", conflict).Replace(insertEventSQL)
 	return &insertStatements{many: withoutDelivered(many), one: withoutDelivered(one), manyDone: many, oneDone: one}
 }
 

@@ -334,9 +334,15 @@ type attemptRows struct {
 
 func (a *attemptRows) add(r state.Result) {
 	a.ids, a.endpoints, a.nums = append(a.ids, r.DeliveryID), append(a.endpoints, r.Endpoint), append(a.nums, int32(r.Attempt))
-	a.started = append(a.started, r.At.Add(-time.Duration(r.ResponseMS*float64(time.Millisecond))))
+	a.started = append(a.started, attemptStart(r))
 	a.ms, a.codes, a.outcomes = append(a.ms, float32(r.ResponseMS)), append(a.codes, int32(r.StatusCode)), append(a.outcomes, string(r.Status))
 	a.classes, a.errs, a.bodies, a.targets = append(a.classes, r.ErrorClass), append(a.errs, r.LastError), append(a.bodies, r.Response), append(a.targets, r.Target)
+}
+
+// attemptStart is when r's request started: its outcome's time less its
+// response time.
+func attemptStart(r state.Result) time.Time {
+	return r.At.Add(-time.Duration(r.ResponseMS * float64(time.Millisecond)))
 }
 
 func (a *attemptRows) args(instance string) []any {
@@ -364,7 +370,8 @@ type HealthChange struct {
 // FlushHistograms); with hist nil, the attempts table's trigger counts
 // them in this transaction. Results the ingest wrote (Written) update
 // neither the delivery nor the attempts: they are counted into hist (their
-// rows were inserted with the trigger set aside) and move the health.
+// rows were inserted with the trigger set aside, so with hist nil they are
+// not counted; the relay always has one) and move the health.
 func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Result, apply HealthFunc, hist *Histograms) ([]HealthChange, error) {
 	if len(rs) == 0 {
 		return nil, nil
@@ -375,11 +382,12 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	ms, bodies, ats, c2d := make([]float32, 0, n), make([]string, 0, n), make([]time.Time, 0, n), make([]float32, 0, n)
 	// attempts are inserted; written, those the ingest wrote (Written),
 	// are only counted into the histograms.
-	var attempts, written attemptRows
+	var attempts attemptRows
+	var written []state.Result
 	byEndpoint := map[string][]state.Result{}
 	for _, r := range rs {
 		if r.Written {
-			written.add(r)
+			written = append(written, r)
 		} else {
 			ids, statuses, delays = append(ids, r.DeliveryID), append(statuses, string(r.Status)), append(delays, r.Delay.Seconds())
 			attempted, errs, codes = append(attempted, r.Attempted), append(errs, r.LastError), append(codes, int32(r.StatusCode))
@@ -403,10 +411,10 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 
 	var counts map[histKey]int64
 	flush := false
-	if hist != nil && len(attempts.ids)+len(written.ids) > 0 {
+	if hist != nil && len(attempts.ids)+len(written) > 0 {
 		counts = countAttempts(&attempts)
-		for k, n := range countAttempts(&written) {
-			counts[k] += n
+		for _, r := range written {
+			counts[histKey{r.Endpoint, latencyBin(attemptStart(r)), latencyBucket(float32(r.ResponseMS))}]++
 		}
 		if pending, due := hist.Pending(); pending && !time.Now().Before(due) {
 			flush = true

@@ -135,9 +135,8 @@ const latestStatusSQL = `e.id IN (
 // highest ids, through the primary key): none of the events ingested
 // before the earliest commit time among them can be in the answer, as $1
 // events at least as recent are known. searchEventsSQL then reads only the
-// events ingested since that bound (events_ingested_at, a BRIN index: the
-// page ranges holding them), as many as were ingested since (normally
-// about $1), and orders those. Both read the conditions %[1]s (on e); a
+// events ingested since that bound (events_ingested_at), as many as were
+// ingested since (normally about $1), and orders those. Both read the conditions %[1]s (on e); a
 // payload filter finds its events through events_search instead.
 const searchBoundSQL = `
 SELECT min(h.t) FROM (

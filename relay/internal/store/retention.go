@@ -79,10 +79,7 @@ func (s *Store) PurgeDeliveries(ctx context.Context, retention time.Duration) (i
 //
 // Events are numbered as they are ingested, so those past retention come
 // first by id: the purge reads the primary key from the oldest up to the
-// first event still within retention, found once per call. (The BRIN index
-// on ingested_at would serve the time alone, but page ranges that retention
-// empties and new events refill keep their old minimum, and then every
-// range would have to be read.)
+// first event still within retention, found once per call.
 func (s *Store) PurgeEvents(ctx context.Context, retention time.Duration) (int64, error) {
 	below := int64(math.MaxInt64) // every event is past retention
 	err := s.Pool.QueryRow(ctx, `

@@ -256,6 +256,18 @@ func (ing *ingester) abort(err error) {
 	ing.fail()
 }
 
+// statementRows is how many of n rows one insert statement takes: as
+// few statements as MaxInsertRowsDefault allows, of equal size, so that
+// 2,500 rows are two statements of 1,250 rather than 2,000 and a small
+// one, which costs nearly as much.
+func statementRows(n int) int {
+	if n <= MaxInsertRowsDefault {
+		return max(n, 1)
+	}
+	parts := (n + MaxInsertRowsDefault - 1) / MaxInsertRowsDefault
+	return (n + parts - 1) / parts
+}
+
 // write inserts the chunks' rows into the open transaction (opening one)
 // and, when commit is set, commits it with the checkpoint of the last
 // chunk, which then is a transaction's end. When it fails, the chunks not
@@ -286,8 +298,9 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		// Let the attempts submitted here start before the insert.
 		runtime.Gosched()
 	}
+	size := statementRows(len(evs))
 	for len(evs) > 0 {
-		n := min(len(evs), MaxInsertRowsDefault)
+		n := min(len(evs), size)
 		writeDelivered(evs[:n], jobs[:n])
 		ing.open = true
 		ing.conn.SetSearchKeys(cfg.SearchKeys)

@@ -28,9 +28,12 @@ const (
 	// stop.
 	ReleaseTimeoutDefault = 2 * time.Second
 	// QueueRowsDefault and QueueBytesDefault bound the queue between the
-	// stream and the ingester.
-	QueueRowsDefault  = 5000
-	QueueBytesDefault = 8 << 20
+	// stream and the ingester: how far the stream reads ahead, and the
+	// most one ingest takes. In a catch-up the queue is always full, so
+	// this is most of the relay's memory then: 5,000 rows and 8 MiB
+	// peaked about 5 MB higher in RSS and delivered no faster.
+	QueueRowsDefault  = 2500
+	QueueBytesDefault = 4 << 20
 )
 
 // errStandby: another instance holds the leadership.

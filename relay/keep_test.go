@@ -28,7 +28,7 @@ func TestBacklogOfADrainingLaneIsKeptNotQueued(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			claimed, n := keptBacklog(t, peer)
+			claimed, n := keptBacklog(t, peer, 0)
 			t.Logf("%d of %d deliveries claimed from the queue", claimed, n)
 			if peer {
 				require.Greater(t, claimed, n/2, "the queue, for any instance to claim")
@@ -39,10 +39,34 @@ func TestBacklogOfADrainingLaneIsKeptNotQueued(t *testing.T) {
 	}
 }
 
+// TestBacklogIsDeliveredWithoutTheSweep: the claimer's wakes alone (a
+// lane freed, deliveries kept or queued) deliver a backlog that outruns
+// its lane, kept in flight or queued beside another instance, with the
+// sweep, the claimer's safety net, an hour away. A wake the claimer
+// misses leaves deliveries waiting for it.
+func TestBacklogIsDeliveredWithoutTheSweep(t *testing.T) {
+	t.Parallel()
+	for _, peer := range []bool{false, true} {
+		name := "alone"
+		if peer {
+			name = "beside another instance"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			claimed, n := keptBacklog(t, peer, time.Hour)
+			t.Logf("%d of %d deliveries claimed from the queue", claimed, n)
+		})
+	}
+}
+
 // keptBacklog delivers a backlog to a lane that drains, and returns how
 // many of its deliveries were claimed from the queue (pending → in_flight).
-func keptBacklog(t *testing.T, peer bool) (claimed, n int) {
+// A sweep interval other than 0 replaces the tests' default.
+func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) {
 	tb := setup(t)
+	if sweep != 0 {
+		tb.cfg.SweepInterval = config.Duration(sweep)
+	}
 	ctx := context.Background()
 	rc := newReceiver(t, func(int, received) int {
 		time.Sleep(time.Millisecond)

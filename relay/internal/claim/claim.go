@@ -1,11 +1,13 @@
 // Package claim is the claimer: it claims due deliveries from the queue
 // table (FOR UPDATE SKIP LOCKED, under this instance's lease) as far as
-// the dispatcher has room, and hands them over. It wakes when the ingester
-// queued rows it could not hand over in memory, when a lane frees while a
+// the dispatcher has room, and hands them over, with the deliveries the
+// ingester kept in flight by id. It wakes when the ingester queued or kept
+// rows it could not hand over in memory, when a lane frees while a
 // backlog exists, when a retry this instance scheduled falls due, when any
 // instance NOTIFYs (a replay, another instance's queued rows), and on the
 // slow sweep that catches the rest (expired leases, other instances'
-// retries).
+// retries). A wake claims from the queue table only when it may hold
+// work for a lane with room.
 package claim
 
 import (
@@ -80,6 +82,10 @@ type Claimer struct {
 	wake    service.Signal
 	backlog atomic.Bool // the queue table may hold due deliveries
 	due     dueTimes
+	// waiting holds the lanes that were full at the last claim: the queue
+	// may hold their work. claimLoop's alone; nWaiting is its size.
+	waiting  map[string]bool
+	nWaiting atomic.Int64
 
 	mu     sync.Mutex
 	closed []string // lanes whose breaker closed: their parked deliveries are due
@@ -88,7 +94,7 @@ type Claimer struct {
 
 // New returns a Claimer feeding disp.
 func New(env *service.Env, disp Dispatcher, prot Protection) *Claimer {
-	return &Claimer{env: env, log: env.Logger("claim"), disp: disp, prot: prot, wake: service.NewSignal()}
+	return &Claimer{env: env, log: env.Logger("claim"), disp: disp, prot: prot, wake: service.NewSignal(), waiting: map[string]bool{}}
 }
 
 // Start runs the claim loop and the LISTEN loop. It claims once at once,
@@ -110,13 +116,15 @@ func (c *Claimer) Queued() {
 	c.wake.Notify()
 }
 
-// Wake asks for a claim cycle (a slot freed, results were recorded).
+// Wake asks for a cycle that hands over kept deliveries: it claims from
+// the queue table only if something queued work, or a lane that was full
+// at the last claim has room now.
 func (c *Claimer) Wake() { c.wake.Notify() }
 
 // LaneFreed is the dispatcher's OnFree: a lane drained to half, so claim
-// if the queue may hold more.
+// if the queue may hold more, or hand over kept deliveries.
 func (c *Claimer) LaneFreed() {
-	if c.backlog.Load() {
+	if c.backlog.Load() || c.nWaiting.Load() > 0 || c.disp.Kept() > 0 {
 		c.wake.Notify()
 	}
 }
@@ -161,9 +169,11 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 		case <-c.wake:
 		case <-timer.C:
 			c.due.popDue(time.Now())
+			c.backlog.Store(true) // a retry is due
 		case <-sweep.C:
 			c.rescue(c.hard)
 			c.park(c.hard)
+			c.backlog.Store(true) // the safety net: other instances' work
 		}
 		more, err := c.claimOnce(c.hard)
 		c.env.Faults.Observe("claimer", err)
@@ -171,6 +181,7 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			c.backlog.Store(true)
 			failures++
 			wait := service.RetryWait(failures)
 			c.log.Warn().Err(err).Dur("retry_in", wait).Msg("claim failed")
@@ -181,13 +192,22 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			continue
 		}
 		failures = 0
-		c.backlog.Store(more)
+		if more {
+			c.backlog.Store(true)
+		}
 	}
 }
 
-// claimOnce claims what the dispatcher has room for and submits it. It
-// reports whether the queue may hold more: it claimed something, or the
-// dispatcher had no room to claim at all or for some endpoint.
+// claimOnce hands over kept deliveries and claims what the dispatcher has
+// room for and submits it, when the queue table may hold due deliveries
+// for a lane with room: something queued work (backlog), or a lane that
+// was full at the last claim (waiting) has room now. It reports whether
+// the queue may hold more for any lane: it claimed something, or the
+// dispatcher had no room at all. A cycle that only hands over kept
+// deliveries (a lane freed while the ingest kept a backlog, which fills
+// the lanes) claims nothing: in a catch-up that was most cycles, each a
+// claim statement that found almost nothing and cost PostgreSQL more to
+// plan than to run.
 func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	if c.disp.Stopping() {
 		return false, nil
@@ -214,15 +234,15 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	if err := c.submitKept(ctx); err != nil {
 		return true, err
 	}
+	// Taken after submitKept, which returns kept deliveries to the queue:
+	// a Queued during the claim sets it again for the next cycle.
+	queued := c.backlog.Swap(false)
 	free, total := c.disp.Free()
 	if total == 0 {
-		return true, nil
+		return queued, nil
 	}
-	// A full lane may leave its endpoint's work behind: the queue may hold
-	// more once it frees.
-	full := false
-	for _, n := range free {
-		full = full || n <= 0
+	if !queued && !c.waitingHaveRoom(free) {
+		return false, nil
 	}
 	var ordered []string
 	caps := make(map[string]int, len(cfg.Endpoints))
@@ -248,7 +268,29 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	for _, cl := range heads {
 		c.disp.Submit(jobFromClaim(cl), false)
 	}
-	return full || len(claimed)+len(heads) > 0 || c.disp.Kept() > 0, err
+	// A lane that was full for this claim may have left its work behind:
+	// the queue may hold it once the lane has room. (Not the lanes full
+	// after it: one that drained a little meanwhile is no less behind.) A
+	// lane the claim filled is claimed again anyway: it claimed something.
+	clear(c.waiting)
+	for lane, n := range free {
+		if n <= 0 {
+			c.waiting[lane] = true
+		}
+	}
+	c.nWaiting.Store(int64(len(c.waiting)))
+	return len(claimed)+len(heads) > 0, err
+}
+
+// waitingHaveRoom reports whether a lane full at the last claim has room
+// now, or has left the dispatcher (which then claims it up to its cap).
+func (c *Claimer) waitingHaveRoom(free map[string]int) bool {
+	for lane := range c.waiting {
+		if n, ok := free[lane]; !ok || n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // submitKept submits the deliveries the ingest kept by id (see

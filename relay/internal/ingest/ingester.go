@@ -341,8 +341,10 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 		s.log.Debug().Int("rows", rows).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
 	s.durable.Advance(end)
-	if queued || kept {
+	if queued {
 		s.deps.Queued()
+	} else if kept {
+		s.deps.Kept()
 	}
 	return nil
 }

@@ -63,8 +63,11 @@ type Deps struct {
 	// Blocked reports whether an endpoint takes no new work now (breaker
 	// not closed, paused): its events go to the queue, not the fast path.
 	Blocked func(endpoint string, now time.Time) bool
-	// Queued says deliveries were written to the queue table, or kept.
+	// Queued says deliveries were written to the queue table; Kept that
+	// deliveries were kept in flight for the lanes to take (see
+	// dispatch.Dispatcher.ReserveKeep).
 	Queued func()
+	Kept   func()
 	// Alone reports whether no other instance is registered: one that is
 	// could claim from the queue what this one would keep.
 	Alone func() bool

@@ -64,7 +64,6 @@ type Health interface {
 // deliveries released to the queue, and room freed.
 type Claimer interface {
 	Queued()
-	Wake()
 	// LaneFreed wakes the claimer only if its last cycle left work behind.
 	LaneFreed()
 	RetryAt(t time.Time)
@@ -325,7 +324,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 		}
 	}
 	if wake {
-		r.claim.Wake()
+		r.claim.Queued() // the next head of an ordered endpoint may be due
 	} else {
 		r.claim.LaneFreed()
 	}

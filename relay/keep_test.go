@@ -21,22 +21,15 @@ import (
 // Every event arrives once either way.
 func TestBacklogOfADrainingLaneIsKeptNotQueued(t *testing.T) {
 	t.Parallel()
-	for _, peer := range []bool{false, true} {
-		name := "alone"
+	aloneAndBeside(t, func(t *testing.T, peer bool) {
+		claimed, n := keptBacklog(t, peer, 0)
+		t.Logf("%d of %d deliveries claimed from the queue", claimed, n)
 		if peer {
-			name = "beside another instance"
+			require.Greater(t, claimed, n/2, "the queue, for any instance to claim")
+		} else {
+			require.Less(t, claimed, n/4, "kept in flight, not queued and claimed")
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			claimed, n := keptBacklog(t, peer, 0)
-			t.Logf("%d of %d deliveries claimed from the queue", claimed, n)
-			if peer {
-				require.Greater(t, claimed, n/2, "the queue, for any instance to claim")
-			} else {
-				require.Less(t, claimed, n/4, "kept in flight, not queued and claimed")
-			}
-		})
-	}
+	})
 }
 
 // TestBacklogIsDeliveredWithoutTheSweep: the claimer's wakes alone (a
@@ -46,6 +39,15 @@ func TestBacklogOfADrainingLaneIsKeptNotQueued(t *testing.T) {
 // misses leaves deliveries waiting for it.
 func TestBacklogIsDeliveredWithoutTheSweep(t *testing.T) {
 	t.Parallel()
+	aloneAndBeside(t, func(t *testing.T, peer bool) {
+		claimed, n := keptBacklog(t, peer, time.Hour)
+		t.Logf("%d of %d deliveries claimed from the queue", claimed, n)
+	})
+}
+
+// aloneAndBeside runs f in parallel subtests: the relay alone (peer
+// false), and beside another registered instance.
+func aloneAndBeside(t *testing.T, f func(t *testing.T, peer bool)) {
 	for _, peer := range []bool{false, true} {
 		name := "alone"
 		if peer {
@@ -53,8 +55,7 @@ func TestBacklogIsDeliveredWithoutTheSweep(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			claimed, n := keptBacklog(t, peer, time.Hour)
-			t.Logf("%d of %d deliveries claimed from the queue", claimed, n)
+			f(t, peer)
 		})
 	}
 }

@@ -86,6 +86,9 @@ type Claimer struct {
 	// may hold their work. claimLoop's alone; nWaiting is its size.
 	waiting  map[string]bool
 	nWaiting atomic.Int64
+	// claiming is set from the moment a cycle reads the lanes' room until
+	// it has recorded waiting: a lane freed meanwhile wakes another cycle.
+	claiming atomic.Bool
 
 	mu     sync.Mutex
 	closed []string // lanes whose breaker closed: their parked deliveries are due
@@ -124,7 +127,7 @@ func (c *Claimer) Wake() { c.wake.Notify() }
 // LaneFreed is the dispatcher's OnFree: a lane drained to half, so claim
 // if the queue may hold more, or hand over kept deliveries.
 func (c *Claimer) LaneFreed() {
-	if c.backlog.Load() || c.nWaiting.Load() > 0 || c.disp.Kept() > 0 {
+	if c.backlog.Load() || c.nWaiting.Load() > 0 || c.claiming.Load() || c.disp.Kept() > 0 {
 		c.wake.Notify()
 	}
 }
@@ -237,6 +240,8 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	// Taken after submitKept, which returns kept deliveries to the queue:
 	// a Queued during the claim sets it again for the next cycle.
 	queued := c.backlog.Swap(false)
+	c.claiming.Store(true)
+	defer c.claiming.Store(false)
 	free, total := c.disp.Free()
 	if total == 0 {
 		return queued, nil

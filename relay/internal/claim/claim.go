@@ -83,12 +83,12 @@ type Claimer struct {
 	backlog atomic.Bool // the queue table may hold due deliveries
 	due     dueTimes
 	// waiting holds the lanes that were full at the last claim: the queue
-	// may hold their work. claimLoop's alone; nWaiting is its size.
-	waiting  map[string]bool
-	nWaiting atomic.Int64
-	// claiming is set from the moment a cycle reads the lanes' room until
-	// it has recorded waiting: a lane freed meanwhile wakes another cycle.
-	claiming atomic.Bool
+	// may hold their work. claimLoop's alone.
+	waiting map[string]bool
+	// watchFree says a freed lane wakes a cycle: from the moment a cycle
+	// reads the lanes' room until it has recorded waiting, and while
+	// waiting is not empty.
+	watchFree atomic.Bool
 
 	mu     sync.Mutex
 	closed []string // lanes whose breaker closed: their parked deliveries are due
@@ -127,7 +127,7 @@ func (c *Claimer) Wake() { c.wake.Notify() }
 // LaneFreed is the dispatcher's OnFree: a lane drained to half, so claim
 // if the queue may hold more, or hand over kept deliveries.
 func (c *Claimer) LaneFreed() {
-	if c.backlog.Load() || c.nWaiting.Load() > 0 || c.claiming.Load() || c.disp.Kept() > 0 {
+	if c.backlog.Load() || c.watchFree.Load() || c.disp.Kept() > 0 {
 		c.wake.Notify()
 	}
 }
@@ -240,8 +240,8 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	// Taken after submitKept, which returns kept deliveries to the queue:
 	// a Queued during the claim sets it again for the next cycle.
 	queued := c.backlog.Swap(false)
-	c.claiming.Store(true)
-	defer c.claiming.Store(false)
+	c.watchFree.Store(true)
+	defer func() { c.watchFree.Store(len(c.waiting) > 0) }()
 	free, total := c.disp.Free()
 	if total == 0 {
 		return queued, nil
@@ -283,7 +283,6 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 			c.waiting[lane] = true
 		}
 	}
-	c.nWaiting.Store(int64(len(c.waiting)))
 	return len(claimed)+len(heads) > 0, err
 }
 

@@ -257,9 +257,9 @@ func (ing *ingester) abort(err error) {
 }
 
 // statementRows is how many of n rows one insert statement takes: as
-// few statements as MaxInsertRowsDefault allows, of equal size, so that
-// 2,500 rows are two statements of 1,250 rather than 2,000 and a small
-// one, which costs nearly as much.
+// few statements as MaxInsertRowsDefault allows, of equal size (2,500
+// rows are two statements of 1,250, not 2,000 and 500), so no statement
+// of a large ingest is a small one paying a statement's fixed cost.
 func statementRows(n int) int {
 	if n <= MaxInsertRowsDefault {
 		return max(n, 1)

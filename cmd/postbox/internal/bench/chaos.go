@@ -112,6 +112,7 @@ type Fault struct {
 	// figures cannot see: those whose delivery was not yet committed.
 	Unrecorded int      `json:"arrived_unrecorded"`
 	recent     []string // ids that first arrived in the seconds before the fault
+	dupIDs     []string // the ids of Dups
 	// Dups is the duplicates that arrived after this fault and before the
 	// next.
 	Dups  int    `json:"duplicates"`
@@ -328,17 +329,23 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		res.DupBound += f.dupBound()
 	}
 	res.DupsWithin = res.Dups <= res.DupBound
-	for _, at := range t.dupAt {
+	for k, at := range t.dupAt {
 		for i := len(res.Faults) - 1; i >= 0; i-- {
 			if !at.Before(res.Faults[i].at) {
 				res.Faults[i].Dups++
+				res.Faults[i].dupIDs = append(res.Faults[i].dupIDs, t.dupIDs[k])
 				break
 			}
 		}
 	}
 	if t.lost > 0 {
 		res.LostWhere = e.whereLost(ctx, t.lostIDs)
-		e.storyOfLost(ctx, t.lostIDs)
+		e.storyOf(ctx, "lost", t.lostIDs)
+	}
+	for _, f := range res.Faults {
+		if f.Dups > f.dupBound() {
+			e.storyOf(ctx, fmt.Sprintf("duplicated after the %s at %.1f s", f.Kind, f.AtSeconds), f.dupIDs[:min(len(f.dupIDs), 3)])
+		}
 	}
 	res.BadSignatures = e.recv.scenarioBad()
 	e.truncate(ctx, true)
@@ -397,9 +404,10 @@ func (e *env) whereLost(ctx context.Context, ids []string) map[string]int {
 	return where
 }
 
-// storyOfLost writes to the progress log, for the first few lost events,
-// their deliveries and attempts: what postbox did with them.
-func (e *env) storyOfLost(ctx context.Context, ids []string) {
+// storyOf writes to the progress log, for the first few events of ids
+// (lost, or duplicated), their deliveries and attempts: what postbox did
+// with them.
+func (e *env) storyOf(ctx context.Context, what string, ids []string) {
 	for _, id := range ids[:min(len(ids), 5)] {
 		rows, err := e.pool.Query(ctx, `
 			SELECT 'delivery ' || d.id || ' ' || d.status || ' attempts ' || d.attempt_count || ' owner ' || coalesce(d.lease_owner, '-') ||
@@ -412,15 +420,15 @@ func (e *env) storyOfLost(ctx context.Context, ids []string) {
 			FROM postbox.events ev JOIN postbox.deliveries d ON d.event_pk = ev.id JOIN postbox.attempts a ON a.delivery_id = d.id
 			WHERE ev.event_id = $1::uuid`, id)
 		if err != nil {
-			fmt.Fprintf(e.log, "bench: lost %s: %v\n", id, err)
+			fmt.Fprintf(e.log, "bench: %s %s: %v\n", what, id, err)
 			continue
 		}
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			fmt.Fprintf(e.log, "bench: lost %s: %v\n", id, err)
+			fmt.Fprintf(e.log, "bench: %s %s: %v\n", what, id, err)
 			continue
 		}
-		fmt.Fprintf(e.log, "bench: lost %s:\n  %s\n", id, strings.Join(lines, "\n  "))
+		fmt.Fprintf(e.log, "bench: %s %s:\n  %s\n", what, id, strings.Join(lines, "\n  "))
 	}
 }
 
@@ -467,15 +475,19 @@ func (e *env) inject(ctx context.Context, f *Fault, rng *rand.Rand, r *chaosRela
 	case faultDropSlot:
 		f.Target = "slot " + e.slot
 		var err error
-		for range 150 { // 15 s: a loaded machine may still be recreating it
+		// The relay may still be recreating the slot after an earlier
+		// drop: under load PostgreSQL makes a new slot consistent only
+		// when the transactions running at its start have ended and two
+		// running-transactions records (the background writer logs one
+		// every 15 s) say so, up to half a minute after the drop.
+		for range 450 { // 45 s
 			if _, err = admin.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, e.slot); err != nil {
 				continue
 			}
 			if _, err = admin.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, e.slot); err == nil {
 				return nil
 			}
-			// Busy (the relay reconnected first), or not there yet (the
-			// relay is still recreating it after an earlier fault).
+			// Busy (the relay reconnected first), or not there yet.
 			sleep(ctx, 100*time.Millisecond)
 		}
 		return fmt.Errorf("drop the slot: %w", err)

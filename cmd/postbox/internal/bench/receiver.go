@@ -24,6 +24,7 @@ type ledger struct {
 	first     map[string]time.Time
 	dups      int
 	dupAt     []time.Time // when each duplicate arrived
+	dupIDs    []string    // which id each duplicate was
 	arrivals  int         // every delivery, first or not
 	missing   int         // committed and not yet arrived, kept for cheap waiting
 }
@@ -56,6 +57,7 @@ func (l *ledger) arrive(id string, at time.Time) {
 	if _, ok := l.first[id]; ok {
 		l.dups++
 		l.dupAt = append(l.dupAt, at)
+		l.dupIDs = append(l.dupIDs, id)
 		return
 	}
 	l.first[id] = at
@@ -108,6 +110,7 @@ type tally struct {
 	first          map[string]time.Time // first arrival of each id
 	lostIDs        []string             // the lost ids
 	dupAt          []time.Time          // when each duplicate arrived
+	dupIDs         []string             // and which id it was
 }
 
 // tally checks every committed id against the arrivals.
@@ -115,7 +118,7 @@ func (l *ledger) tally() tally {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := tally{sent: len(l.committed), received: len(l.first), dups: l.dups, first: make(map[string]time.Time, len(l.first)),
-		dupAt: append([]time.Time(nil), l.dupAt...)}
+		dupAt: append([]time.Time(nil), l.dupAt...), dupIDs: append([]string(nil), l.dupIDs...)}
 	for id := range l.committed {
 		if _, ok := l.first[id]; !ok {
 			t.lost++

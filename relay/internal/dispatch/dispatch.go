@@ -97,6 +97,9 @@ func (j *Job) Key() string {
 // Ingest tracks an ingest transaction that jobs depend on.
 type Ingest struct {
 	done chan struct{}
+	// live reports whether the transaction may still commit: while it
+	// does not, an attempt waits for its outcome (see Dispatcher.run).
+	live func() bool
 
 	mu       sync.Mutex
 	err      error
@@ -104,8 +107,13 @@ type Ingest struct {
 	after    []func()
 }
 
-// NewIngest returns an unfinished Ingest.
-func NewIngest() *Ingest { return &Ingest{done: make(chan struct{})} }
+// NewIngest returns an unfinished Ingest. live, when not nil, reports
+// whether the transaction may still commit: for the ingest of a stream,
+// whether this instance still holds the lead it streams under. While it
+// does not (the instance was paused, or cut off from the database, long
+// enough for another to take over and bring the same events), the jobs
+// that depend on the transaction start no attempt until it has finished.
+func NewIngest(live func() bool) *Ingest { return &Ingest{done: make(chan struct{}), live: live} }
 
 // Finish marks the transaction committed (nil) or failed, and runs what
 // AfterFinish registered.
@@ -136,6 +144,19 @@ func (i *Ingest) AfterFinish(f func()) {
 
 // Done is closed when the transaction has finished.
 func (i *Ingest) Done() <-chan struct{} { return i.done }
+
+// uncertain reports whether the transaction has not finished and may
+// never commit (see NewIngest).
+func (i *Ingest) uncertain() bool {
+	return i.live != nil && !i.Finished() && !i.live()
+}
+
+// wasted reports whether the transaction finished without writing j's
+// delivery: it failed (the stream brings the event again, to this
+// instance or another), or found the event ingested before.
+func (i *Ingest) wasted(j *Job) bool {
+	return i.Finished() && (i.Err() != nil || j.ID() == 0)
+}
 
 // Finished reports whether the transaction has finished.
 func (i *Ingest) Finished() bool {
@@ -653,6 +674,20 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 				debug.PrintStack()
 			}
 		}()
+		if tx := j.Ingest; tx != nil {
+			if tx.uncertain() {
+				// Another instance may be bringing the same events: an
+				// attempt now could repeat its. Wait for the outcome.
+				if _ = tx.Wait(d.attemptCx); !tx.Finished() {
+					res = Released(j) // stopping
+					return
+				}
+			}
+			if tx.wasted(j) {
+				res = Released(j) // nothing was written to attempt
+				return
+			}
+		}
 		res = d.opts.Execute(d.attemptCx, j)
 	}()
 	if j.Ingest != nil {

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -252,7 +253,7 @@ func TestAttemptsAheadOfTheIngestWaitForIt(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"e": 2})
 	close(h.release) // the partner answers at once
-	tx := dispatch.NewIngest()
+	tx := dispatch.NewIngest(nil)
 	for i := range 20 {
 		h.d.Submit(&dispatch.Job{DeliveryID: int64(i + 1), Endpoint: "e", Ingest: tx}, false)
 	}
@@ -263,4 +264,38 @@ func TestAttemptsAheadOfTheIngestWaitForIt(t *testing.T) {
 	require.Zero(t, free["e"], "the attempts waiting for the ingest hold their room")
 	tx.Finish(nil)
 	require.Eventually(t, func() bool { return h.count(state.Delivered) == 20 }, 5*time.Second, time.Millisecond)
+}
+
+// An attempt ahead of its ingest starts only while that may still
+// commit: once the instance may have lost its lead (paused past its
+// lease), it waits for the ingest, and it is not made at all for a
+// delivery the ingest did not write (failed, or found ingested before).
+func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 4})
+	close(h.release)
+	var live atomic.Bool
+	committed, failed := dispatch.NewIngest(live.Load), dispatch.NewIngest(live.Load)
+	a, b := &dispatch.Job{Endpoint: "e", Ingest: committed}, &dispatch.Job{Endpoint: "e", Ingest: committed}
+	c := &dispatch.Job{Endpoint: "e", Ingest: failed}
+	for _, j := range []*dispatch.Job{a, b, c} {
+		h.d.Submit(j, false)
+	}
+	require.Never(t, func() bool { return h.totalPeak.Load() > 0 }, 100*time.Millisecond, time.Millisecond,
+		"no attempt while the ingests may not commit")
+
+	h.d.Assign(a, 11) // written; b's event had been ingested before
+	committed.Finish(nil)
+	failed.Finish(errors.New("fenced: another instance leads"))
+	require.Eventually(t, func() bool { return h.d.InFlight() == 0 && h.count(state.Delivered)+h.count(state.Released) == 3 },
+		5*time.Second, time.Millisecond)
+	require.Equal(t, 1, h.count(state.Delivered), "only the delivery the ingest wrote is attempted")
+	require.Equal(t, 2, h.count(state.Released))
+	require.EqualValues(t, 1, h.totalPeak.Load())
+
+	// While the lead is certain, attempts start before the commit.
+	live.Store(true)
+	d := &dispatch.Job{Endpoint: "e", Ingest: dispatch.NewIngest(live.Load)}
+	h.d.Submit(d, false)
+	require.Eventually(t, func() bool { return h.count(state.Delivered) == 2 }, 5*time.Second, time.Millisecond)
 }

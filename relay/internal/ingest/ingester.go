@@ -385,7 +385,7 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 			continue
 		}
 		if p.tx == nil {
-			p.tx = dispatch.NewIngest()
+			p.tx = dispatch.NewIngest(s.leads)
 		}
 		j := &dispatch.Job{
 			Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,

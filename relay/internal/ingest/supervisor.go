@@ -98,11 +98,13 @@ type Supervisor struct {
 	streaming  atomic.Bool
 	reconciled atomic.Bool
 	reconMu    sync.Mutex
+	lease      *leaseClock // the lead the current session streams under
 }
 
 // New returns a Supervisor.
 func New(env *service.Env, deps Deps) *Supervisor {
-	return &Supervisor{env: env, log: env.Logger("ingest"), deps: deps, durable: watermark.New[pglogrepl.LSN](0)}
+	return &Supervisor{env: env, log: env.Logger("ingest"), deps: deps, durable: watermark.New[pglogrepl.LSN](0),
+		lease: newLeaseClock()}
 }
 
 // Start runs the streaming loop. ctx bounds the ingest's writes, which
@@ -210,6 +212,7 @@ func (s *Supervisor) detachSlot(ctx context.Context) error {
 // goroutines are joined before it returns.
 func (s *Supervisor) session(ctx context.Context) error {
 	cfg := s.env.Config()
+	sent := time.Now()
 	lead, ok, leader, err := s.env.Store.AcquireLeadership(ctx, s.env.Owner, cfg.LeaderLease)
 	if err != nil {
 		return err
@@ -217,6 +220,8 @@ func (s *Supervisor) session(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("%w (%s)", errStandby, leader)
 	}
+	s.lease.renewed(sent, cfg.LeaderLease)
+	defer s.lease.clear()
 	sessCtx, cancel := context.WithCancel(ctx)
 	var helpers sync.WaitGroup
 	defer helpers.Wait()
@@ -371,6 +376,14 @@ func (s *Supervisor) owe(ctx context.Context) {
 	}
 }
 
+// leads reports whether this instance surely still holds the lead it
+// streams under, for a sixth of the lease at least: the first attempts
+// of what it ingests start before the ingest commits only while it does
+// (see dispatch.NewIngest).
+func (s *Supervisor) leads() bool {
+	return s.lease.holds(s.env.Config().LeaderLease / 6)
+}
+
 // keepLeadership renews the lease every third of it; when another
 // instance has taken over, or renewals fail for a whole lease, it ends the
 // session.
@@ -385,10 +398,12 @@ func (s *Supervisor) keepLeadership(ctx context.Context, lead store.Leadership, 
 			return
 		case <-tick.C:
 		}
+		sent := time.Now()
 		ok, err := s.env.Store.RenewLeadership(ctx, s.env.Owner, lead, lease)
 		switch {
 		case err == nil && ok:
 			lastOK = time.Now()
+			s.lease.renewed(sent, lease)
 		case err == nil:
 			lost.Store(true)
 			cancel()

@@ -30,12 +30,13 @@ const (
 	// QueueRowsDefault and QueueBytesDefault bound the queue between the
 	// stream and the ingester: how far the stream reads ahead, and the
 	// most one ingest takes. In a catch-up the queue is always full, so
-	// this is most of the relay's memory then. Half as much (2,500 rows,
-	// 4 MiB) peaked about 5 MB lower in RSS, but TestChaos then failed
-	// two runs in three with 60-66 duplicates after a relay's freeze,
-	// against none in three at these values; why is not yet understood.
-	QueueRowsDefault  = 5000
-	QueueBytesDefault = 8 << 20
+	// this is most of the relay's memory then: twice as much peaked 5-8
+	// MB higher in RSS and delivered no faster. (It was twice as much
+	// for a while: halved, TestChaos failed with duplicates after a
+	// relay's freeze, until attempts ahead of an ingest waited while the
+	// lead is uncertain, see dispatch.NewIngest; it then passed 3 of 3.)
+	QueueRowsDefault  = 2500
+	QueueBytesDefault = 4 << 20
 )
 
 // errStandby: another instance holds the leadership.

@@ -100,7 +100,8 @@ type File struct {
 	// Lease is how long an instance's claims outlive its last heartbeat (it
 	// heartbeats every second): a frozen instance's claims, or those of one
 	// cut off from the database, return to the queue after it. A crashed or
-	// killed instance's return at once: its connection ends with it.
+	// killed instance's return within seconds: its connection for life
+	// ends with it (see store.LifeGraceDefault).
 	Lease Duration `yaml:"lease"`
 	// SweepInterval is the safety-net poll of the queue; the hot path never
 	// waits for it.

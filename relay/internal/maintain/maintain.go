@@ -23,6 +23,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -108,7 +109,11 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		var err error
 		if live != nil {
 			err = st.Heartbeat(ctx, live, m.env.Instance(m.deps.Streaming()), cfg.Lease, true)
-			if err != nil {
+			if err != nil && (live.IsClosed() || !store.Answered(err)) {
+				// The connection is gone (or in doubt): another, which
+				// takes the instance's lock again. One that the server
+				// answered with an error (read-only) stays: it holds
+				// the lock.
 				_ = live.Close(context.WithoutCancel(ctx))
 				live = nil
 			}

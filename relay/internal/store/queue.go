@@ -507,12 +507,53 @@ type Instance struct {
 	FaultSince time.Time
 }
 
+// LifeGraceDefault is how long an instance registered with a connection
+// for life (see Heartbeat) still counts as alive after that connection
+// ended, unless it heartbeats again meanwhile: long enough for an instance
+// whose connection was cut (a backend ended by an operator, a network
+// blip) to connect again, short enough that a crashed one's deliveries
+// return within seconds.
+const LifeGraceDefault = 3 * time.Second
+
+// lifeLockSQL takes the session's advisory lock on the instance's id ($1),
+// unless it holds it already: the lock stands for the instance's life
+// while its session lasts. Taking it writes nothing, so an instance whose
+// connection was cut holds it again on its new one even while the database
+// refuses writes (read-only), when its heartbeat cannot register the new
+// backend.
+const lifeLockSQL = `
+	SELECT pg_try_advisory_lock(x.k) FROM (SELECT hashtextextended($1, 0) AS k) AS x
+	WHERE NOT EXISTS (SELECT 1 FROM pg_locks l
+	                  WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.objsubid = 1
+	                    AND ((l.classid::int8 << 32) | l.objid::int8) = x.k)`
+
+// aliveSQL is the condition that the instance i is alive, $1 being the
+// grace (see LifeGraceDefault) in seconds: registered and unexpired, and,
+// if it registered a connection for life, that connection still open, or
+// one of its successors holding its advisory lock, or a heartbeat within
+// the grace. A connection registered before the server (re)started counts
+// as open: the instances connect again, and their leases decide.
+const aliveSQL = `i.expires_at > now()
+	AND (i.backend_pid IS NULL
+	     OR i.backend_start < pg_postmaster_start_time()
+	     OR i.heartbeat_at > now() - $1 * interval '1 second'
+	     OR EXISTS (SELECT 1 FROM pg_locks l
+	                WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+	                  AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended(i.id, 0))
+	     OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = i.backend_pid AND a.backend_start = i.backend_start))`
+
 // Heartbeat registers the instance (or renews its registration) for
 // lease: its deliveries in flight stay its own until then. With live set,
-// q is the connection the instance holds for its whole life, and its
-// backend is registered too: the instance counts as dead as soon as that
-// backend is gone (see ReleaseAbandoned).
+// q is the connection the instance holds for its whole life: the instance
+// takes its advisory lock there (lifeLockSQL) and registers its backend,
+// and counts as dead once neither is there any more, a grace after its
+// last heartbeat (see aliveSQL).
 func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease time.Duration, live bool) error {
+	if live {
+		if _, err := q.Exec(ctx, lifeLockSQL, in.ID); err != nil {
+			return fmt.Errorf("heartbeat: hold the instance's lock: %w", err)
+		}
+	}
 	_, err := q.Exec(ctx, `
 		INSERT INTO postbox.instances AS i (id, hostname, pid, version, expires_at, streaming, backend_pid, backend_start, fault, fault_since)
 		SELECT $1, $2, $3, $4, now() + $5 * interval '1 second', $6, a.pid, a.backend_start, $8, $9
@@ -529,17 +570,13 @@ func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease tim
 	return nil
 }
 
-// Peers returns how many other instances are alive: registered, unexpired,
-// and (when they registered one) with their connection still open, as
+// Peers returns how many other instances are alive (aliveSQL), as
 // ReleaseAbandoned judges them.
 func (s *Store) Peers(ctx context.Context, id string) (int, error) {
 	var n int
 	if err := s.Pool.QueryRow(ctx, `
 		SELECT count(*) FROM postbox.instances i
-		WHERE i.id <> $1 AND i.expires_at > now()
-		  AND (i.backend_pid IS NULL
-		       OR i.backend_start < pg_postmaster_start_time()
-		       OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = i.backend_pid AND a.backend_start = i.backend_start))`, id).Scan(&n); err != nil {
+		WHERE i.id <> $2 AND `+aliveSQL, LifeGraceDefault.Seconds(), id).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count instances: %w", err)
 	}
 	return n, nil
@@ -552,9 +589,10 @@ func (s *Store) Deregister(ctx context.Context, id string) error {
 }
 
 // ReleaseAbandoned returns to the queue, due at once, up to limit
-// deliveries in flight whose owner is gone: its registered connection has
-// ended on this server (it crashed or was killed), or its registration has
-// expired (it froze, or lost the database, past its lease). It also forgets
+// deliveries in flight whose owner is gone (aliveSQL): its connection for
+// life has ended on this server and it did not come back within the
+// grace (it crashed or was killed), or its registration has expired (it
+// froze, or lost the database, past its lease). It also forgets
 // registrations expired an hour ago. The
 // interrupted attempt is not counted: it may or may not have reached the
 // receiver.
@@ -572,18 +610,14 @@ func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) 
 		  SELECT lease_owner FROM owners
 		  WHERE lease_owner IS NOT NULL
 		    AND NOT EXISTS (SELECT 1 FROM postbox.instances i
-		                    WHERE i.id = owners.lease_owner AND i.expires_at > now()
-		                      AND (i.backend_pid IS NULL
-		                           OR i.backend_start < pg_postmaster_start_time()
-		                           OR EXISTS (SELECT 1 FROM pg_stat_activity a
-		                                      WHERE a.pid = i.backend_pid AND a.backend_start = i.backend_start)))
+		                    WHERE i.id = owners.lease_owner AND `+aliveSQL+`)
 		)
 		UPDATE postbox.deliveries
 		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
 		    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
 		WHERE id IN (SELECT id FROM postbox.deliveries
 		             WHERE status = 'in_flight' AND lease_owner IN (SELECT lease_owner FROM dead)
-		             LIMIT $1 FOR UPDATE SKIP LOCKED)`, limit)
+		             LIMIT $2 FOR UPDATE SKIP LOCKED)`, LifeGraceDefault.Seconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("release abandoned deliveries: %w", err)
 	}

@@ -228,6 +228,48 @@ func TestReleaseAbandonedWhenTheLiveConnectionEnds(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "its claims return with an hour of lease left")
 }
 
+// An instance whose connection for life was cut, and that holds its lock
+// again on a new connection while the database refuses its heartbeat's
+// write (read-only), stays alive past the grace; once that connection
+// ends as well, its claims return.
+func TestAnInstanceThatConnectsAgainStaysAlive(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "ep", 4)
+	hijack := func() *pgx.Conn {
+		c, err := s.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		return c.Hijack()
+	}
+	first := hijack()
+	require.NoError(t, s.Heartbeat(ctx, first, store.Instance{ID: "cut"}, time.Hour, true))
+	claimed, err := s.Claim(ctx, "cut", 3, nil, nil, 3, nil)
+	require.NoError(t, err)
+	require.Len(t, claimed, 3)
+	require.NoError(t, first.Close(ctx)) // as an operator's pg_terminate_backend would
+
+	again := hijack()
+	defer again.Close(ctx)
+	_, err = again.Exec(ctx, `SET default_transaction_read_only = on`)
+	require.NoError(t, err)
+	err = s.Heartbeat(ctx, again, store.Instance{ID: "cut"}, time.Hour, true)
+	require.Error(t, err, "the registration is refused")
+	require.True(t, store.Answered(err), "by the server, on a connection that still works: %v", err)
+	require.Never(t, func() bool {
+		n, err := s.ReleaseAbandoned(ctx, 100)
+		require.NoError(t, err)
+		return n > 0
+	}, store.LifeGraceDefault+time.Second, 50*time.Millisecond, "its lock says it lives")
+
+	require.NoError(t, again.Close(ctx))
+	require.Eventually(t, func() bool {
+		n, err := s.ReleaseAbandoned(ctx, 100)
+		require.NoError(t, err)
+		return n == 3
+	}, 10*time.Second, 20*time.Millisecond, "its claims return once no connection of it is left")
+}
+
 // TestPeersAreTheLiveOthers: Peers counts the other instances alive by
 // ReleaseAbandoned's measure: not itself, not an expired registration,
 // not one whose registered connection has ended.

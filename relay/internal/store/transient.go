@@ -44,6 +44,14 @@ func Transient(err error) bool {
 		strings.Contains(err.Error(), "conn closed")
 }
 
+// Answered reports whether err is the server's answer to a statement (an
+// error it sent, other than one that ends the session), so that the
+// connection it came on still works.
+func Answered(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC"
+}
+
 // Cause names, in a sentence an operator can act on, the fault of the
 // database behind err, or returns "" when err is not one (a bug, a
 // constraint, a cancelled context).

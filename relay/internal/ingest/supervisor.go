@@ -386,13 +386,12 @@ func (s *Supervisor) leads() bool {
 }
 
 // keepLeadership renews the lease every third of it; when another
-// instance has taken over, or renewals fail for a whole lease, it ends the
-// session.
+// instance has taken over, or renewals failed until the lease may have run
+// out (by the lease clock), it ends the session.
 func (s *Supervisor) keepLeadership(ctx context.Context, lead store.Leadership, cancel context.CancelFunc, lost *atomic.Bool) {
 	lease := s.env.Config().LeaderLease
 	tick := time.NewTicker(lease / 3)
 	defer tick.Stop()
-	lastOK := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -403,13 +402,14 @@ func (s *Supervisor) keepLeadership(ctx context.Context, lead store.Leadership, 
 		ok, err := s.env.Store.RenewLeadership(ctx, s.env.Owner, lead, lease)
 		switch {
 		case err == nil && ok:
-			lastOK = time.Now()
 			s.lease.renewed(sent, lease)
 		case err == nil:
 			lost.Store(true)
 			cancel()
 			return
-		case time.Since(lastOK) > lease:
+		case !s.lease.holds(0):
+			// The lease may have run out: another instance can have
+			// taken over.
 			s.log.Warn().Err(err).Msg("cannot renew the streaming lease; stepping down")
 			lost.Store(true)
 			cancel()

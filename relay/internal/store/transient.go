@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -46,10 +47,15 @@ func Transient(err error) bool {
 
 // Answered reports whether err is the server's answer to a statement (an
 // error it sent, other than one that ends the session), so that the
-// connection it came on still works.
+// connection it came on still works. The severity is read unlocalized
+// where the server sends it (lc_messages may translate the other).
 func Answered(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC"
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	sev := cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity)
+	return sev != "FATAL" && sev != "PANIC"
 }
 
 // Cause names, in a sentence an operator can act on, the fault of the

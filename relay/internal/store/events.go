@@ -71,9 +71,13 @@ type Ingested struct {
 // their attempt rows; a batch without any (a catch-up's) runs the
 // statement without them (withoutDelivered), as it was before they were
 // written so.
+//
+// Event ids arrive as text[] and are cast here: pgx has no binary
+// encoding of a []string as uuid[], and trying one first, for every
+// statement, cost an error that formats the whole array.
 const insertEventsSQL = `
 WITH input AS (
-  SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+  SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[]
                        , $16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::timestamptz[], $22::text[] -- delivered
                        )
@@ -127,7 +131,7 @@ const insertEventSQL = `
 WITH ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
                               created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped)
-  SELECT ($1::uuid[])[1], ($2::text[])[1], ($3::text[])[1], ($4::text[])[1], p.v, (($6::text[])[1])::jsonb,
+  SELECT (($1::text[])[1])::uuid, ($2::text[])[1], ($3::text[])[1], ($4::text[])[1], p.v, (($6::text[])[1])::jsonb,
          coalesce(($7::timestamptz[])[1], now()), ($8::int8[])[1], (($9::text[])[1])::pg_lsn, ($10::timestamptz[])[1],
          {{search}},
          nullif(($14::int4[])[1], 0)
@@ -350,7 +354,7 @@ func insertEventsStatements(keys []string, concurrent bool) *insertStatements {
 		b.WriteString(")), '{}'::jsonb)")
 		search = b.String()
 	}
-	absentMany, absentOne := fmt.Sprintf(absent, "input.event_id", "input.endpoint"), fmt.Sprintf(absent, "($1::uuid[])[1]", "($2::text[])[1]")
+	absentMany, absentOne := fmt.Sprintf(absent, "input.event_id", "input.endpoint"), fmt.Sprintf(absent, "(($1::text[])[1])::uuid", "($2::text[])[1]")
 	conflict := ""
 	if concurrent {
 		absentMany, absentOne, conflict = "", "", onConflict

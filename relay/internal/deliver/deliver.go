@@ -16,7 +16,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -63,7 +65,7 @@ type Options struct {
 
 // Client sends attempts. It is safe for concurrent use.
 type Client struct {
-	hc        *http.Client
+	tr        *http.Transport
 	userAgent string
 	now       func() time.Time
 }
@@ -96,23 +98,14 @@ func NewClient(opts Options) *Client {
 	if now == nil {
 		now = time.Now
 	}
-	return &Client{
-		hc: &http.Client{
-			Transport: tr,
-			CheckRedirect: func(*http.Request, []*http.Request) error {
-				return http.ErrUseLastResponse // never follow: classified as permanent
-			},
-		},
-		userAgent: ua,
-		now:       now,
-	}
+	return &Client{tr: tr, userAgent: ua, now: now}
 }
 
 // MaxResponseHeaderBytes bounds the response headers postbox reads.
 const MaxResponseHeaderBytes = 64 << 10
 
 // CloseIdle closes idle keep-alive connections.
-func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }
+func (c *Client) CloseIdle() { c.tr.CloseIdleConnections() }
 
 // Do makes one attempt. The context bounds it together with req.Timeout.
 func (c *Client) Do(ctx context.Context, req Request) Response {
@@ -150,9 +143,20 @@ func (c *Client) Do(ctx context.Context, req Request) Response {
 	// connection the server closed before reading it.
 	hr.Header.Set("Idempotency-Key", req.EventID)
 
+	if u := hr.URL.User; u != nil && hr.Header.Get("Authorization") == "" {
+		// What http.Client does for a URL's user information.
+		password, _ := u.Password()
+		hr.SetBasicAuth(u.Username(), password)
+	}
+
+	// Straight to the transport: an http.Client would only add a copy of
+	// the headers for redirects, which postbox never follows (a 3xx is
+	// the attempt's answer), and the *url.Error around a failure, added
+	// here as it did.
 	start := time.Now()
-	resp, err := c.hc.Do(hr)
+	resp, err := c.tr.RoundTrip(hr)
 	if err != nil {
+		err = &url.Error{Op: requestOp(req.Method), URL: hr.URL.String(), Err: err}
 		return Response{Err: err, Duration: time.Since(start)}
 	}
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBody))
@@ -167,4 +171,12 @@ func (c *Client) Do(ctx context.Context, req Request) Response {
 		out.Err = ctx.Err()
 	}
 	return out
+}
+
+// requestOp names a method as http.Client's errors do: "Post", "Get".
+func requestOp(method string) string {
+	if method == "" {
+		return "Get"
+	}
+	return method[:1] + strings.ToLower(method[1:])
 }

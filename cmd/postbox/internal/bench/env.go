@@ -186,7 +186,35 @@ func (e *env) latencies(ctx context.Context, first map[string]time.Time) ([]floa
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read commit times: %w", err)
 	}
+	if latenciesFile != "" {
+		dumpLatencies(latenciesFile, first, committed)
+	}
 	return latenciesFrom(first, committed), nil
+}
+
+// latenciesFile, from POSTBOX_BENCH_LATENCIES, is where a scenario that
+// measures commit → receiver latency writes each event's commit time (Unix
+// seconds) and latency (ms), one event a line in commit order: to see when
+// its slow deliveries were committed, and what else happened then.
+var latenciesFile = os.Getenv("POSTBOX_BENCH_LATENCIES")
+
+func dumpLatencies(path string, first, committed map[string]time.Time) {
+	type sample struct {
+		at time.Time
+		ms float64
+	}
+	var all []sample
+	for id, at := range first {
+		if c, ok := committed[id]; ok {
+			all = append(all, sample{c, float64(at.Sub(c).Microseconds()) / 1000})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	var b strings.Builder
+	for _, s := range all {
+		fmt.Fprintf(&b, "%.6f %.3f\n", float64(s.at.UnixMicro())/1e6, s.ms)
+	}
+	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // latenciesFrom are the commit → first arrival times, in milliseconds and

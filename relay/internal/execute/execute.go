@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -203,6 +204,11 @@ type Executor struct {
 	log    zerolog.Logger
 	client *deliver.Client
 	prot   *protect.Protection
+	// targets maps endpoints' own URLs, where most attempts go, to what
+	// an attempt records of them (logsafe.URL), so that it is not parsed
+	// again for every attempt. Expanded templates and rows' URLs, which
+	// differ per event, are not kept.
+	targets sync.Map
 }
 
 // New returns an Executor sending with client under prot.
@@ -256,7 +262,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		return dispatch.Released(j)
 	}
 	res.Attempted, res.Sampled = true, true
-	res.Attempt, res.Target = j.Attempt, logsafe.URL(t.URL)
+	res.Attempt, res.Target = j.Attempt, x.target(t)
 	res.ResponseMS = millis(resp.Duration)
 	res.StatusCode = resp.StatusCode
 	res.Response = logsafe.Text(responseSnippet(resp.Body), cfg.LogPayloads)
@@ -308,6 +314,19 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Stringer("outcome", res.Status).
 		Str("reason", res.LastError).Dur("retry_in", res.Delay).Msg("attempt")
 	return res
+}
+
+// target is what an attempt to t records of its URL: logsafe.URL's form.
+func (x *Executor) target(t Target) string {
+	if t.URL != t.Endpoint.URL {
+		return logsafe.URL(t.URL)
+	}
+	if safe, ok := x.targets.Load(t.URL); ok {
+		return safe.(string)
+	}
+	safe := logsafe.URL(t.URL)
+	x.targets.Store(t.URL, safe)
+	return safe
 }
 
 // signal is what an attempt says about its endpoint's health: a success,

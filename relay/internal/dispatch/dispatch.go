@@ -234,8 +234,24 @@ type Dispatcher struct {
 	inFlight  int           // across lanes
 	starved   []*lane       // lanes with work waiting only for a global slot, in arrival order
 	stopping  bool
-	running   sync.WaitGroup
+	// running joins the attempt goroutines. Each makes the next attempt
+	// handed to it (tasks) until it has been idle for workerIdle or the
+	// dispatcher stops (quit): a new goroutine per attempt grew its stack
+	// twice over, copying it, on the way into net/http.
+	running sync.WaitGroup
+	tasks   chan task
+	quit    chan struct{}
 }
+
+// task is an attempt handed to an idle attempt goroutine.
+type task struct {
+	l *lane
+	j *Job
+}
+
+// workerIdle is how long an attempt goroutine waits for its next attempt
+// before it returns.
+const workerIdle = 5 * time.Second
 
 type lane struct {
 	name     string
@@ -349,7 +365,8 @@ func (o Options) WithDefaults() Options {
 func New(opts Options) *Dispatcher {
 	opts = opts.WithDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}, heldIDs: map[int64]int{}}
+	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}, heldIDs: map[int64]int{},
+		tasks: make(chan task), quit: make(chan struct{})}
 }
 
 // fullLocked reports whether the global budget is spent.
@@ -636,8 +653,32 @@ func (d *Dispatcher) startLocked(l *lane) {
 	l.queue = l.queue[1:]
 	l.inFlight++
 	d.inFlight++
-	d.running.Add(1)
-	go d.run(l, j)
+	select {
+	case d.tasks <- task{l, j}:
+	default:
+		d.running.Add(1)
+		go d.work(l, j)
+	}
+}
+
+// work makes j's attempt and then those handed to it, until it has been
+// idle for workerIdle or the dispatcher stops.
+func (d *Dispatcher) work(l *lane, j *Job) {
+	defer d.running.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		d.run(l, j)
+		idle.Reset(workerIdle)
+		select {
+		case t := <-d.tasks:
+			l, j = t.l, t.j
+		case <-idle.C:
+			return
+		case <-d.quit:
+			return
+		}
+	}
 }
 
 // pumpStarvedLocked hands freed global slots to waiting lanes, one job a
@@ -661,7 +702,6 @@ func (d *Dispatcher) pumpStarvedLocked() {
 }
 
 func (d *Dispatcher) run(l *lane, j *Job) {
-	defer d.running.Done()
 	var res state.Result
 	func() {
 		defer func() {
@@ -770,6 +810,9 @@ func (d *Dispatcher) notifyFree() {
 // attempts then return released results) and Stop waits for them to return.
 func (d *Dispatcher) Stop(ctx context.Context) {
 	d.mu.Lock()
+	if !d.stopping {
+		close(d.quit) // idle attempt goroutines return, busy ones after their attempt
+	}
 	d.stopping = true
 	var queued []*Job
 	for _, l := range d.lanes {

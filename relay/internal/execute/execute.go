@@ -88,12 +88,17 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		}
 		t.URL = u
 	}
-	u, err := config.ParseTargetURL(t.URL)
-	if err != nil {
-		return fail(policy.ReasonInvalidURL, "%v", err)
+	var target parsedURL
+	if tpl == nil && raw == ep.URL {
+		target = endpointURL(raw)
+	} else {
+		target = parseURL(t.URL)
 	}
-	if ip, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
-		if err := cfg.Guard.Check(ip); err != nil {
+	if target.err != nil {
+		return fail(policy.ReasonInvalidURL, "%v", target.err)
+	}
+	if target.addr.IsValid() {
+		if err := cfg.Guard.Check(target.addr); err != nil {
 			return fail(policy.ReasonBlockedTarget, "%v", err)
 		}
 	}
@@ -112,6 +117,36 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		}
 	}
 	return t
+}
+
+// parsedURL is what Resolve needs of a URL: whether it is one to deliver
+// to, and its host's address when the host is a literal one.
+type parsedURL struct {
+	addr netip.Addr // invalid for a host name
+	err  error
+}
+
+func parseURL(raw string) parsedURL {
+	u, err := config.ParseTargetURL(raw)
+	if err != nil {
+		return parsedURL{err: err}
+	}
+	addr, _ := netip.ParseAddr(strings.Trim(u.Hostname(), "[]"))
+	return parsedURL{addr: addr}
+}
+
+// endpointURLs holds parseURL of endpoints' own URLs, where most attempts
+// go: a few strings, each parsed once, where parsing them for every
+// attempt cost a few percent of the relay's CPU.
+var endpointURLs sync.Map
+
+func endpointURL(raw string) parsedURL {
+	if p, ok := endpointURLs.Load(raw); ok {
+		return p.(parsedURL)
+	}
+	p := parseURL(raw)
+	endpointURLs.Store(raw, p)
+	return p
 }
 
 func headerValue(h map[string]string, name string) string {

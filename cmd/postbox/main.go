@@ -238,8 +238,21 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 	var cf commonFlags
 	fs := newFlagSet("run", stderr, &cf)
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file (for performance work)")
+	memProfile := fs.String("memprofile", "", "write an allocation profile to this file on exit (for performance work)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *memProfile != "" {
+		defer func() {
+			f, err := os.Create(*memProfile)
+			if err == nil {
+				err = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+			if err != nil {
+				fmt.Fprintln(stderr, "postbox: memprofile:", err)
+			}
+		}()
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

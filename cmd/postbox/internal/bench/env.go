@@ -94,6 +94,9 @@ func (e *env) spawnRelay(cfgPath string) (*exec.Cmd, chan struct{}, error) {
 	if p := os.Getenv("POSTBOX_BENCH_CPUPROFILE"); p != "" {
 		args = append(args, "--cpuprofile", p)
 	}
+	if p := os.Getenv("POSTBOX_BENCH_MEMPROFILE"); p != "" {
+		args = append(args, "--memprofile", p)
+	}
 	cmd := exec.Command(exe, args...)
 	// The relay's configuration is the bench's own: POSTBOX_* variables of
 	// the calling shell (a real database's URL, its secrets) never reach it.

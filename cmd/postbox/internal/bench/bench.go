@@ -269,7 +269,7 @@ var statementsFile = os.Getenv("POSTBOX_BENCH_STATEMENTS")
 func (e *env) dumpStatements(ctx context.Context, path string) {
 	rows, err := e.pool.Query(ctx, `
 		SELECT calls, rows, round(total_exec_time::numeric, 1), round(total_plan_time::numeric, 1), round((total_exec_time / greatest(calls, 1))::numeric, 3),
-		       shared_blks_dirtied, wal_records, wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 160)
+		       round(max_exec_time::numeric, 1), shared_blks_dirtied, wal_records, wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 160)
 		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25`)
 	if err != nil {
 		fmt.Fprintf(e.log, "bench: pg_stat_statements: %v\n", err)
@@ -277,17 +277,17 @@ func (e *env) dumpStatements(ctx context.Context, path string) {
 	}
 	defer rows.Close()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%8s %9s %10s %9s %8s %8s %9s %11s  query\n", "calls", "rows", "total_ms", "plan_ms", "mean_ms", "dirtied", "wal_recs", "wal_bytes")
+	fmt.Fprintf(&b, "%8s %9s %10s %9s %8s %8s %8s %9s %11s  query\n", "calls", "rows", "total_ms", "plan_ms", "mean_ms", "max_ms", "dirtied", "wal_recs", "wal_bytes")
 	for rows.Next() {
 		var calls, n, dirtied, recs int64
-		var total, plan, mean float64
+		var total, plan, mean, most float64
 		var walBytes float64
 		var q string
-		if err := rows.Scan(&calls, &n, &total, &plan, &mean, &dirtied, &recs, &walBytes, &q); err != nil {
+		if err := rows.Scan(&calls, &n, &total, &plan, &mean, &most, &dirtied, &recs, &walBytes, &q); err != nil {
 			fmt.Fprintf(e.log, "bench: pg_stat_statements: %v\n", err)
 			return
 		}
-		fmt.Fprintf(&b, "%8d %9d %10.1f %9.1f %8.3f %8d %9d %11.0f  %s\n", calls, n, total, plan, mean, dirtied, recs, walBytes, q)
+		fmt.Fprintf(&b, "%8d %9d %10.1f %9.1f %8.3f %8.1f %8d %9d %11.0f  %s\n", calls, n, total, plan, mean, most, dirtied, recs, walBytes, q)
 	}
 	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }
@@ -369,9 +369,17 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")
 	} else {
 		fmt.Fprintln(log, "bench: starting PostgreSQL (fsync on)")
-		popts := pgtest.Options{Fsync: true}
+		popts := pgtest.Options{Fsync: true, Settings: map[string]string{}}
 		if statementsFile != "" {
 			popts.Settings = map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all", "pg_stat_statements.track_planning": "on"}
+		}
+		// POSTBOX_BENCH_PGSETTINGS, "name=value;name=value", adds settings
+		// to the bench's server: to log its slow statements, autovacuum
+		// and checkpoints with their times, for instance.
+		for _, kv := range strings.Split(os.Getenv("POSTBOX_BENCH_PGSETTINGS"), ";") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				popts.Settings[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			}
 		}
 		cluster, err := pgtest.Start(ctx, popts)
 		if err != nil {

@@ -70,4 +70,16 @@
 // arrives without its commit having been acknowledged to the producer (a
 // commit whose answer was lost) is reported as unacknowledged_delivered,
 // not counted against the relay.
+//
+// For performance work, environment variables of the bench's shell
+// (POSTBOX_* variables never reach the relay itself) write diagnostics to
+// files: POSTBOX_BENCH_CPUPROFILE and POSTBOX_BENCH_MEMPROFILE the relay's
+// CPU and allocation profiles (`postbox run --cpuprofile`, `--memprofile`);
+// POSTBOX_BENCH_STATEMENTS the statements that cost the server most, with
+// their mean and longest runs (pg_stat_statements); POSTBOX_BENCH_WALRECORDS
+// the WAL records per event by kind and relation (pg_walinspect);
+// POSTBOX_BENCH_LATENCIES each event's commit time and latency, in commit
+// order. POSTBOX_BENCH_PGSETTINGS ("name=value;name=value") adds settings to
+// the bench's own server, to log its slow statements, autovacuum and
+// checkpoints with their times beside those latencies, for instance.
 package bench

@@ -258,13 +258,13 @@ func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) er
 	if started != nil {
 		started(info)
 	}
+	var wake wakeContext
+	defer wake.stop()
 	for {
 		if err := ss.sendStatus(false); err != nil {
 			return err
 		}
-		rctx, cancel := context.WithDeadline(ctx, ss.nextWake())
-		msg, err := ss.conn.ReceiveMessage(rctx)
-		cancel()
+		msg, err := ss.conn.ReceiveMessage(wake.by(ctx, ss.nextWake()))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // shutting down: stop reading
@@ -291,6 +291,32 @@ func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) er
 		case *pgproto3.CopyDone:
 			return errors.New("replication: the server ended the stream")
 		}
+	}
+}
+
+// wakeContext is the receive loop's context: it ends at the wake it was
+// made for, and serves every receive until then unless an earlier wake is
+// due. A context and its timer per message cost a catch-up more than
+// parsing the message.
+type wakeContext struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	at     time.Time
+}
+
+// by returns a context of parent that ends no later than at.
+func (w *wakeContext) by(parent context.Context, at time.Time) context.Context {
+	if w.ctx == nil || w.ctx.Err() != nil || at.Before(w.at) {
+		w.stop()
+		w.at = at
+		w.ctx, w.cancel = context.WithDeadline(parent, at)
+	}
+	return w.ctx
+}
+
+func (w *wakeContext) stop() {
+	if w.cancel != nil {
+		w.cancel()
 	}
 }
 

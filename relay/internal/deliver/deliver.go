@@ -101,6 +101,14 @@ func NewClient(opts Options) *Client {
 	return &Client{tr: tr, userAgent: ua, now: now}
 }
 
+// The Standard Webhooks headers' canonical names ("Webhook-Id"): set in
+// the map directly, they skip canonicalisation for every request.
+var (
+	canonID        = http.CanonicalHeaderKey(outbox.HeaderID)
+	canonTimestamp = http.CanonicalHeaderKey(outbox.HeaderTimestamp)
+	canonSignature = http.CanonicalHeaderKey(outbox.HeaderSignature)
+)
+
 // MaxResponseHeaderBytes bounds the response headers postbox reads.
 const MaxResponseHeaderBytes = 64 << 10
 
@@ -122,26 +130,30 @@ func (c *Client) Do(ctx context.Context, req Request) Response {
 	if err != nil {
 		return Response{Err: err}
 	}
+	// The header is written by its canonical names (see canon): req.Header's
+	// own are canonical, as http.Header.Set leaves them.
+	h := make(http.Header, len(req.Header)+7)
 	for k, vs := range req.Header {
-		hr.Header[k] = vs
+		h[k] = vs
 	}
-	if req.Body != nil && hr.Header.Get("Content-Type") == "" {
-		hr.Header.Set("Content-Type", "application/json")
+	if req.Body != nil && h.Get("Content-Type") == "" {
+		h["Content-Type"] = []string{"application/json"}
 	}
-	hr.Header.Set("User-Agent", c.userAgent)
+	h["User-Agent"] = []string{c.userAgent}
 	// Signature headers last, so nothing configured can override them.
 	ts := c.now().Unix()
-	hr.Header.Set(outbox.HeaderID, req.EventID)
-	hr.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
+	h[canonID] = []string{req.EventID}
+	h[canonTimestamp] = []string{strconv.FormatInt(ts, 10)}
 	if len(req.Secrets) > 0 {
 		signed := outbox.SignedContent(req.Method, hr.URL.RequestURI(), req.Body)
-		hr.Header.Set(outbox.HeaderSignature, outbox.SignatureHeader(req.Secrets, req.EventID, ts, signed))
+		h[canonSignature] = []string{outbox.SignatureHeader(req.Secrets, req.EventID, ts, signed)}
 	} else {
-		hr.Header.Del(outbox.HeaderSignature)
+		delete(h, canonSignature)
 	}
 	// An Idempotency-Key lets net/http resend a POST on a keep-alive
 	// connection the server closed before reading it.
-	hr.Header.Set("Idempotency-Key", req.EventID)
+	h["Idempotency-Key"] = []string{req.EventID}
+	hr.Header = h
 
 	if u := hr.URL.User; u != nil && hr.Header.Get("Authorization") == "" {
 		// What http.Client does for a URL's user information.

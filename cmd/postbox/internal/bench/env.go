@@ -190,32 +190,64 @@ func (e *env) latencies(ctx context.Context, first map[string]time.Time) ([]floa
 		return nil, fmt.Errorf("read commit times: %w", err)
 	}
 	if latenciesFile != "" {
-		dumpLatencies(latenciesFile, first, committed)
+		e.dumpLatencies(ctx, latenciesFile, first, committed)
 	}
 	return latenciesFrom(first, committed), nil
 }
 
 // latenciesFile, from POSTBOX_BENCH_LATENCIES, is where a scenario that
-// measures commit → receiver latency writes each event's commit time (Unix
-// seconds) and latency (ms), one event a line in commit order: to see when
-// its slow deliveries were committed, and what else happened then.
+// measures commit → receiver latency writes, one event a line in commit
+// order, its commit time (Unix seconds) and in milliseconds from the
+// commit: its arrival, the start of its ingest's transaction and the
+// start of its first attempt (-1 where unknown). To see when a run's slow
+// deliveries were committed, and whether they waited before postbox had
+// them (the ingest and the attempt late alike) or after.
 var latenciesFile = os.Getenv("POSTBOX_BENCH_LATENCIES")
 
-func dumpLatencies(path string, first, committed map[string]time.Time) {
+func (e *env) dumpLatencies(ctx context.Context, path string, first, committed map[string]time.Time) {
+	type starts struct{ ingest, attempt time.Time }
+	known := map[string]starts{}
+	rows, err := e.pool.Query(ctx, `
+		SELECT e.event_id::text, e.ingested_at, a.started_at
+		FROM postbox.events e
+		LEFT JOIN postbox.deliveries d ON d.event_pk = e.id AND d.replay_of IS NULL
+		LEFT JOIN postbox.attempts a ON a.delivery_id = d.id AND a.attempt = 1`)
+	if err == nil {
+		for rows.Next() {
+			var id string
+			var ingested time.Time
+			var started *time.Time
+			if rows.Scan(&id, &ingested, &started) == nil {
+				st := starts{ingest: ingested}
+				if started != nil {
+					st.attempt = *started
+				}
+				known[id] = st
+			}
+		}
+		rows.Close()
+	}
 	type sample struct {
-		at time.Time
-		ms float64
+		at                       time.Time
+		arrival, ingest, attempt float64
+	}
+	ms := func(from, to time.Time) float64 {
+		if to.IsZero() {
+			return -1
+		}
+		return float64(to.Sub(from).Microseconds()) / 1000
 	}
 	var all []sample
 	for id, at := range first {
 		if c, ok := committed[id]; ok {
-			all = append(all, sample{c, float64(at.Sub(c).Microseconds()) / 1000})
+			st := known[id]
+			all = append(all, sample{c, ms(c, at), ms(c, st.ingest), ms(c, st.attempt)})
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
 	var b strings.Builder
 	for _, s := range all {
-		fmt.Fprintf(&b, "%.6f %.3f\n", float64(s.at.UnixMicro())/1e6, s.ms)
+		fmt.Fprintf(&b, "%.6f %.3f %.3f %.3f\n", float64(s.at.UnixMicro())/1e6, s.arrival, s.ingest, s.attempt)
 	}
 	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }

@@ -539,6 +539,7 @@ const aliveSQL = `i.expires_at > now()
 	     OR i.heartbeat_at > now() - $1 * interval '1 second'
 	     OR EXISTS (SELECT 1 FROM pg_locks l
 	                WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+	                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	                  AND ((l.classid::int8 << 32) | l.objid::int8) = hashtextextended(i.id, 0))
 	     OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = i.backend_pid AND a.backend_start = i.backend_start))`
 

@@ -225,6 +225,32 @@ func TestReleaseAbandonedWhenTheLiveConnectionEnds(t *testing.T) {
 		"its claims return with an hour of lease left")
 }
 
+// A lock on an instance's id in another database of the server (another
+// deployment's, whose instance has the same id) keeps nothing alive here.
+func TestAnotherDatabasesLockKeepsNoInstanceAlive(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	queue(t, s, "ep", 2)
+	other, err := pgx.Connect(ctx, pgtest.NewDatabase(t))
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	var locked bool
+	require.NoError(t, other.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('twin', 0))`).Scan(&locked))
+	require.True(t, locked)
+
+	c, err := s.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	live := c.Hijack()
+	require.NoError(t, s.Heartbeat(ctx, live, store.Instance{ID: "twin"}, time.Hour, true))
+	claimed, err := s.Claim(ctx, "twin", 2, nil, nil, 2, nil)
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	require.NoError(t, live.Close(ctx))
+	require.EqualValues(t, 2, releaseFor(t, s, store.LifeGraceDefault+10*time.Second, 50*time.Millisecond, func(n int64) bool { return n >= 2 }),
+		"its claims return a grace after its connection ended, the other database's lock notwithstanding")
+}
+
 // releaseFor calls ReleaseAbandoned every tick for d, or until until holds
 // for the deliveries released so far, and returns their number. It calls
 // in the test's own goroutine: a call of require.Never's or Eventually's

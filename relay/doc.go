@@ -11,7 +11,9 @@
 //	                        pages run on its request goroutines
 //	internal/record         the recording loop
 //	internal/claim          the claim loop, the LISTEN loop
-//	internal/dispatch       one per attempt in flight
+//	internal/dispatch       the attempt goroutines: one per attempt in
+//	                        flight, each making the next one handed to
+//	                        it until idle for 5 s
 //	internal/ingest         the stream loop; per session the lease keeper,
 //	                        the ingester and the reconciler
 //	internal/maintain       heartbeat, telemetry, secrets watcher

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 )
 
 // MaxResponseBody is how much of a response is read and kept.
@@ -164,11 +165,12 @@ func (c *Client) Do(ctx context.Context, req Request) Response {
 	// Straight to the transport: an http.Client would only add a copy of
 	// the headers for redirects, which postbox never follows (a 3xx is
 	// the attempt's answer), and the *url.Error around a failure, added
-	// here as it did.
+	// here as it did, but naming the URL without its query string and
+	// user info (a click id, a password), wherever the error goes.
 	start := time.Now()
 	resp, err := c.tr.RoundTrip(hr)
 	if err != nil {
-		err = &url.Error{Op: requestOp(req.Method), URL: hr.URL.String(), Err: err}
+		err = &url.Error{Op: requestOp(req.Method), URL: logsafe.Parsed(hr.URL), Err: err}
 		return Response{Err: err, Duration: time.Since(start)}
 	}
 	data, readErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBody))

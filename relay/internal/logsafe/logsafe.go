@@ -191,6 +191,12 @@ func URL(raw string) string {
 		}
 		return withoutUserInfo(raw)
 	}
-	u.RawQuery, u.Fragment, u.RawFragment, u.User, u.ForceQuery = "", "", "", nil, false
-	return u.String()
+	return Parsed(u)
+}
+
+// Parsed is URL for a URL already parsed; u is left as it was.
+func Parsed(u *url.URL) string {
+	safe := *u
+	safe.RawQuery, safe.Fragment, safe.RawFragment, safe.User, safe.ForceQuery = "", "", "", nil, false
+	return safe.String()
 }

@@ -40,6 +40,9 @@ type Event struct {
 type Target struct {
 	Endpoint config.Endpoint
 	URL      string
+	// Recorded is what an attempt records of URL: without its query
+	// string, fragment and user info (logsafe.URL).
+	Recorded string
 	Body     []byte // nil for GET
 	Reason   string // a dead-letter reason, "" when deliverable
 }
@@ -97,6 +100,7 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	if target.err != nil {
 		return fail(policy.ReasonInvalidURL, "%v", target.err)
 	}
+	t.Recorded = target.recorded
 	if target.addr.IsValid() {
 		if err := cfg.Guard.Check(target.addr); err != nil {
 			return fail(policy.ReasonBlockedTarget, "%v", err)
@@ -120,10 +124,12 @@ func Resolve(cfg *config.Config, ev Event) Target {
 }
 
 // parsedURL is what Resolve needs of a URL: whether it is one to deliver
-// to, and its host's address when the host is a literal one.
+// to, its host's address when the host is a literal one, and what an
+// attempt records of it.
 type parsedURL struct {
-	addr netip.Addr // invalid for a host name
-	err  error
+	addr     netip.Addr // invalid for a host name
+	recorded string
+	err      error
 }
 
 func parseURL(raw string) parsedURL {
@@ -132,12 +138,13 @@ func parseURL(raw string) parsedURL {
 		return parsedURL{err: err}
 	}
 	addr, _ := netip.ParseAddr(strings.Trim(u.Hostname(), "[]"))
-	return parsedURL{addr: addr}
+	return parsedURL{addr: addr, recorded: logsafe.Parsed(u)}
 }
 
 // endpointURLs holds parseURL of endpoints' own URLs, where most attempts
 // go: a few strings, each parsed once, where parsing them for every
-// attempt cost a few percent of the relay's CPU.
+// attempt cost a few percent of the relay's CPU. The guard is not kept:
+// every attempt passes the one in force.
 var endpointURLs sync.Map
 
 func endpointURL(raw string) parsedURL {
@@ -239,11 +246,6 @@ type Executor struct {
 	log    zerolog.Logger
 	client *deliver.Client
 	prot   *protect.Protection
-	// targets maps endpoints' own URLs, where most attempts go, to what
-	// an attempt records of them (logsafe.URL), so that it is not parsed
-	// again for every attempt. Expanded templates and rows' URLs, which
-	// differ per event, are not kept.
-	targets sync.Map
 }
 
 // New returns an Executor sending with client under prot.
@@ -297,7 +299,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		return dispatch.Released(j)
 	}
 	res.Attempted, res.Sampled = true, true
-	res.Attempt, res.Target = j.Attempt, x.target(t)
+	res.Attempt, res.Target = j.Attempt, t.Recorded
 	res.ResponseMS = millis(resp.Duration)
 	res.StatusCode = resp.StatusCode
 	res.Response = logsafe.Text(responseSnippet(resp.Body), cfg.LogPayloads)
@@ -349,19 +351,6 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Stringer("outcome", res.Status).
 		Str("reason", res.LastError).Dur("retry_in", res.Delay).Msg("attempt")
 	return res
-}
-
-// target is what an attempt to t records of its URL: logsafe.URL's form.
-func (x *Executor) target(t Target) string {
-	if t.URL != t.Endpoint.URL {
-		return logsafe.URL(t.URL)
-	}
-	if safe, ok := x.targets.Load(t.URL); ok {
-		return safe.(string)
-	}
-	safe := logsafe.URL(t.URL)
-	x.targets.Store(t.URL, safe)
-	return safe
 }
 
 // signal is what an attempt says about its endpoint's health: a success,

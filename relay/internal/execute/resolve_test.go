@@ -26,7 +26,15 @@ func TestEndpointURLsPassTheCurrentGuard(t *testing.T) {
 		t2 := Resolve(allowing, ev)
 		require.Empty(t, t2.Reason)
 		require.Equal(t, ep.URL, t2.URL)
+		require.Equal(t, "http://10.0.0.8:8080/hook", t2.Recorded)
 	}
+
+	// A row's URL is recorded without its query string and user info.
+	row := config.Endpoint{Name: "rows", Configured: true, Method: "GET"}
+	cfg0 := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"rows": row}, Guard: deliver.Guard{AllowAll: true}}
+	got := Resolve(cfg0, Event{EventID: "e", Endpoint: "rows", URL: "https://u:p@pb.example/x?click_id=c1#f", Payload: []byte(`{}`)})
+	require.Empty(t, got.Reason)
+	require.Equal(t, "https://pb.example/x", got.Recorded)
 
 	bad := config.Endpoint{Name: "bad", Configured: true, URL: "ftp://files.example/x", Method: "POST"}
 	cfg := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"bad": bad}}

@@ -7,3 +7,7 @@ const (
 	RecordPlans      = recordPlans
 	NoTableScan      = noTableScan
 )
+
+// CopyAttemptsMin is the batch size from which RecordResults copies its
+// attempt rows.
+const CopyAttemptsMin = copyAttemptsMin

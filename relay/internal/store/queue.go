@@ -349,6 +349,37 @@ func (a *attemptRows) args(instance string) []any {
 	return []any{a.ids, a.endpoints, a.nums, a.started, a.ms, a.codes, a.outcomes, a.classes, a.errs, a.bodies, a.targets, instance}
 }
 
+// copyAttemptsMin is the number of attempts from which a batch copies
+// its attempt rows into the table (COPY FROM STDIN, binary) instead of
+// inserting them from arrays. COPY writes a page's worth of new rows as one
+// WAL record where an insert writes one per row, and every record costs the
+// walsender a turn of its loop; it skips the arrays' unnest too. It costs
+// a round trip of its own, so small batches (live traffic's) insert.
+const copyAttemptsMin = 32
+
+// attemptColumnNames are postbox.attempts' columns in copyRows' order.
+var attemptColumnNames = []string{"delivery_id", "endpoint", "attempt", "started_at", "duration_ms", "status_code",
+	"outcome", "error_class", "error", "response", "target", "instance"}
+
+// copyRows are the attempts as COPY's rows, with insertAttemptsSQL's NULLs
+// (no status code, no error class, error, response or target).
+func (a *attemptRows) copyRows(instance string) pgx.CopyFromSource {
+	orNull := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	return pgx.CopyFromSlice(len(a.ids), func(i int) ([]any, error) {
+		var code any
+		if a.codes[i] != 0 {
+			code = a.codes[i]
+		}
+		return []any{a.ids[i], a.endpoints[i], a.nums[i], a.started[i], a.ms[i], code,
+			a.outcomes[i], orNull(a.classes[i]), orNull(a.errs[i]), orNull(a.bodies[i]), orNull(a.targets[i]), instance}, nil
+	})
+}
+
 // HealthFunc computes an endpoint's new health from its current row (a
 // closed one when it has none) and the batch's results for it, in order.
 type HealthFunc func(cur Health, rs []state.Result) Health
@@ -439,7 +470,9 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 				if hist != nil {
 					b.Queue(histogramMode)
 				}
-				b.Queue(insertAttemptsSQL, attempts.args(owner)...)
+				if len(attempts.ids) < copyAttemptsMin {
+					b.Queue(insertAttemptsSQL, attempts.args(owner)...)
+				}
 			}
 			if flush {
 				queueHistogramUpsert(b, counts)
@@ -469,6 +502,11 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			}
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
+			}
+			if len(attempts.ids) >= copyAttemptsMin {
+				if _, err := tx.CopyFrom(ctx, pgx.Identifier{"postbox", "attempts"}, attemptColumnNames, attempts.copyRows(owner)); err != nil {
+					return fmt.Errorf("copy attempts: %w", err)
+				}
 			}
 			var err error
 			changes, err = s.recordHealth(ctx, tx, locking, locked, reading, read, byEndpoint, apply)

@@ -243,8 +243,9 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 // IngestConn writes ingested events on one connection, in transactions
 // that it opens on the first Insert and closes with Commit, which also
 // stores the checkpoint. BEGIN and the insert travel together, and so do
-// the checkpoint and COMMIT, so a transaction costs two round trips; the
-// caller may start delivering between them.
+// the checkpoint and COMMIT, so a transaction costs two round trips (a
+// batch that is copied, see copyEventsMin, two to four more); the caller
+// may start delivering between them.
 type IngestConn struct {
 	conn  *pgxpool.Conn
 	s     *Store
@@ -371,7 +372,9 @@ func (ic *IngestConn) InTx() bool { return ic.inTx }
 // transaction, opening one if needed. With deleteOutbox (outbox_retention
 // 0) it deletes their outbox rows in the same transaction, so a
 // transaction of any size needs no list of its rows until the commit. The
-// returned deliveries exist once Commit succeeds.
+// returned deliveries exist once Commit succeeds. A batch from
+// copyEventsMin events on is copied into the tables (copyInsert) rather
+// than inserted by the statement.
 func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox bool) ([]Ingested, error) {
 	var outboxIDs []int64
 	if deleteOutbox {
@@ -382,11 +385,23 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 		}
 	}
 	evs, orig := dedupe(evs)
+	done := slices.ContainsFunc(evs, func(ev NewEvent) bool { return ev.Delivered != nil })
+	if ic.copyable(evs) {
+		out, err := ic.copyInsert(ctx, evs, done, outboxIDs)
+		if err != nil {
+			return nil, err
+		}
+		if orig != nil {
+			for k := range out {
+				out[k].Index = orig[out[k].Index]
+			}
+		}
+		return out, nil
+	}
 	b := &pgx.Batch{}
 	if !ic.inTx {
 		b.Queue("BEGIN")
 	}
-	done := slices.ContainsFunc(evs, func(ev NewEvent) bool { return ev.Delivered != nil })
 	var sql string
 	switch {
 	case done && len(evs) == 1:

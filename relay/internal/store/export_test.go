@@ -11,3 +11,7 @@ const (
 // CopyAttemptsMin is the batch size from which RecordResults copies its
 // attempt rows.
 const CopyAttemptsMin = copyAttemptsMin
+
+// CopyEventsMin is the batch size from which an ingest alone copies its
+// events.
+const CopyEventsMin = copyEventsMin

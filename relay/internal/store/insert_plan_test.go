@@ -68,6 +68,19 @@ func TestIngestInsertPlansProbeTheKey(t *testing.T) {
 		require.NotContains(t, plan.String(), "Nested Loop", plan.String())
 		require.NotContains(t, plan.String(), "Seq Scan", plan.String())
 	}
+	// A copied batch's plan (copyPlanSQL) probes the key once per event too.
+	ids, endpoints := make([]string, 500), make([]string, 500)
+	for i, ev := range batch(500, false) {
+		ids[i], endpoints[i] = ev.EventID, ev.Endpoint
+	}
+	rows, err := ic.conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+copyPlanSQL, ids, endpoints)
+	require.NoError(t, err)
+	copyPlan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	joined := strings.Join(copyPlan, "\n")
+	require.Contains(t, joined, "Index Only Scan using events_event_endpoint on events x (actual time", joined)
+	require.Contains(t, joined, "loops=500)", joined)
+	require.NotContains(t, joined, "Seq Scan", joined)
 	// The ingested outbox rows' delete reads the primary key, however
 	// few rows the table held when it was planned: producers fill it
 	// between vacuums, and reading it whole cost four times as much.
@@ -81,7 +94,7 @@ func TestIngestInsertPlansProbeTheKey(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ic.conn.Exec(ctx, "PREPARE del(int8[]) AS DELETE FROM "+s.Table.Ident()+" WHERE id = ANY($1)")
 	require.NoError(t, err)
-	rows, err := ic.conn.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE del('{1,2}')")
+	rows, err = ic.conn.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE del('{1,2}')")
 	require.NoError(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

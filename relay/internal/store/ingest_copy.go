@@ -1,0 +1,235 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/postbox-relay/postbox/relay/internal/state"
+)
+
+// copyEventsMin is the batch size from which an ingest alone copies its
+// events, their deliveries and the first attempts written with them into
+// their tables (COPY FROM STDIN, binary) instead of inserting them from
+// arrays (insertEventsSQL). COPY writes a page's worth of new rows as one
+// WAL record where an insert writes one per row (three per event, a
+// delivery written delivered with its attempt), and every record costs
+// the walsender a turn of its loop; it skips the arrays' unnest too. The
+// three copies cost a round trip each, so small batches (a live
+// transaction's) insert.
+//
+// Only an ingest alone copies: beside another ingest of the same rows
+// (SetConcurrent) it needs ON CONFLICT, which COPY has not. It skips the
+// events already ingested as the statement alone does (absent): it reads
+// the unique key for each first, and a key inserted after that read fails
+// the copy on the unique key, nothing of the transaction is written, and
+// the stream brings the rows again. With search_keys set the statement
+// inserts, since it extracts the keys from the payload in SQL.
+const copyEventsMin = 32
+
+// copyPlanSQL reads, for a batch about to be copied, which of its events
+// were ingested before, and numbers the others: an event id and a delivery
+// id each, from the tables' own sequences, delivery ids in batch order
+// (commit order: ordered endpoints rely on it). It returns the
+// transaction's time too, written where the statement would write now().
+// A subquery per row, as absent's, so that no plan scans the table.
+const copyPlanSQL = `
+SELECT s.ord,
+       CASE WHEN NOT s.known THEN nextval('postbox.events_id_seq') END,
+       CASE WHEN NOT s.known THEN nextval('postbox.deliveries_id_seq') END,
+       now()
+FROM (SELECT i.ord, (SELECT 1 FROM postbox.events x WHERE x.event_id = i.event_id AND x.endpoint = i.endpoint) IS NOT NULL AS known
+      FROM unnest($1::text[]::uuid[], $2::text[]) WITH ORDINALITY AS i(event_id, endpoint, ord)
+      ORDER BY i.ord) AS s`
+
+var (
+	copyEventColumns = []string{"id", "event_id", "endpoint", "url", "event_type", "payload", "headers",
+		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped"}
+	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "last_error",
+		"attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
+		"updated_at"}
+	copyFirstAttemptColumns = []string{"delivery_id", "endpoint", "attempt", "started_at", "duration_ms", "status_code",
+		"outcome", "error", "response", "target", "instance"}
+)
+
+// copyable reports whether Insert copies evs (see copyEventsMin).
+func (ic *IngestConn) copyable(evs []NewEvent) bool {
+	return len(evs) >= copyEventsMin && !ic.concurrent && len(ic.searchKeys) == 0
+}
+
+// orNull is s, or NULL when s is empty.
+func orNull(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// copyInsert is Insert's copy (see copyEventsMin): evs are deduplicated,
+// and outboxIDs the outbox rows to delete.
+func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool, outboxIDs []int64) ([]Ingested, error) {
+	n := len(evs)
+	ids, endpoints := make([]string, n), make([]string, n)
+	uuids := make([]pgtype.UUID, n)
+	for i := range evs {
+		ids[i], endpoints[i] = evs[i].EventID, evs[i].Endpoint
+		if err := uuids[i].Scan(strings.ToLower(evs[i].EventID)); err != nil {
+			return nil, fmt.Errorf("insert events: event_id %q: %w", evs[i].EventID, err)
+		}
+	}
+	b := &pgx.Batch{}
+	if !ic.inTx {
+		b.Queue("BEGIN")
+	}
+	if done {
+		b.Queue(histogramMode) // as in Insert
+	}
+	eventPK, deliveryID := make([]int64, n), make([]int64, n)
+	var now time.Time
+	b.Queue(copyPlanSQL, ids, endpoints).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var ord int64
+			var ev, dl *int64
+			if err := rows.Scan(&ord, &ev, &dl, &now); err != nil {
+				return err
+			}
+			if ev != nil && dl != nil {
+				eventPK[ord-1], deliveryID[ord-1] = *ev, *dl
+			}
+		}
+		return rows.Err()
+	})
+	if len(outboxIDs) > 0 {
+		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
+	}
+	br := ic.conn.SendBatch(ctx, b)
+	if !ic.inTx {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("begin ingest: %w", err)
+		}
+		ic.inTx = true
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("insert events: %w", err)
+	}
+
+	// Events in the unique key's order, as the statement inserts them,
+	// so that two ingests of the same rows lock in the same order.
+	var fresh []int
+	for i := range evs {
+		if eventPK[i] != 0 {
+			fresh = append(fresh, i)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil, nil
+	}
+	byKey := slices.Clone(fresh)
+	slices.SortFunc(byKey, func(a, b int) int {
+		if c := slices.Compare(uuids[a].Bytes[:], uuids[b].Bytes[:]); c != 0 {
+			return c
+		}
+		return strings.Compare(evs[a].Endpoint, evs[b].Endpoint)
+	})
+	// Event ids in the order the rows are written, as the statement
+	// numbers them: the table's physical order is its ids' order, which
+	// the planner counts on when it reads events by id.
+	numbers := make([]int64, len(fresh))
+	for k, i := range fresh {
+		numbers[k] = eventPK[i]
+	}
+	slices.Sort(numbers)
+	for k, i := range byKey {
+		eventPK[i] = numbers[k]
+	}
+	_, err := ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "events"}, copyEventColumns,
+		pgx.CopyFromSlice(len(byKey), func(k int) ([]any, error) {
+			i := byKey[k]
+			e := &evs[i]
+			row := []any{eventPK[i], uuids[i], e.Endpoint, orNull(e.URL), e.EventType, e.Payload, nil,
+				now, nil, nil, nil, nil}
+			if e.Headers != nil {
+				row[6] = e.Headers
+			}
+			if !e.CreatedAt.IsZero() {
+				row[7] = e.CreatedAt
+			}
+			if e.OutboxID != 0 {
+				row[8] = e.OutboxID
+			}
+			if e.CommitLSN != 0 {
+				row[9] = int64(e.CommitLSN) // pg_lsn's binary form is int8's
+			}
+			if !e.CommittedAt.IsZero() {
+				row[10] = e.CommittedAt
+			}
+			if e.PayloadDropped != 0 {
+				row[11] = int32(e.PayloadDropped)
+			}
+			return row, nil
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("insert events: copy events: %w", err)
+	}
+	_, err = ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "deliveries"}, copyDeliveryColumns,
+		pgx.CopyFromSlice(len(fresh), func(k int) ([]any, error) {
+			i := fresh[k]
+			e := &evs[i]
+			row := []any{deliveryID[i], eventPK[i], e.Endpoint, nil, string(e.Status), nil, orNull(e.LastError),
+				int32(0), nil, nil, nil, nil, nil, now}
+			if e.Lane != "" && e.Lane != e.Endpoint {
+				row[3] = e.Lane
+			}
+			if e.Status == state.InFlight {
+				row[5] = ic.owner
+			}
+			if r := e.Delivered; r != nil && done && e.Status == state.Delivered {
+				row[7], row[8], row[10], row[11], row[13] = int32(1), r.At, float32(r.ResponseMS), orNull(r.Response), r.At
+				if r.StatusCode != 0 {
+					row[9] = int32(r.StatusCode)
+				}
+				if r.CommitToDeliveryMS != -1 {
+					row[12] = float32(r.CommitToDeliveryMS)
+				}
+			}
+			return row, nil
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("insert events: copy deliveries: %w", err)
+	}
+	var delivered []int
+	if done {
+		for _, i := range fresh {
+			if evs[i].Delivered != nil && evs[i].Status == state.Delivered {
+				delivered = append(delivered, i)
+			}
+		}
+	}
+	if len(delivered) > 0 {
+		_, err = ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "attempts"}, copyFirstAttemptColumns,
+			pgx.CopyFromSlice(len(delivered), func(k int) ([]any, error) {
+				i := delivered[k]
+				e, r := &evs[i], evs[i].Delivered
+				var code any
+				if r.StatusCode != 0 {
+					code = int32(r.StatusCode)
+				}
+				return []any{deliveryID[i], e.Endpoint, int32(1), attemptStart(*r), float32(r.ResponseMS), code,
+					string(state.Delivered), orNull(e.LastError), orNull(r.Response), orNull(r.Target), ic.owner}, nil
+			}))
+		if err != nil {
+			return nil, fmt.Errorf("insert events: copy first attempts: %w", err)
+		}
+	}
+	out := make([]Ingested, 0, len(fresh))
+	for _, i := range fresh {
+		out = append(out, Ingested{Index: i, DeliveryID: deliveryID[i], EventPK: eventPK[i]})
+	}
+	return out, nil
+}

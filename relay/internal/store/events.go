@@ -387,16 +387,18 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	evs, orig := dedupe(evs)
 	done := slices.ContainsFunc(evs, func(ev NewEvent) bool { return ev.Delivered != nil })
 	if ic.copyable(evs) {
-		out, err := ic.copyInsert(ctx, evs, done, outboxIDs)
-		if err != nil {
-			return nil, err
-		}
-		if orig != nil {
-			for k := range out {
-				out[k].Index = orig[out[k].Index]
+		if search, ok := ic.searches(evs); ok {
+			out, err := ic.copyInsert(ctx, evs, done, outboxIDs, search)
+			if err != nil {
+				return nil, err
 			}
+			if orig != nil {
+				for k := range out {
+					out[k].Index = orig[out[k].Index]
+				}
+			}
+			return out, nil
 		}
-		return out, nil
 	}
 	b := &pgx.Batch{}
 	if !ic.inTx {

@@ -1,11 +1,14 @@
 package store
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -28,8 +31,9 @@ import (
 // events already ingested as the statement alone does (absent): it reads
 // the unique key for each first, and a key inserted after that read fails
 // the copy on the unique key, nothing of the transaction is written, and
-// the stream brings the rows again. With search_keys set the statement
-// inserts, since it extracts the keys from the payload in SQL.
+// the stream brings the rows again. With search_keys set the keys are
+// extracted here (searchOf) as the statement extracts them in SQL; a batch
+// with a value whose text PostgreSQL might write otherwise is inserted.
 const copyEventsMin = 32
 
 // copyPlanSQL reads, for a batch about to be copied, which of its events
@@ -49,7 +53,7 @@ FROM (SELECT i.ord, (SELECT 1 FROM postbox.events x WHERE x.event_id = i.event_i
 
 var (
 	copyEventColumns = []string{"id", "event_id", "endpoint", "url", "event_type", "payload", "headers",
-		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped"}
+		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search"}
 	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "last_error",
 		"attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
 		"updated_at"}
@@ -57,9 +61,79 @@ var (
 		"outcome", "error", "response", "target", "instance"}
 )
 
-// copyable reports whether Insert copies evs (see copyEventsMin).
+// copyable reports whether Insert may copy evs (see copyEventsMin).
 func (ic *IngestConn) copyable(evs []NewEvent) bool {
-	return len(evs) >= copyEventsMin && !ic.concurrent && len(ic.searchKeys) == 0
+	return len(evs) >= copyEventsMin && !ic.concurrent
+}
+
+// searches are evs' events.search values (nil: NULL), or ok false when
+// one of them could differ from the statement's.
+func (ic *IngestConn) searches(evs []NewEvent) (out [][]byte, ok bool) {
+	if len(ic.searchKeys) == 0 {
+		return nil, true
+	}
+	out = make([][]byte, len(evs))
+	for i := range evs {
+		if out[i], ok = searchOf(evs[i].Payload, ic.searchKeys); !ok {
+			return nil, false
+		}
+	}
+	return out, true
+}
+
+// searchOf is the events.search value insertEventsStatements extracts in
+// SQL from payload: each key's top-level value when it is a string, a
+// number or a boolean, as text; nil (NULL) when there is none. ok is false
+// where PostgreSQL's text could differ from the JSON's: a number with an
+// exponent, or negative zero (numeric writes both otherwise), a string
+// that is not UTF-8, a payload that does not parse here.
+func searchOf(payload []byte, keys []string) (v []byte, ok bool) {
+	if len(payload) == 0 || payload[0] != '{' {
+		return nil, true // not an object: no key has a value
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &fields); err != nil {
+		return nil, false
+	}
+	found := map[string]string{}
+	for _, k := range keys {
+		raw, present := fields[k]
+		if !present || len(raw) == 0 {
+			continue
+		}
+		switch c := raw[0]; {
+		case c == '"':
+			var s string
+			if !utf8.Valid(raw) || json.Unmarshal(raw, &s) != nil {
+				return nil, false
+			}
+			found[k] = s
+		case c == 't' || c == 'f':
+			found[k] = string(raw)
+		case c == '-' || c >= '0' && c <= '9':
+			if !plainNumber(raw) {
+				return nil, false
+			}
+			found[k] = string(raw)
+		}
+	}
+	if len(found) == 0 {
+		return nil, true
+	}
+	v, err := json.Marshal(found)
+	return v, err == nil
+}
+
+// plainNumber reports whether a JSON number is written as PostgreSQL's
+// numeric writes it back: no exponent, and not negative zero.
+func plainNumber(raw []byte) bool {
+	if bytes.ContainsAny(raw, "eE") {
+		return false
+	}
+	if raw[0] == '-' {
+		return bytes.ContainsAny(raw, "123456789")
+	}
+	return true
 }
 
 // orNull is s, or NULL when s is empty.
@@ -72,7 +146,7 @@ func orNull(s string) any {
 
 // copyInsert is Insert's copy (see copyEventsMin): evs are deduplicated,
 // and outboxIDs the outbox rows to delete.
-func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool, outboxIDs []int64) ([]Ingested, error) {
+func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool, outboxIDs []int64, search [][]byte) ([]Ingested, error) {
 	n := len(evs)
 	ids, endpoints := make([]string, n), make([]string, n)
 	uuids := make([]pgtype.UUID, n)
@@ -153,7 +227,10 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 			i := byKey[k]
 			e := &evs[i]
 			row := []any{eventPK[i], uuids[i], e.Endpoint, orNull(e.URL), e.EventType, e.Payload, nil,
-				now, nil, nil, nil, nil}
+				now, nil, nil, nil, nil, nil}
+			if search != nil && search[i] != nil {
+				row[12] = search[i]
+			}
 			if e.Headers != nil {
 				row[6] = e.Headers
 			}

@@ -21,10 +21,16 @@ import (
 // SetConcurrent) writes the same events, deliveries and first attempts,
 // column for column. Events ingested before and repeats within the batch
 // are skipped alike, the returned deliveries name the batch's indexes,
-// and delivery ids follow the batch's order.
+// and delivery ids follow the batch's order. With search_keys the copy
+// extracts them as the statement does.
 func TestCopiedIngestWritesWhatTheStatementWrites(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
+	t.Run("no search keys", func(t *testing.T) { checkCopiedAsInserted(t, s, nil, "") })
+	t.Run("search keys", func(t *testing.T) { checkCopiedAsInserted(t, s, []string{"n", "s", "missing"}, "k") })
+}
+
+func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix string) {
 	ctx := context.Background()
 	n := store.CopyEventsMin + 8
 	at := time.Now().Add(-time.Second).Truncate(time.Microsecond)
@@ -32,7 +38,7 @@ func TestCopiedIngestWritesWhatTheStatementWrites(t *testing.T) {
 		evs := make([]store.NewEvent, 0, n+1)
 		for i := range n {
 			ev := store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("%s-%d", tag, i%3), EventType: "t",
-				Payload: []byte(fmt.Sprintf(`{"n": %d}`, i)), OutboxID: int64(1000 + i), Status: state.InFlight}
+				Payload: []byte(fmt.Sprintf(`{"n": %d, "s": "\"é%d", "o": {"n": 1}}`, i, i)), OutboxID: int64(1000 + i), Status: state.InFlight}
 			if i < len(known) {
 				ev.EventID = known[i]
 			}
@@ -62,20 +68,22 @@ func TestCopiedIngestWritesWhatTheStatementWrites(t *testing.T) {
 		if concurrent {
 			ic.SetConcurrent()
 		}
+		ic.SetSearchKeys(keys)
 		got, err := ic.Insert(ctx, evs, false)
 		require.NoError(t, err)
 		require.NoError(t, ic.Commit(ctx, 0, false))
 		return got
 	}
 	known := []string{outbox.NewEventID(), outbox.NewEventID()}
-	for _, tag := range []string{"copied", "inserted"} {
+	copiedTag, insertedTag := prefix+"copied", prefix+"inserted"
+	for _, tag := range []string{copiedTag, insertedTag} {
 		evs := batch(tag, nil)[:2]
 		for i := range evs {
 			evs[i].EventID = known[i]
 		}
 		ingest(evs, false)
 	}
-	copied, inserted := batch("copied", known), batch("inserted", known)
+	copied, inserted := batch(copiedTag, known), batch(insertedTag, known)
 	gotCopied, gotInserted := ingest(copied, false), ingest(inserted, true)
 	require.Len(t, gotCopied, n-len(known), "the known events and the repeat are skipped")
 	require.Equal(t, len(gotInserted), len(gotCopied))
@@ -116,7 +124,7 @@ func TestCopiedIngestWritesWhatTheStatementWrites(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return out
 	}
-	for _, tag := range []string{"inserted", "copied"} {
+	for _, tag := range []string{insertedTag, copiedTag} {
 		var disordered int
 		require.NoError(t, s.Pool.QueryRow(ctx, `
 			SELECT count(*) FROM (
@@ -125,8 +133,11 @@ func TestCopiedIngestWritesWhatTheStatementWrites(t *testing.T) {
 			WHERE back`, tag, known).Scan(&disordered))
 		require.Zero(t, disordered, "%s: events are numbered in the order they are written, the unique key's", tag)
 	}
-	want := rowsOf("inserted")
+	want := rowsOf(insertedTag)
 	require.Len(t, want, n-len(known))
-	require.Equal(t, want, rowsOf("copied"))
+	require.Equal(t, want, rowsOf(copiedTag))
+	if keys != nil {
+		require.Contains(t, strings.Join(want, "\n"), `"s": "\"é`, "the search keys are extracted")
+	}
 	require.True(t, strings.Contains(strings.Join(want, "\n"), "delivered"), "the batch has deliveries written delivered")
 }

@@ -194,7 +194,11 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 	}
 
 	// Events in the unique key's order, as the statement inserts them,
-	// so that two ingests of the same rows lock in the same order.
+	// so that two ingests of the same rows lock in the same order. (The
+	// endpoints of one event id are in byte order here, in the collation's
+	// there; where the two differ, a reconciliation beside this ingest
+	// could deadlock with it, and PostgreSQL would fail one of them, whose
+	// rows come again.)
 	var fresh []int
 	for i := range evs {
 		if eventPK[i] != 0 {

@@ -400,10 +400,7 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 			return out, nil
 		}
 	}
-	b := &pgx.Batch{}
-	if !ic.inTx {
-		b.Queue("BEGIN")
-	}
+	b := ic.newBatch()
 	var sql string
 	switch {
 	case done && len(evs) == 1:
@@ -422,16 +419,10 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 		b.Queue(histogramMode)
 	}
 	b.Queue(sql, insertEventsArgs(ic.owner, evs, done)...)
-	if len(outboxIDs) > 0 {
-		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
-	}
-	br := ic.conn.SendBatch(ctx, b)
-	if !ic.inTx {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("begin ingest: %w", err)
-		}
-		ic.inTx = true
+	ic.queueOutboxDelete(b, outboxIDs)
+	br, err := ic.sendBatch(ctx, b)
+	if err != nil {
+		return nil, err
 	}
 	if done {
 		if _, err := br.Exec(); err != nil {
@@ -474,6 +465,38 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 		return nil, fmt.Errorf("insert events: %w", err)
 	}
 	return out, nil
+}
+
+// newBatch is a batch that opens the transaction with BEGIN when none is
+// open; send it with sendBatch.
+func (ic *IngestConn) newBatch() *pgx.Batch {
+	b := &pgx.Batch{}
+	if !ic.inTx {
+		b.Queue("BEGIN")
+	}
+	return b
+}
+
+// sendBatch sends a batch from newBatch and reads its BEGIN's result, if
+// it has one: the transaction is open from then on.
+func (ic *IngestConn) sendBatch(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	br := ic.conn.SendBatch(ctx, b)
+	if !ic.inTx {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("begin ingest: %w", err)
+		}
+		ic.inTx = true
+	}
+	return br, nil
+}
+
+// queueOutboxDelete queues the delete of ingested outbox rows (none when
+// ids is empty).
+func (ic *IngestConn) queueOutboxDelete(b *pgx.Batch, ids []int64) {
+	if len(ids) > 0 {
+		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, ids)
+	}
 }
 
 // dedupe drops repeated (event id, endpoint) pairs, keeping the first, so

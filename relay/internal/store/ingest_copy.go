@@ -156,10 +156,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 			return nil, fmt.Errorf("insert events: event_id %q: %w", evs[i].EventID, err)
 		}
 	}
-	b := &pgx.Batch{}
-	if !ic.inTx {
-		b.Queue("BEGIN")
-	}
+	b := ic.newBatch()
 	if done {
 		b.Queue(histogramMode) // as in Insert
 	}
@@ -178,16 +175,10 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 		}
 		return rows.Err()
 	})
-	if len(outboxIDs) > 0 {
-		b.Queue(`DELETE FROM `+ic.s.Table.Ident()+` WHERE id = ANY($1)`, outboxIDs)
-	}
-	br := ic.conn.SendBatch(ctx, b)
-	if !ic.inTx {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("begin ingest: %w", err)
-		}
-		ic.inTx = true
+	ic.queueOutboxDelete(b, outboxIDs)
+	br, err := ic.sendBatch(ctx, b)
+	if err != nil {
+		return nil, err
 	}
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("insert events: %w", err)
@@ -226,7 +217,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 	for k, i := range byKey {
 		eventPK[i] = numbers[k]
 	}
-	_, err := ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "events"}, copyEventColumns,
+	_, err = ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "events"}, copyEventColumns,
 		pgx.CopyFromSlice(len(byKey), func(k int) ([]any, error) {
 			i := byKey[k]
 			e := &evs[i]

@@ -387,8 +387,8 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	evs, orig := dedupe(evs)
 	done := slices.ContainsFunc(evs, func(ev NewEvent) bool { return ev.Delivered != nil })
 	if ic.copyable(evs) {
-		if search, ok := ic.searches(evs); ok {
-			out, err := ic.copyInsert(ctx, evs, done, outboxIDs, search)
+		if uuids, search, ok := ic.copyValues(evs); ok {
+			out, err := ic.copyInsert(ctx, evs, done, outboxIDs, uuids, search)
 			if err != nil {
 				return nil, err
 			}

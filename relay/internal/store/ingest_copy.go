@@ -57,8 +57,6 @@ var (
 	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "last_error",
 		"attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
 		"updated_at"}
-	copyFirstAttemptColumns = []string{"delivery_id", "endpoint", "attempt", "started_at", "duration_ms", "status_code",
-		"outcome", "error", "response", "target", "instance"}
 )
 
 // copyable reports whether Insert may copy evs (see copyEventsMin).
@@ -66,19 +64,27 @@ func (ic *IngestConn) copyable(evs []NewEvent) bool {
 	return len(evs) >= copyEventsMin && !ic.concurrent
 }
 
-// searches are evs' events.search values (nil: NULL), or ok false when
-// one of them could differ from the statement's.
-func (ic *IngestConn) searches(evs []NewEvent) (out [][]byte, ok bool) {
-	if len(ic.searchKeys) == 0 {
-		return nil, true
+// copyValues are what a copy of evs writes that the statement computes in
+// SQL: the event ids as uuids and, with search keys, the events.search
+// values (nil: NULL). ok is false when one of them could differ from the
+// statement's (see searchOf) or an id does not parse: the batch is then
+// inserted, and the statement decides.
+func (ic *IngestConn) copyValues(evs []NewEvent) (uuids []pgtype.UUID, search [][]byte, ok bool) {
+	uuids = make([]pgtype.UUID, len(evs))
+	if len(ic.searchKeys) > 0 {
+		search = make([][]byte, len(evs))
 	}
-	out = make([][]byte, len(evs))
 	for i := range evs {
-		if out[i], ok = searchOf(evs[i].Payload, ic.searchKeys); !ok {
-			return nil, false
+		if uuids[i].Scan(evs[i].EventID) != nil {
+			return nil, nil, false
+		}
+		if search != nil {
+			if search[i], ok = searchOf(evs[i].Payload, ic.searchKeys); !ok {
+				return nil, nil, false
+			}
 		}
 	}
-	return out, true
+	return uuids, search, true
 }
 
 // searchOf is the events.search value insertEventsStatements extracts in
@@ -146,15 +152,12 @@ func orNull(s string) any {
 
 // copyInsert is Insert's copy (see copyEventsMin): evs are deduplicated,
 // and outboxIDs the outbox rows to delete.
-func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool, outboxIDs []int64, search [][]byte) ([]Ingested, error) {
+func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool, outboxIDs []int64,
+	uuids []pgtype.UUID, search [][]byte) ([]Ingested, error) {
 	n := len(evs)
 	ids, endpoints := make([]string, n), make([]string, n)
-	uuids := make([]pgtype.UUID, n)
 	for i := range evs {
 		ids[i], endpoints[i] = evs[i].EventID, evs[i].Endpoint
-		if err := uuids[i].Scan(strings.ToLower(evs[i].EventID)); err != nil {
-			return nil, fmt.Errorf("insert events: event_id %q: %w", evs[i].EventID, err)
-		}
 	}
 	b := ic.newBatch()
 	if done {
@@ -275,26 +278,21 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy deliveries: %w", err)
 	}
-	var delivered []int
+	// The first attempts that delivered before the insert, as the
+	// recorder copies attempts (the statement writes no error class).
+	var first attemptRows
 	if done {
 		for _, i := range fresh {
-			if evs[i].Delivered != nil && evs[i].Status == state.Delivered {
-				delivered = append(delivered, i)
+			if r := evs[i].Delivered; r != nil && evs[i].Status == state.Delivered {
+				a := *r
+				a.DeliveryID, a.Endpoint, a.Attempt, a.Status = deliveryID[i], evs[i].Endpoint, 1, state.Delivered
+				a.LastError, a.ErrorClass = evs[i].LastError, ""
+				first.add(a)
 			}
 		}
 	}
-	if len(delivered) > 0 {
-		_, err = ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "attempts"}, copyFirstAttemptColumns,
-			pgx.CopyFromSlice(len(delivered), func(k int) ([]any, error) {
-				i := delivered[k]
-				e, r := &evs[i], evs[i].Delivered
-				var code any
-				if r.StatusCode != 0 {
-					code = int32(r.StatusCode)
-				}
-				return []any{deliveryID[i], e.Endpoint, int32(1), attemptStart(*r), float32(r.ResponseMS), code,
-					string(state.Delivered), orNull(e.LastError), orNull(r.Response), orNull(r.Target), ic.owner}, nil
-			}))
+	if len(first.ids) > 0 {
+		_, err = ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "attempts"}, attemptColumnNames, first.copyRows(ic.owner))
 		if err != nil {
 			return nil, fmt.Errorf("insert events: copy first attempts: %w", err)
 		}

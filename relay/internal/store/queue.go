@@ -364,12 +364,6 @@ var attemptColumnNames = []string{"delivery_id", "endpoint", "attempt", "started
 // copyRows are the attempts as COPY's rows, with insertAttemptsSQL's NULLs
 // (no status code, no error class, error, response or target).
 func (a *attemptRows) copyRows(instance string) pgx.CopyFromSource {
-	orNull := func(s string) any {
-		if s == "" {
-			return nil
-		}
-		return s
-	}
 	return pgx.CopyFromSlice(len(a.ids), func(i int) ([]any, error) {
 		var code any
 		if a.codes[i] != 0 {

@@ -292,8 +292,8 @@ func (e *env) dumpStatements(ctx context.Context, path string) {
 	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-// walRecordsFile, from POSTBOX_BENCH_WALRECORDS, is where the latency and
-// catch-up scenarios append what kinds of WAL record their events cost,
+// walRecordsFile, from POSTBOX_BENCH_WALRECORDS, is where the latency,
+// catch-up and load scenarios append what kinds of WAL record their events cost,
 // and of which relation (pg_walinspect, PostgreSQL 15 and later): every
 // index entry is a record, and the walsender pays for each.
 var walRecordsFile = os.Getenv("POSTBOX_BENCH_WALRECORDS")

@@ -194,6 +194,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
 	res.Lost, res.Dups, res.Unacknowledged = t.lost, t.dups, t.unacknowledged
 	res.BadSignatures = e.recv.scenarioBad()
+	e.dumpWALRecords(ctx, walRecordsFile, "load", from.wal, to.wal, sent)
 	e.truncate(ctx, false)
 	return res, nil
 }

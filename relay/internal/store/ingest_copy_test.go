@@ -32,7 +32,7 @@ func TestCopiedIngestWritesWhatTheStatementWrites(t *testing.T) {
 
 func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix string) {
 	ctx := context.Background()
-	n := store.CopyEventsMin + 8
+	n := max(store.CopyEventsMin+8, 40)
 	at := time.Now().Add(-time.Second).Truncate(time.Microsecond)
 	batch := func(tag string, known []string) []store.NewEvent {
 		evs := make([]store.NewEvent, 0, n+1)

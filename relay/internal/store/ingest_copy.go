@@ -51,7 +51,7 @@ SELECT s.ord,
        CASE WHEN NOT s.known THEN nextval('postbox.deliveries_id_seq') END,
        now()
 FROM (SELECT i.ord, (SELECT 1 FROM postbox.events x WHERE x.event_id = i.event_id AND x.endpoint = i.endpoint) IS NOT NULL AS known
-      FROM unnest($1::text[]::uuid[], $2::text[]) WITH ORDINALITY AS i(event_id, endpoint, ord)
+      FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS i(event_id, endpoint, ord)
       ORDER BY i.ord) AS s`
 
 var (
@@ -158,9 +158,9 @@ func orNull(s string) any {
 func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool, outboxIDs []int64,
 	uuids []pgtype.UUID, search [][]byte) ([]Ingested, error) {
 	n := len(evs)
-	ids, endpoints := make([]string, n), make([]string, n)
+	endpoints := make([]string, n)
 	for i := range evs {
-		ids[i], endpoints[i] = evs[i].EventID, evs[i].Endpoint
+		endpoints[i] = evs[i].Endpoint
 	}
 	b := ic.newBatch()
 	if done {
@@ -168,7 +168,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 	}
 	eventPK, deliveryID := make([]int64, n), make([]int64, n)
 	var now time.Time
-	b.Queue(copyPlanSQL, ids, endpoints).Query(func(rows pgx.Rows) error {
+	b.Queue(copyPlanSQL, uuids, endpoints).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var ord int64
 			var ev, dl *int64
@@ -267,7 +267,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 			if e.Status == state.InFlight {
 				row[5] = ic.owner
 			}
-			if r := e.Delivered; r != nil && done && e.Status == state.Delivered {
+			if r := e.Delivered; r != nil && e.Status == state.Delivered {
 				row[7], row[8], row[10], row[11], row[13] = int32(1), r.At, float32(r.ResponseMS), orNull(r.Response), r.At
 				if r.StatusCode != 0 {
 					row[9] = int32(r.StatusCode)
@@ -284,14 +284,12 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 	// The first attempts that delivered before the insert, as the
 	// recorder copies attempts (the statement writes no error class).
 	var first attemptRows
-	if done {
-		for _, i := range fresh {
-			if r := evs[i].Delivered; r != nil && evs[i].Status == state.Delivered {
-				a := *r
-				a.DeliveryID, a.Endpoint, a.Attempt, a.Status = deliveryID[i], evs[i].Endpoint, 1, state.Delivered
-				a.LastError, a.ErrorClass = evs[i].LastError, ""
-				first.add(a)
-			}
+	for _, i := range fresh {
+		if r := evs[i].Delivered; r != nil && evs[i].Status == state.Delivered {
+			a := *r
+			a.DeliveryID, a.Endpoint, a.Attempt, a.Status = deliveryID[i], evs[i].Endpoint, 1, state.Delivered
+			a.LastError, a.ErrorClass = evs[i].LastError, ""
+			first.add(a)
 		}
 	}
 	if len(first.ids) > 0 {

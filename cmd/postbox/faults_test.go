@@ -173,12 +173,13 @@ func holdIngest(t *testing.T, pool *pgxpool.Pool, endpoint string) (id string, w
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, $2)`, id, endpoint)
 	require.NoError(t, err)
-	// The ingest's insert, not another backend the holder's transaction
-	// holds up (a walsender building a snapshot waits for every running
-	// transaction).
+	// The ingest's insert, or its copy of a batch (store's copyEventsMin),
+	// not another backend the holder's transaction holds up (a walsender
+	// building a snapshot waits for every running transaction).
 	waitForT(t, 30*time.Second, "an ingest to wait for the held row", func() bool {
 		return pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
-			WHERE $1 = ANY(pg_blocking_pids(pid)) AND backend_type = 'client backend' AND query LIKE '%INSERT INTO postbox.events%'`,
+			WHERE $1 = ANY(pg_blocking_pids(pid)) AND backend_type = 'client backend'
+			  AND (query LIKE '%INSERT INTO postbox.events%' OR query ILIKE 'copy "postbox"."events"%')`,
 			holder).Scan(&waiting) == nil
 	})
 	return id, waiting, release

@@ -86,6 +86,13 @@ func FuzzVerify(f *testing.F) {
 			require.Error(t, err, "another secret")
 			return
 		}
+		if mts, err := strconv.ParseInt(mTS, 10, 64); err == nil {
+			mSig, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(sec.Sign(mID, mts, mBody), "v1,"))
+			require.NoError(t, err)
+			if carries(sigs, mSig) {
+				return // the fuzzed entries hold the changed delivery's own signature: rightly accepted
+			}
+		}
 		err = outbox.Verify([]string{secret}, header(mID, mTS, signed), mBody, now)
 		require.Error(t, err, "id %q timestamp %q body %q", mID, mTS, mBody)
 		require.True(t, isVerifyError(err), "%v", err)

@@ -128,7 +128,7 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 			  SELECT pk, endpoint, (SELECT l.lane FROM postbox.deliveries l WHERE l.id = r.last), -- the last delivery's lane
 			         'pending', now() + (ord - 1) * $4::float8 * interval '1 second', nullif(last, 0)
 			  FROM unnest($1::int8[], $2::text[], $3::int8[]) WITH ORDINALITY AS r(pk, endpoint, last, ord)
-			  ON CONFLICT (event_pk) WHERE status IN ('pending', 'in_flight', 'failed') DO NOTHING
+			  ON CONFLICT (event_pk, (CASE WHEN status IN ('pending', 'in_flight', 'failed') THEN 0 ELSE id END)) DO NOTHING
 			  RETURNING replay_of
 			), superseded AS (
 			  UPDATE postbox.deliveries d SET status = 'replayed'

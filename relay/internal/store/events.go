@@ -100,11 +100,11 @@ ev AS (
   RETURNING id, event_id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at -- delivered
                                   )
   SELECT ev.id, ev.endpoint, i.lane, i.status,
-         CASE WHEN i.status = 'in_flight' THEN $13 END,
+         CASE WHEN i.status = 'in_flight' THEN $13 END, i.status = 'in_flight',
          nullif(i.last_error, '')
          , CASE WHEN i.status = 'delivered' THEN 1 ELSE 0 END, i.done_at, i.status_code, i.response_ms, nullif(i.response, ''), -- delivered
          nullif(i.c2d_ms, -1), coalesce(i.done_at, now()) -- delivered
@@ -141,11 +141,11 @@ WITH ev AS (
   RETURNING id, endpoint
 ),
 dl AS (
-  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, last_error
+  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at -- delivered
                                   )
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
-         CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END,
+         CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END, ($11::text[])[1] = 'in_flight',
          nullif(($12::text[])[1], '')
          , CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($16::timestamptz[])[1], ($17::int4[])[1], -- delivered
          ($18::float4[])[1], nullif(($19::text[])[1], ''), nullif(($20::float4[])[1], -1), -- delivered

@@ -267,7 +267,7 @@ next AS (
   FOR UPDATE SKIP LOCKED
 )
 UPDATE postbox.deliveries d
-SET status = 'in_flight', lease_owner = $2, updated_at = now()
+SET status = 'in_flight', lease_owner = $2, updated_at = now(), kept = false
 FROM next, postbox.events e
 WHERE d.id = next.id AND e.id = d.event_pk
 RETURNING ` + claimedColumns

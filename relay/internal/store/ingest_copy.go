@@ -57,8 +57,8 @@ FROM (SELECT i.ord, (SELECT 1 FROM postbox.events x WHERE x.event_id = i.event_i
 var (
 	copyEventColumns = []string{"id", "event_id", "endpoint", "url", "event_type", "payload", "headers",
 		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search"}
-	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "last_error",
-		"attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
+	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "kept",
+		"last_error", "attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
 		"updated_at"}
 )
 
@@ -259,21 +259,21 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 		pgx.CopyFromSlice(len(fresh), func(k int) ([]any, error) {
 			i := fresh[k]
 			e := &evs[i]
-			row := []any{deliveryID[i], eventPK[i], e.Endpoint, nil, string(e.Status), nil, orNull(e.LastError),
+			row := []any{deliveryID[i], eventPK[i], e.Endpoint, nil, string(e.Status), nil, false, orNull(e.LastError),
 				int32(0), nil, nil, nil, nil, nil, now}
 			if e.Lane != "" && e.Lane != e.Endpoint {
 				row[3] = e.Lane
 			}
 			if e.Status == state.InFlight {
-				row[5] = ic.owner
+				row[5], row[6] = ic.owner, true
 			}
 			if r := e.Delivered; r != nil && e.Status == state.Delivered {
-				row[7], row[8], row[10], row[11], row[13] = int32(1), r.At, float32(r.ResponseMS), orNull(r.Response), r.At
+				row[8], row[9], row[11], row[12], row[14] = int32(1), r.At, float32(r.ResponseMS), orNull(r.Response), r.At
 				if r.StatusCode != 0 {
-					row[9] = int32(r.StatusCode)
+					row[10] = int32(r.StatusCode)
 				}
 				if r.CommitToDeliveryMS != -1 {
-					row[12] = float32(r.CommitToDeliveryMS)
+					row[13] = float32(r.CommitToDeliveryMS)
 				}
 			}
 			return row, nil

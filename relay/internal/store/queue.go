@@ -128,7 +128,7 @@ picked AS (
   SELECT id FROM ranked WHERE pos <= free ORDER BY pos, lane LIMIT $4
 )
 UPDATE postbox.deliveries d
-SET status = 'in_flight', lease_owner = $5, updated_at = now()
+SET status = 'in_flight', lease_owner = $5, updated_at = now(), kept = false
 FROM postbox.events e
 WHERE d.id = ANY(ARRAY(SELECT id FROM picked)) AND e.id = d.event_pk -- by primary key, whatever the statistics say
 RETURNING ` + claimedColumns
@@ -144,7 +144,8 @@ WITH heads AS (
   SELECT h.id FROM unnest($1::text[]) AS o(endpoint)
   CROSS JOIN LATERAL (
     SELECT d.id, d.status, d.next_attempt_at FROM postbox.deliveries d
-    WHERE d.endpoint = o.endpoint AND d.status IN ('pending', 'in_flight', 'failed')
+    WHERE d.endpoint = o.endpoint
+      AND (d.status IN ('pending', 'failed') OR (d.status = 'in_flight' AND NOT d.kept)) -- deliveries_live_order
     ORDER BY d.id LIMIT 1) h
   WHERE h.status <> 'in_flight' AND h.next_attempt_at <= now()
     AND ` + fmt.Sprintf(healthyLane, "o.endpoint", "o.endpoint") + `
@@ -155,7 +156,7 @@ locked AS (
   FOR UPDATE SKIP LOCKED
 )
 UPDATE postbox.deliveries d
-SET status = 'in_flight', lease_owner = $2, updated_at = now()
+SET status = 'in_flight', lease_owner = $2, updated_at = now(), kept = false
 FROM locked, postbox.events e
 WHERE d.id = locked.id AND e.id = d.event_pk
 RETURNING ` + claimedColumns

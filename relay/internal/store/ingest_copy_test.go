@@ -104,7 +104,7 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 		rows, err := s.Pool.Query(ctx, `
 			SELECT concat_ws(' | ', replace(e.endpoint, $1, ''), replace(e.url, $1, ''), e.event_type, e.payload::text, e.headers::text,
 			         e.created_at = e.ingested_at, nullif(e.created_at, e.ingested_at), e.outbox_id, e.commit_lsn, e.committed_at, e.payload_dropped, e.search::text,
-			         replace(d.endpoint, $1, ''), replace(d.lane, $1, ''), d.status, d.lease_owner, d.last_error, d.attempt_count,
+			         replace(d.endpoint, $1, ''), replace(d.lane, $1, ''), d.status, d.lease_owner, d.kept, d.last_error, d.attempt_count,
 			         d.delivered_at, d.last_status_code, d.last_response_ms, d.last_response, d.commit_to_delivery_ms,
 			         d.updated_at = e.ingested_at, d.next_attempt_at = e.ingested_at, d.created_at = e.ingested_at, d.replay_of,
 			         replace(a.endpoint, $1, ''), a.attempt, a.started_at, a.duration_ms, a.status_code, a.outcome, a.error_class,

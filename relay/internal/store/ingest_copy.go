@@ -227,30 +227,33 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 		pgx.CopyFromSlice(len(byKey), func(k int) ([]any, error) {
 			i := byKey[k]
 			e := &evs[i]
-			row := []any{eventPK[i], uuids[i], e.Endpoint, orNull(e.URL), e.EventType, e.Payload, nil,
-				now, nil, nil, nil, nil, nil}
-			if search != nil && search[i] != nil {
-				row[12] = search[i]
-			}
+			// In copyEventColumns' order; NULL where the statement
+			// writes none.
+			var headers, outboxID, lsn, committedAt, dropped, keys any
+			createdAt := any(now)
 			if e.Headers != nil {
-				row[6] = e.Headers
+				headers = e.Headers
 			}
 			if !e.CreatedAt.IsZero() {
-				row[7] = e.CreatedAt
+				createdAt = e.CreatedAt
 			}
 			if e.OutboxID != 0 {
-				row[8] = e.OutboxID
+				outboxID = e.OutboxID
 			}
 			if e.CommitLSN != 0 {
-				row[9] = int64(e.CommitLSN) // pg_lsn's binary form is int8's
+				lsn = int64(e.CommitLSN) // pg_lsn's binary form is int8's
 			}
 			if !e.CommittedAt.IsZero() {
-				row[10] = e.CommittedAt
+				committedAt = e.CommittedAt
 			}
 			if e.PayloadDropped != 0 {
-				row[11] = int32(e.PayloadDropped)
+				dropped = int32(e.PayloadDropped)
 			}
-			return row, nil
+			if search != nil && search[i] != nil {
+				keys = search[i]
+			}
+			return []any{eventPK[i], uuids[i], e.Endpoint, orNull(e.URL), e.EventType, e.Payload, headers,
+				createdAt, outboxID, lsn, committedAt, dropped, keys}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy events: %w", err)
@@ -259,24 +262,28 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 		pgx.CopyFromSlice(len(fresh), func(k int) ([]any, error) {
 			i := fresh[k]
 			e := &evs[i]
-			row := []any{deliveryID[i], eventPK[i], e.Endpoint, nil, string(e.Status), nil, false, orNull(e.LastError),
-				int32(0), nil, nil, nil, nil, nil, now}
+			// In copyDeliveryColumns' order; NULL where the statement
+			// writes none.
+			var lane, owner, deliveredAt, code, responseMS, response, c2d any
+			attempts, updatedAt := int32(0), now
 			if e.Lane != "" && e.Lane != e.Endpoint {
-				row[3] = e.Lane
+				lane = e.Lane
 			}
-			if e.Status == state.InFlight {
-				row[5], row[6] = ic.owner, true
+			kept := e.Status == state.InFlight
+			if kept {
+				owner = ic.owner
 			}
 			if r := e.Delivered; r != nil && e.Status == state.Delivered {
-				row[8], row[9], row[11], row[12], row[14] = int32(1), r.At, float32(r.ResponseMS), orNull(r.Response), r.At
+				attempts, deliveredAt, responseMS, response, updatedAt = 1, r.At, float32(r.ResponseMS), orNull(r.Response), r.At
 				if r.StatusCode != 0 {
-					row[10] = int32(r.StatusCode)
+					code = int32(r.StatusCode)
 				}
 				if r.CommitToDeliveryMS != -1 {
-					row[13] = float32(r.CommitToDeliveryMS)
+					c2d = float32(r.CommitToDeliveryMS)
 				}
 			}
-			return row, nil
+			return []any{deliveryID[i], eventPK[i], e.Endpoint, lane, string(e.Status), owner, kept, orNull(e.LastError),
+				attempts, deliveredAt, code, responseMS, response, c2d, updatedAt}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy deliveries: %w", err)

@@ -54,7 +54,7 @@ func TestDeliversOnceSignedWithExactBody(t *testing.T) {
 	var attempts, attempt, code int
 	var target, instance string
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `
-		SELECT count(*) OVER (), attempt, status_code, target, instance FROM postbox.attempts WHERE endpoint = 'partner'`).
+		SELECT count(*) OVER (), attempt, status_code, target, instance FROM postbox.all_attempts WHERE endpoint = 'partner'`).
 		Scan(&attempts, &attempt, &code, &target, &instance))
 	require.Equal(t, 1, attempts, "one attempt row per attempt")
 	require.Equal(t, 1, attempt)

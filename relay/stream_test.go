@@ -303,7 +303,7 @@ func TestADeliveryDoneBeforeItsIngestIsWrittenOnce(t *testing.T) {
 	var outcome, target, instance string
 	require.NoError(t, tb.pool.QueryRow(ctx, `
 		SELECT d.lease_owner, a.attempt, a.outcome, a.target, a.instance
-		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk JOIN postbox.attempts a ON a.delivery_id = d.id
+		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk JOIN postbox.all_attempts a ON a.delivery_id = d.id
 		WHERE e.event_id = $1`, ids[0]).Scan(&owner, &attempt, &outcome, &target, &instance))
 	require.Nil(t, owner, "no lease on a delivered row")
 	require.Equal(t, 1, attempt)

@@ -53,7 +53,7 @@ func TestPauseHoldsDeliveriesUntilResume(t *testing.T) {
 	require.NoError(t, err)
 	delivered("q", 2)
 	require.Empty(t, p.seen(), "nothing attempted while paused")
-	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM postbox.attempts WHERE endpoint = 'p'`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'p'`))
 	require.Equal(t, 3, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'p' AND status = 'pending' AND attempt_count = 0`),
 		"all held in the queue, no attempt spent")
 

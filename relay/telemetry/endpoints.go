@@ -62,8 +62,12 @@ SELECT endpoint, count(*),
        percentile_disc(0.50) WITHIN GROUP (ORDER BY duration_ms)::float8,
        percentile_disc(0.95) WITHIN GROUP (ORDER BY duration_ms)::float8,
        percentile_disc(0.99) WITHIN GROUP (ORDER BY duration_ms)::float8
-FROM postbox.attempts
-WHERE endpoint = ANY($2) AND started_at >= now() - $1 * interval '1 second'
+FROM ((SELECT endpoint, duration_ms FROM postbox.attempts
+       WHERE endpoint = ANY($2) AND started_at >= now() - $1 * interval '1 second')
+      UNION ALL
+      (SELECT a.endpoint, a.duration_ms
+       FROM (` + attemptsOnDeliveries + ` AND endpoint = ANY($2) AND delivered_at >= now() - $1 * interval '1 second') AS a
+       WHERE a.started_at >= now() - $1 * interval '1 second')) AS a
 GROUP BY endpoint`
 
 // histogramPercentilesSQL finds, per endpoint, the first bucket whose

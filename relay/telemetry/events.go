@@ -390,7 +390,7 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 
 	rows, err = q.Query(ctx, `
 		SELECT delivery_id, `+attemptColumns+`
-		FROM postbox.attempts a WHERE a.delivery_id = ANY($1) ORDER BY a.delivery_id, a.attempt, a.started_at`, ids)
+		FROM postbox.all_attempts a WHERE a.delivery_id = ANY($1) ORDER BY a.delivery_id, a.attempt, a.started_at`, ids)
 	if err != nil {
 		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 	}
@@ -411,6 +411,23 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 	}
 	return stories, nil
 }
+
+// attemptTableColumns are postbox.attempts' columns, as attemptsOnDeliveries
+// and postbox.all_attempts name them.
+const attemptTableColumns = `delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
+       error_class, error, response, target, instance`
+
+// attemptsOnDeliveries selects the first attempts kept on their deliveries
+// (migration 026) with attemptTableColumns: postbox.all_attempts' second
+// branch. Their start is computed, so readers that look for them by time
+// add a condition on delivered_at (at or after the start), which
+// deliveries_first_attempt (by endpoint) and deliveries_delivered_at serve.
+const attemptsOnDeliveries = `
+SELECT id AS delivery_id, endpoint, 1 AS attempt, delivered_at - last_response_ms * interval '1 millisecond' AS started_at,
+       last_response_ms AS duration_ms, last_status_code AS status_code, 'delivered'::text AS outcome,
+       NULL::text AS error_class, last_error AS error, last_response AS response, attempt_target AS target,
+       attempted_by AS instance
+FROM postbox.deliveries WHERE status = 'delivered' AND attempted_by IS NOT NULL`
 
 // attemptColumns are an AttemptRecord's columns of postbox.attempts a, in
 // scanTargets order.
@@ -443,7 +460,9 @@ func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit
 	limit = min(limit, EventLimitMax)
 	rows, err := q.Query(ctx, `
 		SELECT a.delivery_id, a.endpoint, coalesce(e.event_id::text, ''), `+attemptColumns+`
-		FROM postbox.attempts a
+		FROM ((SELECT `+attemptTableColumns+` FROM postbox.attempts WHERE endpoint = $1 ORDER BY started_at DESC LIMIT $2)
+		      UNION ALL
+		      (`+attemptsOnDeliveries+` AND endpoint = $1 ORDER BY delivered_at DESC LIMIT $2)) AS a
 		LEFT JOIN postbox.deliveries d ON d.id = a.delivery_id
 		LEFT JOIN postbox.events e ON e.id = d.event_pk
 		WHERE a.endpoint = $1
@@ -500,8 +519,10 @@ func DeliveriesPerMinute(ctx context.Context, q store.Querier, since time.Durati
 		  SELECT date_bin('1 minute', a.started_at, timestamptz '2000-01-01 00:00:00+00') AS minute,
 		         count(*) FILTER (WHERE a.outcome = 'delivered') AS delivered,
 		         count(*) FILTER (WHERE a.outcome <> 'delivered') AS failed
-		  FROM postbox.attempts a, r
-		  WHERE a.started_at >= r.first
+		  FROM ((SELECT started_at, outcome FROM postbox.attempts, r WHERE started_at >= r.first)
+		        UNION ALL
+		        (SELECT a.started_at, a.outcome FROM (`+attemptsOnDeliveries+` AND delivered_at >= (SELECT first FROM r)) AS a, r
+		         WHERE a.started_at >= r.first)) AS a
 		  GROUP BY 1
 		)
 		SELECT m.minute, coalesce(c.delivered, 0)::int, coalesce(c.failed, 0)::int

@@ -205,7 +205,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// shows the refresh's count of the day's attempts, which the seeded
 	// history leaves one by one as the day moves on.
 	var dayAtRefresh int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM postbox.attempts WHERE endpoint = 'shop' AND started_at >= now() - interval '24 hours'`).Scan(&dayAtRefresh))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'shop' AND started_at >= now() - interval '24 hours'`).Scan(&dayAtRefresh))
 	require.NoError(t, telemetry.RefreshPercentiles(ctx, pool))
 
 	b := newBrowser(t, chromium, pool, "http://"+r.AdminAddr())
@@ -231,7 +231,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		require.Contains(t, b.text(t, "main"), "dead letters rising")
 	})
 	t.Run("endpoints", func(t *testing.T) {
-		day := `SELECT count(*) FROM postbox.attempts WHERE endpoint = 'shop' AND started_at >= now() - interval '24 hours'`
+		day := `SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'shop' AND started_at >= now() - interval '24 hours'`
 		b.visit(t, "/endpoints", "endpoints")
 		for _, ep := range []string{"shop", "crm", "legacy", "ghost"} {
 			require.Equal(t, 1, b.count(t, `tr[data-endpoint="`+ep+`"]`), ep)
@@ -248,7 +248,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		for _, p := range []string{"c-p50", "c-p95", "c-p99"} {
 			require.Positive(t, b.count(t, "svg.chart .line."+p), "%s drawn", p)
 		}
-		require.Equal(t, min(100, count(`SELECT count(*) FROM postbox.attempts WHERE endpoint = 'crm'`)), b.count(t, "tr.attempt"))
+		require.Equal(t, min(100, count(`SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'crm'`)), b.count(t, "tr.attempt"))
 	})
 	t.Run("search", func(t *testing.T) {
 		b.visit(t, "/events", "")
@@ -263,7 +263,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	})
 	t.Run("timeline", func(t *testing.T) {
 		b.visit(t, "/events/"+ids["crm"], "")
-		attempts := count(`SELECT count(*) FROM postbox.attempts a JOIN postbox.deliveries d ON d.id = a.delivery_id
+		attempts := count(`SELECT count(*) FROM postbox.all_attempts a JOIN postbox.deliveries d ON d.id = a.delivery_id
 			JOIN postbox.events e ON e.id = d.event_pk WHERE e.event_id = $1`, ids["crm"])
 		require.Equal(t, 3, attempts)
 		main := b.text(t, "main")

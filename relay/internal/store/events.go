@@ -39,8 +39,9 @@ type NewEvent struct {
 	LastError   string
 	// Delivered is the outcome of a first attempt that delivered before
 	// the insert (Status is then Delivered): the delivery is written
-	// done, with its attempt row, instead of in flight and updated by the
-	// recorder (dispatch.Job.TakeDelivered).
+	// done, with the attempt kept on it (attempted_by, migration 026),
+	// instead of in flight and updated by the recorder
+	// (dispatch.Job.TakeDelivered).
 	Delivered *state.Result
 	// PayloadDropped is the size of a payload not stored (above max_body);
 	// Payload is then JSON null.
@@ -68,7 +69,8 @@ type Ingested struct {
 //
 // The lines marked "-- delivered" write the deliveries whose first
 // attempts delivered before the insert (NewEvent.Delivered) as such, with
-// their attempt rows; a batch without any (a catch-up's) runs the
+// the attempt kept on the row (migration 026) rather than in an attempt row
+// of its own; a batch without any (a catch-up's) runs the
 // statement without them (withoutDelivered), as it was before they were
 // written so.
 //
@@ -79,11 +81,11 @@ const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[]
-                       , $16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::timestamptz[], $22::text[] -- delivered
+                       , $16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::text[] -- delivered
                        )
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
                          created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane,
-                         done_at, status_code, response_ms, response, c2d_ms, started_at, target, -- delivered
+                         done_at, status_code, response_ms, response, c2d_ms, target, -- delivered
                          ord)
 ),
 ev AS (
@@ -101,25 +103,19 @@ ev AS (
 ),
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
-                                  , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at -- delivered
+                                  , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
+                                  attempt_target, attempted_by -- delivered
                                   )
   SELECT ev.id, ev.endpoint, i.lane, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END, i.status = 'in_flight',
          nullif(i.last_error, '')
          , CASE WHEN i.status = 'delivered' THEN 1 ELSE 0 END, i.done_at, i.status_code, i.response_ms, nullif(i.response, ''), -- delivered
-         nullif(i.c2d_ms, -1), coalesce(i.done_at, now()) -- delivered
+         nullif(i.c2d_ms, -1), coalesce(i.done_at, now()), -- delivered
+         CASE WHEN i.status = 'delivered' THEN nullif(i.target, '') END, CASE WHEN i.status = 'delivered' THEN $13 END -- delivered
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
   ORDER BY i.ord -- delivery ids follow commit order: ordered endpoints rely on it
   RETURNING id, event_pk
 )
-, att AS ( -- delivered
-  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome, -- delivered
-                                error, response, target, instance) -- delivered
-  SELECT dl.id, i.endpoint, 1, i.started_at, i.response_ms, i.status_code, 'delivered', -- delivered
-         nullif(i.last_error, ''), nullif(i.response, ''), nullif(i.target, ''), $13 -- delivered
-  FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint -- delivered
-  WHERE i.status = 'delivered' -- delivered
-) -- delivered
 SELECT i.ord, dl.id, dl.event_pk
 FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint`
 
@@ -142,24 +138,20 @@ WITH ev AS (
 ),
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
-                                  , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at -- delivered
+                                  , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
+                                  attempt_target, attempted_by -- delivered
                                   )
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END, ($11::text[])[1] = 'in_flight',
          nullif(($12::text[])[1], '')
          , CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($16::timestamptz[])[1], ($17::int4[])[1], -- delivered
          ($18::float4[])[1], nullif(($19::text[])[1], ''), nullif(($20::float4[])[1], -1), -- delivered
-         coalesce(($16::timestamptz[])[1], now()) -- delivered
+         coalesce(($16::timestamptz[])[1], now()), -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($21::text[])[1], '') END, -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN $13 END -- delivered
   FROM ev
   RETURNING id, event_pk
 )
-, att AS ( -- delivered
-  INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome, -- delivered
-                                error, response, target, instance) -- delivered
-  SELECT dl.id, ($2::text[])[1], 1, ($21::timestamptz[])[1], ($18::float4[])[1], ($17::int4[])[1], 'delivered', -- delivered
-         nullif(($12::text[])[1], ''), nullif(($19::text[])[1], ''), nullif(($22::text[])[1], ''), $13 -- delivered
-  FROM dl WHERE ($11::text[])[1] = 'delivered' -- delivered
-) -- delivered
 SELECT 1::int8, dl.id, dl.event_pk FROM dl`
 
 // withoutDelivered drops an insert statement's lines marked "-- delivered".
@@ -187,13 +179,13 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 		outboxIDs                                      = make([]*int64, n)
 		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
 		// the first attempts that delivered before the insert (Delivered)
-		doneAt, started []*time.Time
+		doneAt          []*time.Time
 		codes           []*int32
 		ms, c2d         []*float32
 		bodies, targets []*string
 	)
 	if done {
-		doneAt, started, codes = make([]*time.Time, n), make([]*time.Time, n), make([]*int32, n)
+		doneAt, codes = make([]*time.Time, n), make([]*int32, n)
 		ms, c2d, bodies, targets = make([]*float32, n), make([]*float32, n), make([]*string, n), make([]*string, n)
 	}
 	for i := range evs {
@@ -224,9 +216,9 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 			committed[i] = &e.CommittedAt
 		}
 		if r := e.Delivered; r != nil && done {
-			at, start := r.At, r.At.Add(-time.Duration(r.ResponseMS*float64(time.Millisecond)))
+			at := r.At
 			code, took, c2dMS := int32(r.StatusCode), float32(r.ResponseMS), float32(r.CommitToDeliveryMS)
-			doneAt[i], started[i], ms[i], c2d[i] = &at, &start, &took, &c2dMS
+			doneAt[i], ms[i], c2d[i] = &at, &took, &c2dMS
 			bodies[i], targets[i] = &r.Response, &r.Target
 			if code != 0 {
 				codes[i] = &code
@@ -235,7 +227,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 	}
 	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes}
 	if done {
-		args = append(args, doneAt, codes, ms, bodies, c2d, started, targets)
+		args = append(args, doneAt, codes, ms, bodies, c2d, targets)
 	}
 	return args
 }
@@ -388,7 +380,7 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	done := slices.ContainsFunc(evs, func(ev NewEvent) bool { return ev.Delivered != nil })
 	if ic.copyable(evs) {
 		if uuids, search, ok := ic.copyValues(evs); ok {
-			out, err := ic.copyInsert(ctx, evs, done, outboxIDs, uuids, search)
+			out, err := ic.copyInsert(ctx, evs, outboxIDs, uuids, search)
 			if err != nil {
 				return nil, err
 			}
@@ -412,23 +404,11 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	default:
 		sql = ic.insert.many
 	}
-	if done {
-		// The attempts written here are counted into the histograms by
-		// the recorder, in memory, with their outcomes: the trigger
-		// stands aside.
-		b.Queue(histogramMode)
-	}
 	b.Queue(sql, insertEventsArgs(ic.owner, evs, done)...)
 	ic.queueOutboxDelete(b, outboxIDs)
 	br, err := ic.sendBatch(ctx, b)
 	if err != nil {
 		return nil, err
-	}
-	if done {
-		if _, err := br.Exec(); err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("insert events: %w", err)
-		}
 	}
 	rows, err := br.Query()
 	if err != nil {

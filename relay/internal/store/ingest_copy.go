@@ -59,7 +59,7 @@ var (
 		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search"}
 	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "kept",
 		"last_error", "attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
-		"updated_at"}
+		"updated_at", "attempt_target", "attempted_by"}
 )
 
 // copyable reports whether Insert may copy evs (see copyEventsMin).
@@ -155,7 +155,7 @@ func orNull(s string) any {
 
 // copyInsert is Insert's copy (see copyEventsMin): evs are deduplicated,
 // and outboxIDs the outbox rows to delete.
-func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool, outboxIDs []int64,
+func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs []int64,
 	uuids []pgtype.UUID, search [][]byte) ([]Ingested, error) {
 	n := len(evs)
 	endpoints := make([]string, n)
@@ -163,9 +163,6 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 		endpoints[i] = evs[i].Endpoint
 	}
 	b := ic.newBatch()
-	if done {
-		b.Queue(histogramMode) // as in Insert
-	}
 	eventPK, deliveryID := make([]int64, n), make([]int64, n)
 	var now time.Time
 	b.Queue(copyPlanSQL, uuids, endpoints).Query(func(rows pgx.Rows) error {
@@ -264,7 +261,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 			e := &evs[i]
 			// In copyDeliveryColumns' order; NULL where the statement
 			// writes none.
-			var lane, owner, deliveredAt, code, responseMS, response, c2d any
+			var lane, owner, deliveredAt, code, responseMS, response, c2d, target, by any
 			attempts, updatedAt := int32(0), now
 			if e.Lane != "" && e.Lane != e.Endpoint {
 				lane = e.Lane
@@ -275,6 +272,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 			}
 			if r := e.Delivered; r != nil && e.Status == state.Delivered {
 				attempts, deliveredAt, responseMS, response, updatedAt = 1, r.At, float32(r.ResponseMS), orNull(r.Response), r.At
+				target, by = orNull(r.Target), ic.owner
 				if r.StatusCode != 0 {
 					code = int32(r.StatusCode)
 				}
@@ -283,27 +281,10 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, done bool,
 				}
 			}
 			return []any{deliveryID[i], eventPK[i], e.Endpoint, lane, string(e.Status), owner, kept, orNull(e.LastError),
-				attempts, deliveredAt, code, responseMS, response, c2d, updatedAt}, nil
+				attempts, deliveredAt, code, responseMS, response, c2d, updatedAt, target, by}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy deliveries: %w", err)
-	}
-	// The first attempts that delivered before the insert, as the
-	// recorder copies attempts (the statement writes no error class).
-	var first attemptRows
-	for _, i := range fresh {
-		if r := evs[i].Delivered; r != nil && evs[i].Status == state.Delivered {
-			a := *r
-			a.DeliveryID, a.Endpoint, a.Attempt, a.Status = deliveryID[i], evs[i].Endpoint, 1, state.Delivered
-			a.LastError, a.ErrorClass = evs[i].LastError, ""
-			first.add(a)
-		}
-	}
-	if len(first.ids) > 0 {
-		_, err = ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "attempts"}, attemptColumnNames, first.copyRows(ic.owner))
-		if err != nil {
-			return nil, fmt.Errorf("insert events: copy first attempts: %w", err)
-		}
 	}
 	out := make([]Ingested, 0, len(fresh))
 	for _, i := range fresh {

@@ -107,10 +107,11 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 			         replace(d.endpoint, $1, ''), replace(d.lane, $1, ''), d.status, d.lease_owner, d.kept, d.last_error, d.attempt_count,
 			         d.delivered_at, d.last_status_code, d.last_response_ms, d.last_response, d.commit_to_delivery_ms,
 			         d.updated_at = e.ingested_at, d.next_attempt_at = e.ingested_at, d.created_at = e.ingested_at, d.replay_of,
+			         d.attempt_target, d.attempted_by,
 			         replace(a.endpoint, $1, ''), a.attempt, a.started_at, a.duration_ms, a.status_code, a.outcome, a.error_class,
 			         a.error, a.response, a.target, a.instance)
 			FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
-			LEFT JOIN postbox.attempts a ON a.delivery_id = d.id
+			LEFT JOIN postbox.all_attempts a ON a.delivery_id = d.id
 			WHERE e.endpoint LIKE $1 || '-%' AND e.outbox_id IS NOT NULL AND e.event_id <> ALL($2::uuid[])
 			ORDER BY e.outbox_id`, tag, known)
 		require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -296,6 +297,7 @@ const (
 )
 
 const recordResultsSQL = `
+WITH u AS (
 UPDATE postbox.deliveries d SET
   status = CASE WHEN r.status = 'released'
                 THEN CASE WHEN d.attempt_count = 0 THEN 'pending' ELSE 'failed' END
@@ -309,11 +311,17 @@ UPDATE postbox.deliveries d SET
   last_response = CASE WHEN r.attempted THEN nullif(r.response, '') ELSE d.last_response END,
   delivered_at = CASE WHEN r.status = 'delivered' THEN r.at ELSE d.delivered_at END,
   commit_to_delivery_ms = CASE WHEN r.status = 'delivered' THEN nullif(r.c2d_ms, -1) ELSE d.commit_to_delivery_ms END,
+  attempt_target = CASE WHEN r.inline AND d.attempt_count = 0 THEN nullif(r.target, '') ELSE d.attempt_target END,
+  attempted_by = CASE WHEN r.inline AND d.attempt_count = 0 THEN $11 ELSE d.attempted_by END,
   lease_owner = NULL, updated_at = now()
-FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::float4[], $8::text[], $9::timestamptz[], $10::float4[])
-  AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms)
+FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::float4[], $8::text[], $9::timestamptz[], $10::float4[],
+            $12::bool[], $13::text[])
+  AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms, inline, target)
 WHERE d.id = ANY($1) AND d.id = r.id
-  AND d.status IS NOT DISTINCT FROM 'in_flight' AND d.lease_owner IS NOT DISTINCT FROM $11`
+  AND d.status IS NOT DISTINCT FROM 'in_flight' AND d.lease_owner IS NOT DISTINCT FROM $11
+RETURNING CASE WHEN r.inline AND d.attempted_by IS NOT NULL THEN d.id END AS inlined
+)
+SELECT inlined FROM u WHERE inlined IS NOT NULL`
 
 const insertAttemptsSQL = `
 INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
@@ -375,6 +383,15 @@ func (a *attemptRows) copyRows(instance string) pgx.CopyFromSource {
 	})
 }
 
+// firstOnDelivery reports whether r's attempt is kept on its delivery's
+// row rather than in an attempt row of its own (migration 026): a first
+// attempt that delivered. The update keeps it there only if the delivery
+// had no attempt before (attempt_count 0); RecordResults inserts a row for
+// any it did not keep.
+func firstOnDelivery(r state.Result) bool {
+	return r.Sampled && r.Attempted && r.Attempt == 1 && r.Status == state.Delivered
+}
+
 // HealthFunc computes an endpoint's new health from its current row (a
 // closed one when it has none) and the batch's results for it, in order.
 type HealthFunc func(cur Health, rs []state.Result) Health
@@ -386,10 +403,16 @@ type HealthChange struct {
 
 // RecordResults writes a batch of results in one transaction: the
 // deliveries (only those still leased to owner: a lease lost to another
-// instance is not overwritten), one attempt row per request, and the
-// health of each endpoint concerned, computed by apply while its row is
-// locked, so instances recording at once see each other's streaks. It
-// returns the health of those endpoints before and after.
+// instance is not overwritten), each request's attempt, and the health of
+// each endpoint concerned, computed by apply while its row is locked, so
+// instances recording at once see each other's streaks. It returns the
+// health of those endpoints before and after.
+//
+// An attempt is a row of postbox.attempts, but with hist, a first attempt
+// that delivered (firstOnDelivery) is kept on its delivery's row by the
+// update itself (postbox.all_attempts shows both): one index entry where
+// the row cost a heap tuple and two. The update returns the deliveries it
+// kept one on; one it did not (the lease was lost) gets its row.
 //
 // The attempts' latency is counted in hist and added to the histograms
 // with the first batch after HistogramFlushDefault (or by
@@ -406,20 +429,28 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	ids, statuses, delays := make([]int64, 0, n), make([]string, 0, n), make([]float64, 0, n)
 	attempted, errs, codes := make([]bool, 0, n), make([]string, 0, n), make([]int32, 0, n)
 	ms, bodies, ats, c2d := make([]float32, 0, n), make([]string, 0, n), make([]time.Time, 0, n), make([]float32, 0, n)
+	inlines, targets := make([]bool, 0, n), make([]string, 0, n)
 	// attempts are inserted; written, those the ingest wrote (Written),
-	// are only counted into the histograms.
+	// are only counted into the histograms, and so are inline, first
+	// attempts that delivered, which the update keeps on their deliveries
+	// (firstOnDelivery).
 	var attempts attemptRows
-	var written []state.Result
+	var written, inline []state.Result
 	byEndpoint := map[string][]state.Result{}
 	for _, r := range rs {
 		if r.Written {
 			written = append(written, r)
 		} else {
+			in := hist != nil && firstOnDelivery(r)
 			ids, statuses, delays = append(ids, r.DeliveryID), append(statuses, string(r.Status)), append(delays, r.Delay.Seconds())
 			attempted, errs, codes = append(attempted, r.Attempted), append(errs, r.LastError), append(codes, int32(r.StatusCode))
 			ms, bodies = append(ms, float32(r.ResponseMS)), append(bodies, r.Response)
 			ats, c2d = append(ats, r.At), append(c2d, float32(r.CommitToDeliveryMS))
-			if r.Sampled {
+			inlines, targets = append(inlines, in), append(targets, r.Target)
+			switch {
+			case in:
+				inline = append(inline, r)
+			case r.Sampled:
 				attempts.add(r)
 			}
 		}
@@ -437,9 +468,9 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 
 	var counts map[histKey]int64
 	flush := false
-	if hist != nil && len(attempts.ids)+len(written) > 0 {
+	if hist != nil && len(attempts.ids)+len(written)+len(inline) > 0 {
 		counts = countAttempts(&attempts)
-		for _, r := range written {
+		for _, r := range slices.Concat(written, inline) {
 			counts[histKey{r.Endpoint, latencyBin(attemptStart(r)), latencyBucket(float32(r.ResponseMS))}]++
 		}
 		if pending, due := hist.Pending(); pending && !time.Now().Before(due) {
@@ -457,17 +488,24 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	for lockAll := false; ; lockAll = true {
 		err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 			b := &pgx.Batch{}
+			var onRow map[int64]bool // the inline attempts the update kept
 			if len(ids) > 0 {
 				b.Queue(recordPlans)
-				b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner)
+				b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner,
+					inlines, targets).Query(func(rows pgx.Rows) error {
+					got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+					onRow = make(map[int64]bool, len(got))
+					for _, id := range got {
+						onRow[id] = true
+					}
+					return err
+				})
 			}
-			if len(attempts.ids) > 0 {
-				if hist != nil {
-					b.Queue(histogramMode)
-				}
-				if len(attempts.ids) < copyAttemptsMin {
-					b.Queue(insertAttemptsSQL, attempts.args(owner)...)
-				}
+			if hist != nil && len(attempts.ids)+len(inline) > 0 {
+				b.Queue(histogramMode)
+			}
+			if len(attempts.ids) > 0 && len(attempts.ids) < copyAttemptsMin {
+				b.Queue(insertAttemptsSQL, attempts.args(owner)...)
 			}
 			if flush {
 				queueHistogramUpsert(b, counts)
@@ -497,6 +535,19 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			}
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err
+			}
+			// An inline attempt whose delivery the update did not keep it on
+			// (no longer this instance's: its lease was taken) gets its row.
+			var apart attemptRows
+			for _, r := range inline {
+				if !onRow[r.DeliveryID] {
+					apart.add(r)
+				}
+			}
+			if len(apart.ids) > 0 {
+				if _, err := tx.Exec(ctx, insertAttemptsSQL, apart.args(owner)...); err != nil {
+					return fmt.Errorf("insert attempts: %w", err)
+				}
 			}
 			if len(attempts.ids) >= copyAttemptsMin {
 				if _, err := tx.CopyFrom(ctx, pgx.Identifier{"postbox", "attempts"}, attemptColumnNames, attempts.copyRows(owner)); err != nil {

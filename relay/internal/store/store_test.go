@@ -516,11 +516,12 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 
 	statuses, delays, attempted := make([]string, n), make([]float64, n), make([]bool, n)
 	errs, codes, ms, bodies := make([]string, n), make([]int32, n), make([]float32, n), make([]string, n)
-	ats, c2d := make([]time.Time, n), make([]float32, n)
+	ats, c2d, inline, targets := make([]time.Time, n), make([]float32, n), make([]bool, n), make([]string, n)
 	for i := range ids {
-		statuses[i], attempted[i], codes[i], ats[i] = string(state.Delivered), true, 200, time.Now()
+		statuses[i], attempted[i], codes[i], ats[i], inline[i] = string(state.Delivered), true, 200, time.Now(), true
 	}
-	plan = explain(store.RecordPlans, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me")
+	plan = explain(store.RecordPlans, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me",
+		inline, targets)
 	check("RecordResults", plan)
 
 	// The calls themselves, on one connection whose statistics are

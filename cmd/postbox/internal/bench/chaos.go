@@ -417,7 +417,7 @@ func (e *env) storyOf(ctx context.Context, what string, ids []string) {
 			UNION ALL
 			SELECT 'attempt of ' || a.delivery_id || ' #' || a.attempt || ' ' || a.outcome || ' at ' || a.started_at::text ||
 			       ' status ' || coalesce(a.status_code::text, '-') || ' by ' || a.instance || ' ' || coalesce(a.error, '')
-			FROM postbox.events ev JOIN postbox.deliveries d ON d.event_pk = ev.id JOIN postbox.attempts a ON a.delivery_id = d.id
+			FROM postbox.events ev JOIN postbox.deliveries d ON d.event_pk = ev.id JOIN postbox.all_attempts a ON a.delivery_id = d.id
 			WHERE ev.event_id = $1::uuid`, id)
 		if err != nil {
 			fmt.Fprintf(e.log, "bench: %s %s: %v\n", what, id, err)

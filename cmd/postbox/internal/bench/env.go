@@ -211,7 +211,7 @@ func (e *env) dumpLatencies(ctx context.Context, path string, first, committed m
 		SELECT e.event_id::text, e.ingested_at, a.started_at
 		FROM postbox.events e
 		LEFT JOIN postbox.deliveries d ON d.event_pk = e.id AND d.replay_of IS NULL
-		LEFT JOIN postbox.attempts a ON a.delivery_id = d.id AND a.attempt = 1`)
+		LEFT JOIN postbox.all_attempts a ON a.delivery_id = d.id AND a.attempt = 1`)
 	if err == nil {
 		for rows.Next() {
 			var id string

@@ -90,3 +90,29 @@ func TestAttemptsKeptOnDeliveries(t *testing.T) {
 	require.Equal(t, 2, delivered, "the kept attempt and the retry's")
 	require.Equal(t, 1, failed)
 }
+
+// TestAttemptsKeptOnDeliveriesAreReadByIndex: the readers of attempts
+// reach those kept on deliveries through an index, by endpoint or by
+// delivered_at, never by reading postbox.deliveries whole: 100,000 kept
+// two days ago and a few now.
+func TestAttemptsKeptOnDeliveriesAreReadByIndex(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	kept := `status = 'delivered', last_response_ms = 5, attempt_target = 'https://example.com/big', attempted_by = 'i1', delivered_at = `
+	deliveries(t, pool, "big", 100000, kept+`now() - interval '2 days'`)
+	deliveries(t, pool, "big", 10, kept+`now()`)
+	deliveries(t, pool, "small", 10, kept+`now()`)
+	exec(t, pool, `ANALYZE postbox.deliveries`)
+	for _, c := range []struct {
+		name, sql, index string
+		args             []any
+	}{
+		{"recent attempts", telemetry.RecentAttemptsSQL, "deliveries_first_attempt", []any{"small", 50}},
+		{"exact percentiles", telemetry.ExactPercentilesSQL, "deliveries_first_attempt", []any{telemetry.Window.Seconds(), []string{"small"}}},
+		{"per minute", telemetry.PerMinuteSQL, "deliveries_delivered_at", []any{time.Hour.Seconds()}},
+	} {
+		plan := explain(t, pool, false, c.sql, c.args...)
+		require.NotContains(t, plan, "Seq Scan on deliveries", "%s:\n%s", c.name, plan)
+		require.Regexp(t, "Index Scan (Backward )?using "+c.index, plan, "%s:\n%s", c.name, plan)
+	}
+}

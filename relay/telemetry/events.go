@@ -448,6 +448,23 @@ type AttemptRow struct {
 	DeliveryID int64  `json:"delivery_id"` // 0 when unknown
 }
 
+// recentAttemptsSQL is RecentAttempts' statement: the newest $2 of
+// endpoint $1's attempt rows and of the attempts kept on its deliveries,
+// each read newest first by its index, then the newest $2 of both. (The
+// kept ones are taken newest delivered first: one delivered later but
+// started earlier than the last taken may be missed, by the length of its
+// request.)
+const recentAttemptsSQL = `
+		SELECT a.delivery_id, a.endpoint, coalesce(e.event_id::text, ''), ` + attemptColumns + `
+		FROM ((SELECT ` + attemptTableColumns + ` FROM postbox.attempts WHERE endpoint = $1 ORDER BY started_at DESC LIMIT $2)
+		      UNION ALL
+		      (` + attemptsOnDeliveries + ` AND endpoint = $1 ORDER BY delivered_at DESC LIMIT $2)) AS a
+		LEFT JOIN postbox.deliveries d ON d.id = a.delivery_id
+		LEFT JOIN postbox.events e ON e.id = d.event_pk
+		WHERE a.endpoint = $1
+		ORDER BY a.started_at DESC
+		LIMIT $2`
+
 // RecentAttempts returns endpoint's latest attempts, the newest first, at
 // most limit (EventLimitDefault when 0, at most EventLimitMax).
 func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit int) ([]AttemptRow, error) {
@@ -458,16 +475,7 @@ func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit
 		limit = EventLimitDefault
 	}
 	limit = min(limit, EventLimitMax)
-	rows, err := q.Query(ctx, `
-		SELECT a.delivery_id, a.endpoint, coalesce(e.event_id::text, ''), `+attemptColumns+`
-		FROM ((SELECT `+attemptTableColumns+` FROM postbox.attempts WHERE endpoint = $1 ORDER BY started_at DESC LIMIT $2)
-		      UNION ALL
-		      (`+attemptsOnDeliveries+` AND endpoint = $1 ORDER BY delivered_at DESC LIMIT $2)) AS a
-		LEFT JOIN postbox.deliveries d ON d.id = a.delivery_id
-		LEFT JOIN postbox.events e ON e.id = d.event_pk
-		WHERE a.endpoint = $1
-		ORDER BY a.started_at DESC
-		LIMIT $2`, endpoint, limit)
+	rows, err := q.Query(ctx, recentAttemptsSQL, endpoint, limit)
 	if err != nil {
 		return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
 	}
@@ -502,15 +510,9 @@ const (
 	PerMinuteMax     = 7 * 24 * time.Hour
 )
 
-// DeliveriesPerMinute counts the attempts of every minute from since ago
-// to now (PerMinuteDefault when 0, at most PerMinuteMax), oldest first,
-// every minute present (zero when nothing was attempted in it).
-func DeliveriesPerMinute(ctx context.Context, q store.Querier, since time.Duration) ([]MinuteCount, error) {
-	if since <= 0 {
-		since = PerMinuteDefault
-	}
-	since = min(since, PerMinuteMax)
-	rows, err := q.Query(ctx, `
+// perMinuteSQL is DeliveriesPerMinute's statement: the attempts since
+// $1 seconds ago, rows and kept ones (by delivered_at), per minute.
+const perMinuteSQL = `
 		WITH r AS (
 		  SELECT date_bin('1 minute', now() - $1 * interval '1 second', timestamptz '2000-01-01 00:00:00+00') AS first,
 		         date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00') AS last
@@ -521,14 +523,24 @@ func DeliveriesPerMinute(ctx context.Context, q store.Querier, since time.Durati
 		         count(*) FILTER (WHERE a.outcome <> 'delivered') AS failed
 		  FROM ((SELECT started_at, outcome FROM postbox.attempts, r WHERE started_at >= r.first)
 		        UNION ALL
-		        (SELECT a.started_at, a.outcome FROM (`+attemptsOnDeliveries+` AND delivered_at >= (SELECT first FROM r)) AS a, r
+		        (SELECT a.started_at, a.outcome FROM (` + attemptsOnDeliveries + ` AND delivered_at >= (SELECT first FROM r)) AS a, r
 		         WHERE a.started_at >= r.first)) AS a
 		  GROUP BY 1
 		)
 		SELECT m.minute, coalesce(c.delivered, 0)::int, coalesce(c.failed, 0)::int
 		FROM r, generate_series(r.first, r.last, interval '1 minute') AS m(minute)
 		LEFT JOIN c ON c.minute = m.minute
-		ORDER BY m.minute`, since.Seconds())
+		ORDER BY m.minute`
+
+// DeliveriesPerMinute counts the attempts of every minute from since ago
+// to now (PerMinuteDefault when 0, at most PerMinuteMax), oldest first,
+// every minute present (zero when nothing was attempted in it).
+func DeliveriesPerMinute(ctx context.Context, q store.Querier, since time.Duration) ([]MinuteCount, error) {
+	if since <= 0 {
+		since = PerMinuteDefault
+	}
+	since = min(since, PerMinuteMax)
+	rows, err := q.Query(ctx, perMinuteSQL, since.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("deliveries per minute: %w", err)
 	}

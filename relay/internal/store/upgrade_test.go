@@ -18,7 +18,8 @@ import (
 // delivery in flight, upgrades (024, 025) without losing a row; the merged
 // index still refuses a second live delivery of an event and takes any
 // number of finished ones, and the deliveries in flight from before are
-// not marked kept, so an ordered endpoint's head still sees them.
+// not marked kept, so an ordered endpoint's head still sees them; an
+// attempt row from before 026 is listed once in postbox.all_attempts.
 func TestUpgradeMergesTheEventIndexesOverRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -52,6 +53,10 @@ func TestUpgradeMergesTheEventIndexesOverRows(t *testing.T) {
 		)
 		SELECT (SELECT id FROM d WHERE status = 'replayed'), (SELECT id FROM d WHERE status = 'in_flight')`).Scan(&replayed, &inFlight))
 
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, duration_ms, status_code, outcome)
+		SELECT id, endpoint, 1, 3, 200, 'delivered' FROM postbox.deliveries WHERE status = 'delivered'`)
+	require.NoError(t, err)
+
 	table, _ := outbox.ParseTable(outbox.DefaultTable)
 	require.NoError(t, store.Migrate(ctx, pool, table))
 	v, err := store.SchemaVersion(ctx, pool)
@@ -62,6 +67,9 @@ func TestUpgradeMergesTheEventIndexesOverRows(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE kept) FROM postbox.deliveries`).Scan(&rows, &kept))
 	require.Equal(t, 4, rows)
 	require.Zero(t, kept, "deliveries from before 025 are not kept")
+	var attempts int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM postbox.all_attempts`).Scan(&attempts))
+	require.Equal(t, 1, attempts, "an attempt from before 026 is its row, once: its delivery keeps none")
 
 	// A second live delivery of the first event is refused, a finished one
 	// is not.

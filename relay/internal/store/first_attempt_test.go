@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
@@ -22,20 +21,10 @@ func TestFirstAttemptThatDeliveredStaysOnItsDelivery(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
-	ic, err := s.AcquireIngest(ctx, "me")
-	require.NoError(t, err)
-	evs := make([]store.NewEvent, 4)
-	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`),
-			CreatedAt: time.Now(), Status: state.InFlight}
-	}
-	ingested, err := ic.Insert(ctx, evs, false)
-	require.NoError(t, err)
-	require.NoError(t, ic.Commit(ctx, 0, false))
-	ic.Release()
+	ingested := ingestInFlight(t, s, "ep", 4)
 	require.Len(t, ingested, 4)
 	kept, failed, taken, second := ingested[0].DeliveryID, ingested[1].DeliveryID, ingested[2].DeliveryID, ingested[3].DeliveryID
-	_, err = s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET lease_owner = 'other' WHERE id = $1`, taken)
+	_, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET lease_owner = 'other' WHERE id = $1`, taken)
 	require.NoError(t, err)
 
 	at := time.Now().Truncate(time.Microsecond)

@@ -24,6 +24,24 @@ func ingestConn(t testing.TB, s *store.Store) *store.IngestConn {
 	return ic
 }
 
+// ingestInFlight ingests n events for endpoint with their deliveries in
+// flight for "me", as the fast path writes them, and returns what the
+// insert returned.
+func ingestInFlight(t testing.TB, s *store.Store, endpoint string, n int) []store.Ingested {
+	t.Helper()
+	ctx := context.Background()
+	ic := ingestConn(t, s)
+	evs := make([]store.NewEvent, n)
+	for i := range evs {
+		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
+			CreatedAt: time.Now(), Status: state.InFlight}
+	}
+	ingested, err := ic.Insert(ctx, evs, false)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+	return ingested
+}
+
 // queueLane ingests n pending deliveries for endpoint in lane.
 func queueLane(t testing.TB, s *store.Store, endpoint, lane string, n int) {
 	t.Helper()

@@ -468,17 +468,7 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 	_, err = s.Pool.Exec(ctx, `ANALYZE postbox.deliveries`)
 	require.NoError(t, err)
 
-	ic, err := s.AcquireIngest(ctx, "me")
-	require.NoError(t, err)
-	evs := make([]store.NewEvent, 5000)
-	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`),
-			CreatedAt: time.Now(), Status: state.InFlight}
-	}
-	ingested, err := ic.Insert(ctx, evs, false)
-	require.NoError(t, err)
-	require.NoError(t, ic.Commit(ctx, 0, false))
-	ic.Release()
+	ingested := ingestInFlight(t, s, "ep", 5000)
 	var ids []int64
 	for _, in := range ingested[2000:2010] {
 		ids = append(ids, in.DeliveryID)

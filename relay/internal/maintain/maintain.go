@@ -100,6 +100,7 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 	tick := time.NewTicker(HeartbeatInterval(m.env.Config().Lease))
 	defer tick.Stop()
 	var lastPurge time.Time
+	gone := map[string]time.Time{} // releaseAbandoned's
 	for {
 		cfg := m.env.Config()
 		st := m.env.Store
@@ -139,7 +140,7 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("heartbeat failed")
 		}
-		if n, err := st.ReleaseAbandoned(ctx, ReleaseBatchDefault); err != nil && ctx.Err() == nil {
+		if n, err := releaseAbandoned(ctx, st, gone, time.Now()); err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("releasing abandoned deliveries failed")
 		} else if n > 0 {
 			m.log.Info().Int64("deliveries", n).Msg("returned deliveries of a stopped instance to the queue")
@@ -161,6 +162,41 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// releaseAbandoned returns to the queue the deliveries of instances this
+// one has seen gone (store.DeadOwners) at every sweep for
+// store.LifeGraceDefault at least; gone maps each owner so seen to when it
+// was first seen gone. An instance alive but cut off for a moment can look
+// gone: after a read-only spell its heartbeats are older than the grace,
+// and when its connection for life is cut as the spell ends, it holds its
+// lock again only at its next heartbeat. Released then, the deliveries it
+// is attempting would be attempted again by another instance. Waiting a
+// grace more leaves it the time to come back; a crashed instance's
+// deliveries return a grace later than they would at once.
+func releaseAbandoned(ctx context.Context, st *store.Store, gone map[string]time.Time, now time.Time) (int64, error) {
+	owners, err := st.DeadOwners(ctx)
+	if err != nil {
+		return 0, err
+	}
+	still := make(map[string]bool, len(owners))
+	var confirmed []string
+	for _, o := range owners {
+		still[o] = true
+		since, seen := gone[o]
+		switch {
+		case !seen:
+			gone[o] = now
+		case now.Sub(since) >= store.LifeGraceDefault:
+			confirmed = append(confirmed, o)
+		}
+	}
+	for o := range gone {
+		if !still[o] {
+			delete(gone, o)
+		}
+	}
+	return st.ReleaseAbandonedOf(ctx, confirmed, ReleaseBatchDefault)
 }
 
 // HeartbeatInterval is how often an instance heartbeats and looks for

@@ -673,16 +673,14 @@ func (s *Store) Deregister(ctx context.Context, id string) error {
 	return err
 }
 
-// ReleaseAbandoned returns to the queue, due at once, up to limit
-// deliveries in flight whose owner is gone (aliveSQL): its connection for
-// life has ended on this server and it did not come back within the
-// grace (it crashed or was killed), or its registration has expired (it
-// froze, or lost the database, past its lease). It also forgets
-// registrations expired an hour ago. The
-// interrupted attempt is not counted: it may or may not have reached the
-// receiver.
-func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) {
-	tag, err := s.Pool.Exec(ctx, `
+// DeadOwners returns the owners of deliveries in flight that are gone
+// (aliveSQL): their connection for life has ended on this server and they
+// did not come back within the grace (crashed or killed), or their
+// registration has expired (frozen, or cut off from the database past
+// their lease). The owners are read from deliveries_lease_owner, one
+// lookup each.
+func (s *Store) DeadOwners(ctx context.Context) ([]string, error) {
+	rows, err := s.Pool.Query(ctx, `
 		WITH RECURSIVE owners AS (
 		  (SELECT lease_owner FROM postbox.deliveries WHERE status = 'in_flight' ORDER BY lease_owner LIMIT 1)
 		  UNION ALL
@@ -690,26 +688,59 @@ func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) 
 		          WHERE d.status = 'in_flight' AND d.lease_owner > owners.lease_owner
 		          ORDER BY d.lease_owner LIMIT 1)
 		  FROM owners WHERE owners.lease_owner IS NOT NULL
-		),
-		dead AS (
-		  SELECT lease_owner FROM owners
-		  WHERE lease_owner IS NOT NULL
-		    AND NOT EXISTS (SELECT 1 FROM postbox.instances i
-		                    WHERE i.id = owners.lease_owner AND `+aliveSQL+`)
 		)
-		UPDATE postbox.deliveries
-		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
-		    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
-		WHERE id IN (SELECT id FROM postbox.deliveries
-		             WHERE status = 'in_flight' AND lease_owner IN (SELECT lease_owner FROM dead)
-		             LIMIT $2 FOR UPDATE SKIP LOCKED)`, LifeGraceDefault.Seconds(), limit)
+		SELECT lease_owner FROM owners
+		WHERE lease_owner IS NOT NULL
+		  AND NOT EXISTS (SELECT 1 FROM postbox.instances i
+		                  WHERE i.id = owners.lease_owner AND `+aliveSQL+`)`, LifeGraceDefault.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("find stopped instances: %w", err)
+	}
+	owners, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("find stopped instances: %w", err)
+	}
+	return owners, nil
+}
+
+// ReleaseAbandoned returns to the queue, due at once, up to limit
+// deliveries in flight whose owner is gone (DeadOwners). It also forgets
+// registrations expired an hour ago. The interrupted attempt is not
+// counted: it may or may not have reached the receiver.
+func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) {
+	owners, err := s.DeadOwners(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("release abandoned deliveries: %w", err)
+	}
+	return s.ReleaseAbandonedOf(ctx, owners, limit)
+}
+
+// ReleaseAbandonedOf is ReleaseAbandoned for the deliveries of owners
+// only, those of them still gone: for a caller that waits until it has
+// seen an owner gone for a while (maintain's sweep).
+func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit int) (int64, error) {
+	var n int64
+	if len(owners) > 0 {
+		tag, err := s.Pool.Exec(ctx, `
+			WITH dead AS (
+			  SELECT o FROM unnest($3::text[]) AS o
+			  WHERE NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = o AND `+aliveSQL+`)
+			)
+			UPDATE postbox.deliveries
+			SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
+			    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
+			WHERE id IN (SELECT id FROM postbox.deliveries
+			             WHERE status = 'in_flight' AND lease_owner IN (SELECT o FROM dead)
+			             LIMIT $2 FOR UPDATE SKIP LOCKED)`, LifeGraceDefault.Seconds(), limit, owners)
+		if err != nil {
+			return 0, fmt.Errorf("release abandoned deliveries: %w", err)
+		}
+		n = tag.RowsAffected()
 	}
 	if _, err := s.Pool.Exec(ctx, `DELETE FROM postbox.instances WHERE expires_at < now() - interval '1 hour'`); err != nil {
 		return 0, fmt.Errorf("forget expired instances: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // StaleOwned returns up to limit deliveries owner has held in flight,

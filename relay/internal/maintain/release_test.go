@@ -1,0 +1,73 @@
+package maintain
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// TestAnInstanceSeenGoneForAGraceLosesItsDeliveries: the sweep returns an
+// instance's deliveries to the queue only once it has seen the instance
+// gone for store.LifeGraceDefault; one that comes back meanwhile (as after
+// a read-only spell whose end cut its connection) keeps them, and is seen
+// afresh if it goes again.
+func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
+	ctx := context.Background()
+	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table, _ := outbox.ParseTable(outbox.DefaultTable)
+	require.NoError(t, store.Migrate(ctx, pool, table))
+	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
+
+	ic, err := s.AcquireIngest(ctx, "ingest")
+	require.NoError(t, err)
+	_, err = ic.Insert(ctx, []store.NewEvent{
+		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
+		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
+	}, false)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+	ic.Release()
+	claimed, err := s.Claim(ctx, "ghost", 2, nil, nil, 2, nil)
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+	register := func(lease time.Duration) {
+		t.Helper()
+		require.NoError(t, s.Heartbeat(ctx, pool, store.Instance{ID: "ghost"}, lease, false))
+	}
+	gone := map[string]time.Time{}
+	release := func(at time.Time) int64 {
+		t.Helper()
+		n, err := releaseAbandoned(ctx, s, gone, at)
+		require.NoError(t, err)
+		return n
+	}
+
+	register(time.Millisecond) // expired at once: gone
+	time.Sleep(10 * time.Millisecond)
+	t0 := time.Now()
+	require.Zero(t, release(t0), "first seen gone")
+	require.Contains(t, gone, "ghost")
+	require.Zero(t, release(t0.Add(store.LifeGraceDefault-time.Millisecond)), "not yet gone for a grace")
+
+	register(time.Minute) // back
+	require.Zero(t, release(t0.Add(2*store.LifeGraceDefault)), "alive again")
+	require.NotContains(t, gone, "ghost", "forgotten once seen alive")
+
+	register(time.Millisecond) // gone again: seen afresh
+	time.Sleep(10 * time.Millisecond)
+	t1 := t0.Add(3 * store.LifeGraceDefault)
+	require.Zero(t, release(t1))
+	require.EqualValues(t, 2, release(t1.Add(store.LifeGraceDefault)), "gone for a grace: its deliveries return")
+}

@@ -1,5 +1,18 @@
 package store
 
+import "context"
+
+// ReleaseAbandoned releases the deliveries of every owner gone now
+// (DeadOwners, then ReleaseAbandonedOf), without the sweep's wait: the
+// tests of the judgement itself.
+func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) {
+	owners, err := s.DeadOwners(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return s.ReleaseAbandonedOf(ctx, owners, limit)
+}
+
 // The statements whose plans TestByIDStatementsReadOnlyTheirRows checks.
 const (
 	RecordResultsSQL = recordResultsSQL

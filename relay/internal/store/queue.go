@@ -656,7 +656,7 @@ func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease tim
 }
 
 // Peers returns how many other instances are alive (aliveSQL), as
-// ReleaseAbandoned judges them.
+// DeadOwners judges them.
 func (s *Store) Peers(ctx context.Context, id string) (int, error) {
 	var n int
 	if err := s.Pool.QueryRow(ctx, `
@@ -703,21 +703,12 @@ func (s *Store) DeadOwners(ctx context.Context) ([]string, error) {
 	return owners, nil
 }
 
-// ReleaseAbandoned returns to the queue, due at once, up to limit
-// deliveries in flight whose owner is gone (DeadOwners). It also forgets
-// registrations expired an hour ago. The interrupted attempt is not
-// counted: it may or may not have reached the receiver.
-func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) {
-	owners, err := s.DeadOwners(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("release abandoned deliveries: %w", err)
-	}
-	return s.ReleaseAbandonedOf(ctx, owners, limit)
-}
-
-// ReleaseAbandonedOf is ReleaseAbandoned for the deliveries of owners
-// only, those of them still gone: for a caller that waits until it has
-// seen an owner gone for a while (maintain's sweep).
+// ReleaseAbandonedOf returns to the queue, due at once, up to limit
+// deliveries in flight of owners that are still gone (see DeadOwners; the
+// caller, maintain's sweep, waits until it has seen an owner gone for a
+// while). It also forgets registrations expired an hour ago. The
+// interrupted attempt is not counted: it may or may not have reached the
+// receiver.
 func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit int) (int64, error) {
 	var n int64
 	if len(owners) > 0 {

@@ -68,6 +68,9 @@ func TestAttemptsKeptOnDeliveries(t *testing.T) {
 	require.Equal(t, 99999.0, rows[3].DurationMS)
 	require.Equal(t, id, rows[1].EventID)
 	require.Equal(t, "i2", rows[1].Instance)
+	// The view (the story's) and attemptsOnDeliveries (the others') spell
+	// the same columns twice: they must read a kept attempt alike.
+	require.Equal(t, a, rows[1].AttemptRecord, "postbox.all_attempts and attemptsOnDeliveries agree")
 	rows, err = telemetry.RecentAttempts(ctx, pool, "k", 1)
 	require.NoError(t, err)
 	require.Len(t, rows, 1)

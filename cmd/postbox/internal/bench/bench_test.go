@@ -49,6 +49,23 @@ func TestLedgerCountsByID(t *testing.T) {
 	require.Equal(t, 1, l.pending())
 }
 
+// TestDuplicateBoundAddsTheUnrecordedToTheInFlight: an event a fault can
+// make the relays send twice is one in flight at it or one that arrived
+// and was left unrecorded; a delivery that is both counts once, and the
+// two sets add up (the larger alone would refuse duplicates the fault
+// did cause: first attempts made ahead of an ingest the fault failed are
+// in no in-flight row).
+func TestDuplicateBoundAddsTheUnrecordedToTheInFlight(t *testing.T) {
+	t.Parallel()
+	inFlight, unrecorded := []string{"a", "b", "c"}, []string{"c", "d", "e", "f"}
+	f := Fault{Kind: faultKill, InFlight: len(inFlight), Unrecorded: len(unrecorded), Exposed: len(union(inFlight, unrecorded))}
+	require.Equal(t, 6, f.dupBound(), "a to f, c once")
+	f.Kind, f.During = faultReadOnly, 4
+	require.Equal(t, 10, f.dupBound(), "and what arrived while the database was read-only")
+	f.InFlightAfter = 11
+	require.Equal(t, 11, f.dupBound(), "or, if more, what was in flight once it recovered")
+}
+
 func TestReceiverVerifiesSignatures(t *testing.T) {
 	t.Parallel()
 	secret := outbox.NewSecret()

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -110,9 +112,15 @@ type Fault struct {
 	// ingest under way when the fast path had already started the
 	// attempt), so each was sent again. It counts attempts the in-flight
 	// figures cannot see: those whose delivery was not yet committed.
-	Unrecorded int      `json:"arrived_unrecorded"`
-	recent     []string // ids that first arrived in the seconds before the fault
-	dupIDs     []string // the ids of Dups
+	Unrecorded int `json:"arrived_unrecorded"`
+	// Exposed is the events either in flight just before the fault or
+	// left unrecorded by it, each counted once: a delivery claimed before
+	// the fault whose result the fault lost is both. These are the events
+	// the fault can have made the relays send twice.
+	Exposed  int      `json:"exposed"`
+	recent   []string // ids that first arrived in the seconds before the fault
+	inFlight []string // ids of the deliveries in flight just before the fault
+	dupIDs   []string // the ids of Dups
 	// Dups is the duplicates that arrived after this fault and before the
 	// next.
 	Dups  int    `json:"duplicates"`
@@ -120,19 +128,25 @@ type Fault struct {
 	at    time.Time
 }
 
-// dupBound is how many duplicates the fault may cause: the deliveries in
-// flight at it (before, or once recovered from if more), and for a fault
-// of the database also those that arrived while it lasted, whose results
-// may not have been recordable; or, if more, the arrivals the fault left
-// unrecorded (Unrecorded). A relay killed or frozen, or the slot dropped,
-// leaves the other relays' deliveries alone.
+// dupBound is how many duplicates the fault may cause: the events exposed
+// to it (in flight just before it, or arrived and left unrecorded, each
+// once), and for a fault of the database also those that arrived while it
+// lasted, whose results may not have been recordable; or, if more, the
+// deliveries in flight once it was recovered from. A relay killed or
+// frozen, or the slot dropped, leaves the other relays' deliveries alone.
+//
+// The two sets are added, not the larger taken: a first attempt the fast
+// path made before its ingest committed is in neither table's in-flight
+// rows, and when the fault fails that ingest the stream brings the event
+// again, so it is sent twice beside the in-flight deliveries the fault
+// returned to the queue.
 func (f *Fault) dupBound() int {
-	n := max(f.InFlight, f.InFlightAfter)
+	n := f.Exposed
 	switch f.Kind {
 	case faultRestartFast, faultRestartImmediate, faultReadOnly:
-		n = max(f.InFlight+f.During, f.InFlightAfter)
+		n += f.During
 	}
-	return max(n, f.Unrecorded)
+	return max(n, f.InFlightAfter)
 }
 
 // chaosRelay is one of the chaos scenario's relay processes.
@@ -279,7 +293,8 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		}
 		f := Fault{Kind: kinds[0]}
 		kinds = kinds[1:]
-		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`).Scan(&f.InFlight)
+		f.inFlight = e.inFlightIDs(ctx)
+		f.InFlight = len(f.inFlight)
 		f.at = time.Now()
 		f.AtSeconds = f.at.Sub(began).Seconds()
 		f.recent = led.firstSince(f.at.Add(-5 * time.Second))
@@ -320,12 +335,19 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	res.Sent, res.Received, res.Lost, res.Dups, res.Unacknowledged = t.sent, t.received, t.lost, t.dups, t.unacknowledged
 	for i := range res.Faults {
 		f := &res.Faults[i]
-		if err := e.pool.QueryRow(ctx, `
-			SELECT count(*) FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
+		rows, err := e.pool.Query(ctx, `
+			SELECT e.event_id::text FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
 			WHERE e.event_id = ANY($1::uuid[]) AND d.status = 'delivered' AND d.delivered_at > $2`,
-			f.recent, f.at).Scan(&f.Unrecorded); err != nil {
+			f.recent, f.at)
+		var unrecorded []string
+		if err == nil {
+			unrecorded, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
 			return nil, fmt.Errorf("count the arrivals a fault left unrecorded: %w", err)
 		}
+		f.Unrecorded = len(unrecorded)
+		f.Exposed = len(union(f.inFlight, unrecorded))
 		res.DupBound += f.dupBound()
 	}
 	res.DupsWithin = res.Dups <= res.DupBound
@@ -595,12 +617,16 @@ func (e *env) produceChaos(ctx context.Context, led *ledger, rate, endpoints int
 	return failed, skipped
 }
 
+// chaosLogLevel, from POSTBOX_BENCH_RELAY_LOG ("error" when unset), is the
+// chaos relays' log level; their logs go to the bench's standard error.
+var chaosLogLevel = cmp.Or(os.Getenv("POSTBOX_BENCH_RELAY_LOG"), "error")
+
 // chaosConfig is the relays' configuration: the bench's endpoints, the
 // last of them flapping, with retries and breakers quick enough that every
 // event arrives within the run.
 func (e *env) chaosConfig(endpoints int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: error\n", e.dbURL, e.slot)
+	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: %s\n", e.dbURL, e.slot, chaosLogLevel)
 	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\n", e.secret)
 	// Changed from the defaults: retries every few seconds instead of
 	// from 30 s to an hour, a breaker open for seconds instead of minutes,
@@ -612,6 +638,28 @@ func (e *env) chaosConfig(endpoints int) string {
 	}
 	fmt.Fprintf(&b, "  ep-%d:\n    url: %s/flap/ep-%d\n    timeout: %s\n", endpoints-1, e.recv.URL, endpoints-1, flapTimeout)
 	return b.String()
+}
+
+// inFlightIDs returns the event ids of the deliveries in flight (none
+// when the database does not answer).
+func (e *env) inFlightIDs(ctx context.Context) []string {
+	rows, err := e.pool.Query(ctx, `
+		SELECT e.event_id::text FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE d.status = 'in_flight'`)
+	if err != nil {
+		return nil
+	}
+	ids, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+	return ids
+}
+
+// union returns the distinct strings of a and b.
+func union(a, b []string) map[string]bool {
+	out := make(map[string]bool, len(a)+len(b))
+	for _, s := range slices.Concat(a, b) {
+		out[s] = true
+	}
+	return out
 }
 
 // inFlight counts the deliveries in flight, retrying for a few seconds

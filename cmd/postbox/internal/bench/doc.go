@@ -82,4 +82,6 @@
 // order. POSTBOX_BENCH_PGSETTINGS ("name=value;name=value") adds settings to
 // the bench's own server, to log its slow statements, autovacuum and
 // checkpoints with their times beside those latencies, for instance.
+// POSTBOX_BENCH_RELAY_LOG sets the chaos relays' log level (error by
+// default); their logs go to the bench's standard error.
 package bench

@@ -70,7 +70,7 @@ func (r *Result) Print(w io.Writer) {
 	if c := r.Chaos; c != nil {
 		fmt.Fprintf(w, "\nchaos (seed %d): %d relays, %d events/s over %d endpoints (one flapping) for %.0f s, %d faults:\n", c.Seed, c.Relays, c.Rate, c.Endpoints, c.Seconds, len(c.Faults))
 		for _, f := range c.Faults {
-			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight before, %d arrived during, %d in flight after, %d arrived and left unrecorded; %d duplicates until the next%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, f.Unrecorded, f.Dups, errSuffix(f.Error))
+			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight before, %d arrived during, %d in flight after, %d arrived and left unrecorded (%d events exposed); %d duplicates until the next%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, f.Unrecorded, f.Exposed, f.Dups, errSuffix(f.Error))
 		}
 		within := "within"
 		if !c.DupsWithin {

@@ -354,6 +354,30 @@ func (rc *receiver) requireEachOnce(t *testing.T, n int) {
 	}
 }
 
+// readOnly makes the test's database read-only (on) or writable again,
+// and ends its other sessions so that the relay's new ones take the
+// setting up, as a failover or an operator's switch does.
+func (tb *testBundle) readOnly(t *testing.T, on bool) {
+	t.Helper()
+	ctx := context.Background()
+	db := tb.pool.Config().ConnConfig.Database
+	v := "off"
+	if on {
+		v = "on"
+	}
+	conn, err := tb.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	// This session may have taken the setting up itself.
+	_, err = conn.Exec(ctx, `SET default_transaction_read_only = off`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET default_transaction_read_only = `+v)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, db)
+	require.NoError(t, err)
+	tb.pool.Reset() // its sessions took the old setting when they connected
+}
+
 func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)

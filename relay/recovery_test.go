@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/ops"
 )
@@ -78,6 +80,85 @@ func TestClaimsInFlightAreNotRescued(t *testing.T) {
 	tb.waitSettled(t, 1, 30*time.Second)
 	require.Equal(t, 1, rc.byID()[ids[0]], "attempted once")
 	require.NotContains(t, tb.logs.String(), "lost track of")
+}
+
+// TestEachDatabaseFaultIsRetriedAsTheFirst makes the database read-only
+// three times, each until the relay has failed to start a replication
+// session a few times (its retries back off), then writable again until
+// it streams and delivers an event. The first retry after a session that
+// worked waits as the first retry of all: each fault is a new incident,
+// not more failures of the process's life. (Counted for life, the
+// retries reached their cap after a handful of faults, however far
+// apart, and every later fault then held the stream back for as long.)
+func TestEachDatabaseFaultIsRetriedAsTheFirst(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	r := tb.start(t, relay.Options{})
+	const faults = 3
+	for fault := 1; fault <= faults; fault++ {
+		tb.insert(t, outbox.Event{Endpoint: "p"})
+		tb.waitSettled(t, fault, 60*time.Second)
+		waitUntil(t, 60*time.Second, "the relay streaming", r.Streaming)
+		ended := len(sessionEnds(t, tb.logs.String()))
+		tb.readOnly(t, true)
+		waitUntil(t, 60*time.Second, "three failed tries to stream", func() bool {
+			return len(sessionEnds(t, tb.logs.String())) >= ended+3
+		})
+		tb.readOnly(t, false)
+	}
+	tb.insert(t, outbox.Event{Endpoint: "p"})
+	tb.waitSettled(t, faults+1, 60*time.Second)
+	rc.requireEachOnce(t, faults+1)
+
+	firsts := 0
+	after := false // the line before was "streaming"
+	for _, l := range sessionLog(t, tb.logs.String()) {
+		switch {
+		case l.Message == "streaming":
+			after = true
+		case l.Message == "replication session ended" && after:
+			after = false
+			firsts++
+			require.LessOrEqual(t, l.RetryIn, float64(service.RetryBaseDefault/time.Millisecond),
+				"the first retry after the session streamed number %d", firsts)
+		}
+	}
+	require.Equal(t, faults, firsts, "each fault ended a session that streamed")
+}
+
+// logLine is a line of the relay's log, as far as the tests read it.
+type logLine struct {
+	Message string  `json:"message"`
+	RetryIn float64 `json:"retry_in"` // ms
+}
+
+// sessionLog returns the replication sessions' starts ("streaming") and
+// ends in error ("replication session ended"), in order.
+func sessionLog(t *testing.T, logs string) []logLine {
+	t.Helper()
+	var out []logLine
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, `"message":"streaming"`) && !strings.Contains(line, `"message":"replication session ended"`) {
+			continue
+		}
+		var l logLine
+		require.NoError(t, json.Unmarshal([]byte(line), &l))
+		out = append(out, l)
+	}
+	return out
+}
+
+// sessionEnds returns the ends in error of sessionLog.
+func sessionEnds(t *testing.T, logs string) []logLine {
+	var out []logLine
+	for _, l := range sessionLog(t, logs) {
+		if l.Message != "streaming" {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // Start waits out a database that is read-only for a while (a failover

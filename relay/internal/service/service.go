@@ -151,10 +151,14 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// Retry bounds of RetryWait.
+// Retry bounds of RetryWait. The cap is what a fault that has cleared can
+// still cost: the wait a loop began before it cleared (the replication
+// session's holds back every new event). A try is one statement or one
+// connection, so trying every few seconds through a long outage costs the
+// database nothing it would notice.
 const (
 	RetryBaseDefault = 500 * time.Millisecond
-	RetryCapDefault  = 30 * time.Second
+	RetryCapDefault  = 5 * time.Second
 )
 
 // RetryWait is the wait before retry n (from 1) of a failing database

@@ -200,6 +200,9 @@ type LoadResult struct {
 	DrainSeconds   float64 `json:"drain_seconds_after_load"`
 	P50ms          float64 `json:"p50_ms"`
 	P99ms          float64 `json:"p99_ms"`
+	// Over50ms is the share of events that arrived more than 50 ms after
+	// their commit.
+	Over50ms       float64 `json:"over_50ms_share"`
 	Sent           int     `json:"sent"`
 	Lost           int     `json:"lost"`
 	Dups           int     `json:"duplicates"`
@@ -209,6 +212,7 @@ type LoadResult struct {
 	// Costs are from the first insert until the last arrival: the
 	// producers' work is in the bench's CPU and the WAL.
 	Costs *Costs `json:"costs,omitempty"`
+	Split *Split `json:"split,omitempty"`
 }
 
 // FailingResult is the failing scenario's.
@@ -239,6 +243,7 @@ type LatencyResult struct {
 	RSSMB          float64 `json:"relay_peak_rss_mb"`
 	// Costs are from the first insert until the last arrival.
 	Costs *Costs `json:"costs,omitempty"`
+	Split *Split `json:"split,omitempty"`
 }
 
 // CatchupResult is the catchup scenario's.
@@ -411,6 +416,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	}
 	defer os.RemoveAll(dir)
 	env.cfgPath = filepath.Join(dir, "postbox.yaml")
+	env.admin, _ = freeLoopbackAddr() // without one, the results lack their Split
 	if err := os.WriteFile(env.cfgPath, []byte(env.config(opts.Endpoints)), 0o600); err != nil {
 		return nil, fmt.Errorf("write the relay's config: %w", err)
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -305,4 +307,33 @@ func TestDumpWALRecords(t *testing.T) {
 		require.NoError(t, err)
 		require.InDelta(t, 10, n, 1, l)
 	}
+}
+
+// TestSplitCountsBetweenReadings: a split counts only what the relay's
+// histogram observed between the scenario's two readings, and bounds each
+// quantile by its bucket.
+func TestSplitCountsBetweenReadings(t *testing.T) {
+	t.Parallel()
+	hist := func(total uint64, cum ...uint64) *dto.Histogram {
+		bounds := []float64{0.001, 0.01, 0.05, 0.1}
+		h := &dto.Histogram{SampleCount: &total}
+		for i, c := range cum {
+			h.Bucket = append(h.Bucket, &dto.Bucket{UpperBound: &bounds[i], CumulativeCount: &c})
+		}
+		return h
+	}
+	// Before the scenario: 10 fast rows. During it: 100 more, 60 of them
+	// within 1 ms, 30 within 10 ms, 9 within 50 ms, 1 above 100 ms.
+	from := histograms{commitToStreamMetric: hist(10, 10, 10, 10, 10)}
+	to := histograms{commitToStreamMetric: hist(110, 70, 100, 109, 109)}
+	s := splitBetween(from, to)
+	require.NotNil(t, s)
+	require.Equal(t, 100, s.Streamed)
+	require.Equal(t, 1.0, s.CommitToStreamP50ms)
+	require.Equal(t, 50.0, s.CommitToStreamP99ms)
+	require.InDelta(t, 0.01, s.StreamedOver50ms, 1e-9)
+	require.True(t, math.IsInf(bucketsBetween(from[commitToStreamMetric], to[commitToStreamMetric]).quantileMS(1), 1), "the slowest is above every bound")
+	require.Nil(t, splitBetween(nil, to), "no reading at the start: no split")
+
+	require.InDelta(t, 0.4, shareOver([]float64{1, 20, 50, 51, 90}, 50), 1e-9, "50 itself is not over")
 }

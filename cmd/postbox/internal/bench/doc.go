@@ -36,6 +36,12 @@
 //     unpublished copy of the outbox (the machine's rate without the
 //     relay), then with the relay running; samples the lag (committed, not
 //     yet received) every second and measures how long it takes to drain.
+//
+// The latency and load scenarios also split the latency before the
+// request left at the stream's receipt of the row, from the relay's own
+// histograms (postbox_commit_to_stream_seconds, the database's share, and
+// postbox_stream_to_attempt_seconds, the relay's), read from its /metrics
+// at the start and the end: their quantiles are bucket bounds.
 //   - chaos: ChaosRelays relays against one PostgreSQL (always the bench's
 //     own: it is restarted) under a paced stream (Options.Rate, default
 //     ChaosRateDefault, events/s for Options.Duration) over
@@ -53,10 +59,12 @@
 //     fail meanwhile are not committed, only counted. When the producers
 //     stop it waits up to 3 minutes for every committed event, then
 //     reports the faults, lost events (the run fails if any), duplicates
-//     against their bound — for each fault, the deliveries in flight just
-//     before it or once it was recovered from (the more), and for a fault
-//     of the database also those that arrived while it lasted, as their
-//     results may not have been recordable; summed — the longest commit →
+//     against their bound — for each fault, the events exposed to it (in
+//     flight just before it, or arrived before it and recorded only after
+//     it, each once), and for a fault of the database also those that
+//     arrived while it lasted, as their results may not have been
+//     recordable, or if more the deliveries in flight once it was
+//     recovered from; summed — the longest commit →
 //     delivery and the relays' peak RSS. --faults limits the faults to some kinds, --relays sets
 //     how many relays run. The relays retry within seconds rather than the defaults'
 //     minutes (see chaosConfig), so that every event can arrive in time.

@@ -2,10 +2,12 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +31,7 @@ type env struct {
 	secret      string
 	recv        *receiver
 	cfgPath     string
+	admin       string // the relay's admin listener ("" when none was free)
 	relayBinary string
 	relay       *exec.Cmd
 	done        chan struct{}
@@ -39,7 +42,7 @@ type env struct {
 // receiver, deliveries signed as in production.
 func (e *env) config(endpoints int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: warn\n", e.dbURL, e.slot)
+	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: %s\nlog_level: warn\n", e.dbURL, e.slot, cmp.Or(e.admin, "127.0.0.1:0"))
 	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\nendpoints:\n", e.secret)
 	for i := range endpoints {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, e.recv.URL, i)
@@ -282,6 +285,15 @@ func waitFor(ctx context.Context, d, interval time.Duration, cond func() (bool, 
 		case <-time.After(interval):
 		}
 	}
+}
+
+// shareOver is the share of sorted that is above limit.
+func shareOver(sorted []float64, limit float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := sort.SearchFloat64s(sorted, math.Nextafter(limit, math.Inf(1)))
+	return float64(len(sorted)-i) / float64(len(sorted))
 }
 
 func quantile(sorted []float64, q float64) float64 {

@@ -30,6 +30,7 @@ func (r *Result) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+		l.Split.print(w)
 		l.Costs.print(w)
 	}
 	if l := r.Floor; l != nil {
@@ -46,7 +47,8 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "\n%d producers inserting single-row transactions as fast as they commit, for %.0f s, over %d endpoints:\n", l.Producers, l.Seconds, l.Endpoints)
 		fmt.Fprintf(w, "  inserts %.0f/s with the relay running (%.0f/s without it); deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.BaselinePerS, l.DeliveriesPerS)
 		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
-		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms; sent %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, l.Sent, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms); sent %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Sent, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+		l.Split.print(w)
 		l.Costs.print(w)
 	}
 	if c := r.Catchup; c != nil {

@@ -55,9 +55,11 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		return nil, err
 	}
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
-	from := e.read(ctx)
+	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
 	e.pace(ctx, o, "postbox.outbox", led, hanging)
-	to, rss, err := e.endRun(ctx, waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil }))
+	waited := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	split := splitBetween(fromSplit, scrapeSplit(ctx, e.admin))
+	to, rss, err := e.endRun(ctx, waited)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +74,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		RSSMB: rss, Costs: costs(from, to, e.written(ctx), t.sent),
+		RSSMB: rss, Costs: costs(from, to, e.written(ctx), t.sent), Split: split,
 	}, nil
 }
 
@@ -169,7 +171,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 			res.MaxLag = max(res.MaxLag, led.pending())
 		}
 	}()
-	from := e.read(ctx)
+	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
 	start := time.Now()
 	sent := e.insertFlat(ctx, o, "postbox.outbox", o.Duration, func(id string) { led.commit(id) })
 	loadEnd := time.Now()
@@ -180,6 +182,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	res.DeliveriesPerS = float64(led.received()) / loadEnd.Sub(start).Seconds()
 	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(loadEnd).Seconds()
+	res.Split = splitBetween(fromSplit, scrapeSplit(ctx, e.admin))
 	to, rss, err := e.endRun(ctx, err)
 	if err != nil {
 		return nil, err
@@ -192,6 +195,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 		return nil, err
 	}
 	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
+	res.Over50ms = shareOver(lat, 50)
 	res.Lost, res.Dups, res.Unacknowledged = t.lost, t.dups, t.unacknowledged
 	res.BadSignatures = e.recv.scenarioBad()
 	e.dumpWALRecords(ctx, walRecordsFile, "load", from.wal, to.wal, sent)

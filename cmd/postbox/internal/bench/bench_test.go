@@ -152,6 +152,13 @@ func TestRun(t *testing.T) {
 
 	requireEachOnce(t, "latency", res.Latency)
 	requireEachOnce(t, "floor", res.Floor)
+	// The relay's histograms were read: its ingest observed the rows it
+	// streamed (the last ones may be observed after they arrived).
+	sp := res.Latency.Split
+	require.NotNil(t, sp, "the relay's /metrics read at the start and the end")
+	require.Greater(t, sp.Streamed, res.Latency.Sent/2)
+	require.LessOrEqual(t, sp.Streamed, res.Latency.Sent)
+	require.Positive(t, sp.CommitToStreamP99ms)
 
 	c := res.Catchup
 	require.NotNil(t, c)

@@ -232,6 +232,9 @@ func TestChaos(t *testing.T) {
 	require.Zero(t, c.BadSignatures)
 	require.LessOrEqual(t, c.Dups, c.DupBound, "duplicates within the deliveries in flight at the faults")
 	require.True(t, c.DupsWithin)
+	require.Positive(t, c.HealthyP99ms, "the steady endpoints' latencies were read")
+	require.LessOrEqual(t, c.HealthyP99ms, c.HealthyMaxms)
+	require.LessOrEqual(t, c.HealthyMaxms, c.Maxms)
 }
 
 // buildPostbox builds the postbox binary, which the bench runs as the

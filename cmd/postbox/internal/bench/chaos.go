@@ -86,9 +86,11 @@ type ChaosResult struct {
 	DrainSeconds   float64 `json:"drain_seconds_after_load"`
 	Maxms          float64 `json:"max_commit_to_delivery_ms"`
 	P99ms          float64 `json:"p99_ms"`
-	// HealthyMaxms is the longest commit → delivery of the endpoints that
-	// do not flap: what the faults alone cost.
+	// HealthyMaxms and HealthyP99ms are the longest and the 99th
+	// percentile commit → delivery of the endpoints that do not flap: what
+	// the faults alone cost.
 	HealthyMaxms float64 `json:"max_commit_to_delivery_ms_steady_endpoints"`
+	HealthyP99ms float64 `json:"p99_ms_steady_endpoints"`
 	// LostWhere counts the lost events by where postbox has them: their
 	// delivery's status, still in the outbox, or nowhere.
 	LostWhere map[string]int `json:"lost_where,omitempty"`
@@ -329,9 +331,11 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		return nil, err
 	}
 	res.Maxms, res.P99ms = quantile(lat, 1), quantile(lat, 0.99)
-	if res.HealthyMaxms, err = e.longestExcept(ctx, t.first, fmt.Sprintf("ep-%d", o.Endpoints-1)); err != nil {
+	steady, err := e.latenciesExcept(ctx, t.first, fmt.Sprintf("ep-%d", o.Endpoints-1))
+	if err != nil {
 		return nil, err
 	}
+	res.HealthyP99ms, res.HealthyMaxms = quantile(steady, 0.99), quantile(steady, 1)
 	res.Sent, res.Received, res.Lost, res.Dups, res.Unacknowledged = t.sent, t.received, t.lost, t.dups, t.unacknowledged
 	for i := range res.Faults {
 		f := &res.Faults[i]
@@ -374,26 +378,27 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	return res, nil
 }
 
-// longestExcept is the longest commit → first arrival, in milliseconds, of
-// the events for endpoints other than endpoint.
-func (e *env) longestExcept(ctx context.Context, first map[string]time.Time, endpoint string) (float64, error) {
+// latenciesExcept is the commit → first arrival, in milliseconds and
+// sorted, of the events for endpoints other than endpoint.
+func (e *env) latenciesExcept(ctx context.Context, first map[string]time.Time, endpoint string) ([]float64, error) {
 	rows, err := e.pool.Query(ctx, `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL AND endpoint <> $1`, endpoint)
 	if err != nil {
-		return 0, fmt.Errorf("read commit times: %w", err)
+		return nil, fmt.Errorf("read commit times: %w", err)
 	}
 	defer rows.Close()
-	longest := 0.0
+	var lat []float64
 	for rows.Next() {
 		var id string
 		var committed time.Time
 		if err := rows.Scan(&id, &committed); err != nil {
-			return 0, fmt.Errorf("read commit times: %w", err)
+			return nil, fmt.Errorf("read commit times: %w", err)
 		}
 		if at, ok := first[id]; ok {
-			longest = max(longest, float64(at.Sub(committed).Microseconds())/1000)
+			lat = append(lat, float64(at.Sub(committed).Microseconds())/1000)
 		}
 	}
-	return longest, rows.Err()
+	slices.Sort(lat)
+	return lat, rows.Err()
 }
 
 // whereLost counts the event ids by where postbox has them.

@@ -83,7 +83,7 @@ func (r *Result) Print(w io.Writer) {
 			fmt.Fprintf(w, "    lost, %s: %d\n", k, n)
 		}
 		fmt.Fprintf(w, "  duplicates %d, %s the bound of %d (attempts in flight at or during the faults)\n", c.Dups, within, c.DupBound)
-		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms (%.0f ms without the flapping endpoint); drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.HealthyMaxms, c.DrainSeconds, c.RSSMB)
+		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms (without the flapping endpoint: p99 %.0f ms, longest %.0f ms); drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.HealthyP99ms, c.HealthyMaxms, c.DrainSeconds, c.RSSMB)
 	}
 	if s := r.Soak; s != nil {
 		fmt.Fprintf(w, "\nsoak: %d events/s over %d endpoints for %.0f s, one relay, sampled every %s:\n", s.Rate, s.Endpoints, s.Seconds, soakInterval)

@@ -96,8 +96,7 @@ type Supervisor struct {
 	hard  context.Context // Start's: ingest writes finish under it after Stop
 
 	durable        *watermark.Watermark[pglogrepl.LSN]
-	streaming      atomic.Bool
-	streamingSince atomic.Int64 // Unix ns when the session began streaming; 0 when it does not
+	streamingSince atomic.Int64 // Unix ns when the session began streaming; 0 while it does not
 	reconciled     atomic.Bool
 	reconMu        sync.Mutex
 	lease          *leaseClock // the lead the current session streams under
@@ -121,7 +120,7 @@ func (s *Supervisor) Start(ctx context.Context) error {
 func (s *Supervisor) Stop() { s.loops.Stop() }
 
 // Streaming reports whether this instance streams the slot now.
-func (s *Supervisor) Streaming() bool { return s.streaming.Load() }
+func (s *Supervisor) Streaming() bool { return s.streamingSince.Load() != 0 }
 
 // Durable is the LSN up to which outbox transactions are ingested.
 func (s *Supervisor) Durable() *watermark.Watermark[pglogrepl.LSN] { return s.durable }
@@ -132,7 +131,6 @@ func (s *Supervisor) setStreaming(on bool) {
 	} else {
 		s.streamingSince.Store(0)
 	}
-	s.streaming.Store(on)
 	s.env.Metrics.Streaming(on)
 }
 
@@ -146,29 +144,18 @@ func (s *Supervisor) streamedFor() time.Duration {
 	return time.Since(time.Unix(0, since))
 }
 
-// retries counts a replication session's consecutive failures, for the
-// backoff between them. It counts only the failures of one incident: a
-// session that worked before it failed, or a database that answered that
-// another instance streams, starts the count again, so that a relay that
-// rode out earlier faults resumes the next one as soon as the first. (A
-// count kept for the process's life reached the cap after a handful of
-// database faults, however far apart, and each later fault then held
-// every instance's stream back for as long.)
-type retries struct{ n int }
-
-// next counts a failure and returns the wait before the next try.
-func (r *retries) next() time.Duration {
-	r.n++
-	return service.RetryWait(r.n)
-}
-
-// reset starts the count again.
-func (r *retries) reset() { r.n = 0 }
-
 // loop keeps this instance streaming when it leads, and standing by when
 // another does; after a failure it starts again with backoff.
+//
+// failures counts the failures of one incident only: a session that worked
+// before it failed, or a database that answered that another instance
+// streams, starts the count again, so that a relay that rode out earlier
+// faults resumes the next one as soon as the first. (A count kept for the
+// process's life reached the cap after a handful of database faults,
+// however far apart, and each later fault then held every instance's
+// stream back for as long.)
 func (s *Supervisor) loop(ctx context.Context) {
-	var failed retries
+	failures := 0
 	standby := false
 	for ctx.Err() == nil {
 		before := s.durable.Get()
@@ -190,7 +177,7 @@ func (s *Supervisor) loop(ctx context.Context) {
 				s.log.Info().Err(err).Msg("standing by: delivering from the queue while another instance streams")
 				standby = true
 			}
-			failed.reset() // the database answered: a later failure is a new one
+			failures = 0 // the database answered: a later failure is a new one
 			wait = s.env.Config().LeaderLease / 6
 		case store.IsFenced(err):
 			s.log.Warn().Err(err).Msg("another instance took over streaming (this one was paused or cut off); standing by")
@@ -211,9 +198,10 @@ func (s *Supervisor) loop(ctx context.Context) {
 				// The session worked (it ingested, or streamed for a
 				// while) until this failure: a new incident, retried as
 				// soon as the first of one.
-				failed.reset()
+				failures = 0
 			}
-			wait = failed.next()
+			failures++
+			wait = service.RetryWait(failures)
 			s.log.Warn().Err(err).Dur("retry_in", wait).Msg("replication session ended")
 		}
 		if !service.Sleep(ctx, wait) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"time"
 
@@ -470,8 +469,10 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	flush := false
 	if hist != nil && len(attempts.ids)+len(written)+len(inline) > 0 {
 		counts = countAttempts(&attempts)
-		for _, r := range slices.Concat(written, inline) {
-			counts[histKey{r.Endpoint, latencyBin(attemptStart(r)), latencyBucket(float32(r.ResponseMS))}]++
+		for _, rs := range [][]state.Result{written, inline} {
+			for _, r := range rs {
+				counts[histKey{r.Endpoint, latencyBin(attemptStart(r)), latencyBucket(float32(r.ResponseMS))}]++
+			}
 		}
 		if pending, due := hist.Pending(); pending && !time.Now().Before(due) {
 			flush = true

@@ -173,7 +173,7 @@ func (c *Client) Do(ctx context.Context, req Request) Response {
 		err = &url.Error{Op: requestOp(req.Method), URL: logsafe.Parsed(hr.URL), Err: err}
 		return Response{Err: err, Duration: time.Since(start)}
 	}
-	data, readErr := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBody))
+	data, readErr := readBody(resp)
 	if readErr == nil {
 		// Drain a little more to keep the connection reusable.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
@@ -185,6 +185,24 @@ func (c *Client) Do(ctx context.Context, req Request) Response {
 		out.Err = ctx.Err()
 	}
 	return out
+}
+
+// readBody reads at most MaxResponseBody bytes of a response's body, into
+// a buffer of its length when the response declares one that fits.
+func readBody(resp *http.Response) ([]byte, error) {
+	n := resp.ContentLength
+	if n < 0 || n > MaxResponseBody {
+		return io.ReadAll(io.LimitReader(resp.Body, MaxResponseBody))
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	b := make([]byte, n)
+	got, err := io.ReadFull(resp.Body, b)
+	if err == io.EOF {
+		err = nil // no body at all, as in the answer to a HEAD
+	}
+	return b[:got], err
 }
 
 // requestOp names a method as http.Client's errors do: "Post", "Get".

@@ -3,10 +3,13 @@ package deliver_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,4 +65,56 @@ func TestTransportErrorsNameTheRequest(t *testing.T) {
 	require.Contains(t, ue.Err.Error(), "refused")
 	require.NotContains(t, resp.Err.Error(), "click_id")
 	require.NotContains(t, resp.Err.Error(), "s3cret")
+}
+
+// TestResponseBodyIsReadUpToItsBound: a body of a declared length is read
+// whole, one without a length up to MaxResponseBody, and none is none.
+func TestResponseBodyIsReadUpToItsBound(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", deliver.MaxResponseBody+1000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/sized":
+			w.Header().Set("Content-Length", "8")
+			_, _ = io.WriteString(w, "accepted")
+		case "/chunked":
+			_, _ = io.WriteString(w, big[:10])
+			w.(http.Flusher).Flush() // no length: sent chunked
+			_, _ = io.WriteString(w, big[10:])
+		case "/large":
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+			_, _ = io.WriteString(w, big)
+		case "/short":
+			// Declares more than it sends, then closes the connection.
+			w.Header().Set("Content-Length", "100")
+			_, _ = io.WriteString(w, "partial")
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	defer srv.Close()
+	c := deliver.NewClient(deliver.Options{})
+	do := func(method, path string) deliver.Response {
+		return c.Do(context.Background(), deliver.Request{EventID: "e", Method: method, URL: srv.URL + path, Timeout: 5 * time.Second})
+	}
+
+	resp := do(http.MethodGet, "/sized")
+	require.NoError(t, resp.Err)
+	require.Equal(t, "accepted", string(resp.Body))
+	for _, path := range []string{"/chunked", "/large"} {
+		resp = do(http.MethodGet, path)
+		require.NoError(t, resp.Err, path)
+		require.Equal(t, big[:deliver.MaxResponseBody], string(resp.Body), path)
+	}
+	resp = do(http.MethodGet, "/short")
+	require.NoError(t, resp.Err, "the status arrived; the body's end did not")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "partial", string(resp.Body))
+	resp = do(http.MethodGet, "/none")
+	require.NoError(t, resp.Err)
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	require.Empty(t, resp.Body)
+	resp = do(http.MethodHead, "/sized")
+	require.NoError(t, resp.Err)
+	require.Empty(t, resp.Body)
 }

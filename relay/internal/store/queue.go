@@ -434,29 +434,27 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	// attempts that delivered, which the update keeps on their deliveries
 	// (firstOnDelivery).
 	var attempts attemptRows
-	var written, inline []state.Result
-	byEndpoint := map[string][]state.Result{}
-	for _, r := range rs {
+	var written, inline []int // indexes into rs
+	for i := range rs {
+		r := &rs[i]
 		if r.Written {
-			written = append(written, r)
-		} else {
-			in := hist != nil && firstOnDelivery(r)
-			ids, statuses, delays = append(ids, r.DeliveryID), append(statuses, string(r.Status)), append(delays, r.Delay.Seconds())
-			attempted, errs, codes = append(attempted, r.Attempted), append(errs, r.LastError), append(codes, int32(r.StatusCode))
-			ms, bodies = append(ms, float32(r.ResponseMS)), append(bodies, r.Response)
-			ats, c2d = append(ats, r.At), append(c2d, float32(r.CommitToDeliveryMS))
-			inlines, targets = append(inlines, in), append(targets, r.Target)
-			switch {
-			case in:
-				inline = append(inline, r)
-			case r.Sampled:
-				attempts.add(r)
-			}
+			written = append(written, i)
+			continue
 		}
-		if r.Sampled || r.Attempted || r.Signal != state.SignalNone || r.Pause > 0 {
-			byEndpoint[r.Key()] = append(byEndpoint[r.Key()], r) // health is a lane's
+		in := hist != nil && firstOnDelivery(*r)
+		ids, statuses, delays = append(ids, r.DeliveryID), append(statuses, string(r.Status)), append(delays, r.Delay.Seconds())
+		attempted, errs, codes = append(attempted, r.Attempted), append(errs, r.LastError), append(codes, int32(r.StatusCode))
+		ms, bodies = append(ms, float32(r.ResponseMS)), append(bodies, r.Response)
+		ats, c2d = append(ats, r.At), append(c2d, float32(r.CommitToDeliveryMS))
+		inlines, targets = append(inlines, in), append(targets, r.Target)
+		switch {
+		case in:
+			inline = append(inline, i)
+		case r.Sampled:
+			attempts.add(*r)
 		}
 	}
+	byEndpoint := groupForHealth(rs)
 	// Health rows are locked in name order, so concurrent instances lock
 	// them in the same order.
 	names := make([]string, 0, len(byEndpoint))
@@ -469,9 +467,10 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	flush := false
 	if hist != nil && len(attempts.ids)+len(written)+len(inline) > 0 {
 		counts = countAttempts(&attempts)
-		for _, rs := range [][]state.Result{written, inline} {
-			for _, r := range rs {
-				counts[histKey{r.Endpoint, latencyBin(attemptStart(r)), latencyBucket(float32(r.ResponseMS))}]++
+		for _, is := range [][]int{written, inline} {
+			for _, i := range is {
+				r := &rs[i]
+				counts[histKey{r.Endpoint, latencyBin(attemptStart(*r)), latencyBucket(float32(r.ResponseMS))}]++
 			}
 		}
 		if pending, due := hist.Pending(); pending && !time.Now().Before(due) {
@@ -540,9 +539,9 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			// An inline attempt whose delivery the update did not keep it on
 			// (no longer this instance's: its lease was taken) gets its row.
 			var apart attemptRows
-			for _, r := range inline {
-				if !onRow[r.DeliveryID] {
-					apart.add(r)
+			for _, i := range inline {
+				if !onRow[rs[i].DeliveryID] {
+					apart.add(rs[i])
 				}
 			}
 			if len(apart.ids) > 0 {
@@ -577,6 +576,38 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 		}
 	}
 	return changes, nil
+}
+
+// groupForHealth returns, by lane, the results that feed its health (see
+// HealthFunc), in their order, copied once into one array.
+func groupForHealth(rs []state.Result) map[string][]state.Result {
+	counts := map[string]int{}
+	total := 0
+	for i := range rs {
+		if r := &rs[i]; feedsHealth(r) {
+			counts[r.Key()]++
+			total++
+		}
+	}
+	all := make([]state.Result, total)
+	out := make(map[string][]state.Result, len(counts))
+	off := 0
+	for k, n := range counts {
+		out[k] = all[off : off : off+n]
+		off += n
+	}
+	for i := range rs {
+		if r := &rs[i]; feedsHealth(r) {
+			out[r.Key()] = append(out[r.Key()], *r)
+		}
+	}
+	return out
+}
+
+// feedsHealth reports whether a result changes its lane's health: an
+// attempt, a breaker signal or a pause.
+func feedsHealth(r *state.Result) bool {
+	return r.Sampled || r.Attempted || r.Signal != state.SignalNone || r.Pause > 0
 }
 
 // Instance describes a running postbox for the registry.

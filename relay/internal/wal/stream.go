@@ -470,7 +470,8 @@ func (ss *session) add(ctx context.Context, row Row) error {
 	if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
 		part := ss.cur
 		part.Received = time.Now()
-		ss.cur = Chunk{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime}
+		// The transaction is a large one: its next part is likely full too.
+		ss.cur = Chunk{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime, Rows: make([]Row, 0, len(part.Rows))}
 		return ss.send(ctx, part)
 	}
 	return nil

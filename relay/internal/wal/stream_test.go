@@ -189,3 +189,28 @@ func TestOversizedValuesAreNotRead(t *testing.T) {
 		require.Error(t, err, "cut by %d", cut)
 	}
 }
+
+// TestParsedValuesOutliveTheMessage: the values are copied out of the
+// message buffer, which the connection reuses, and none can grow into the
+// next.
+func TestParsedValuesOutliveTheMessage(t *testing.T) {
+	t.Parallel()
+	table, err := outbox.ParseTable("public.outbox")
+	require.NoError(t, err)
+	rel := newRelation(outboxRelation(pgtype.TimestamptzOID), table, pgtype.NewMap())
+	msg := encodeInsert(16384, insertTuple(textCol("2026-03-01 12:34:56+00")))
+	_, cols, err := parseInsert(msg, minKeep)
+	require.NoError(t, err)
+	want := fmt.Sprintf("%+v", rel.decode(cols, 0x16B3748, 1<<20)) // its bytes, printed
+	require.Contains(t, want, "network")
+	for i := range msg {
+		msg[i] = 0xff // the next message
+	}
+	for i, c := range cols {
+		if c.data != nil {
+			require.Equal(t, len(c.data), cap(c.data), "column %d", i)
+			c.data = append(c.data, '!')
+		}
+	}
+	require.Equal(t, want, fmt.Sprintf("%+v", rel.decode(cols, 0x16B3748, 1<<20)))
+}

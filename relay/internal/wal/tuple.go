@@ -38,6 +38,7 @@ func parseInsert(src []byte, keep int) (uint32, []column, error) {
 	n := int(binary.BigEndian.Uint16(src[6:]))
 	src = src[8:]
 	cols := make([]column, 0, n)
+	kept := 0 // bytes of the values kept, copied below into one array
 	for range n {
 		if len(src) < 1 {
 			return 0, nil, errShortInsert
@@ -56,7 +57,8 @@ func parseInsert(src []byte, keep int) (uint32, []column, error) {
 			}
 			c.size = int(size)
 			if c.size <= keep {
-				c.data = append(make([]byte, 0, c.size), src[:c.size]...)
+				c.data = src[:c.size:c.size] // the message's, until copied
+				kept += c.size
 			}
 			src = src[c.size:]
 		default:
@@ -64,6 +66,15 @@ func parseInsert(src []byte, keep int) (uint32, []column, error) {
 			// not know: no data follows, and the value is unreadable.
 		}
 		cols = append(cols, c)
+	}
+	// One copy of the values, not one each: the message buffer is reused.
+	buf := make([]byte, 0, kept)
+	for i := range cols {
+		if d := cols[i].data; d != nil {
+			off := len(buf)
+			buf = append(buf, d...)
+			cols[i].data = buf[off:len(buf):len(buf)]
+		}
 	}
 	return rel, cols, nil
 }

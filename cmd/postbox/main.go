@@ -272,6 +272,8 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 		return code
 	}
 	log := newLogger(cfg, stderr)
+	heap := startHeapFloor(HeapFloorDefault)
+	defer heap.Stop()
 	r, err := relay.New(cfg, relay.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)

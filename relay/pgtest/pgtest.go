@@ -131,7 +131,7 @@ func newCluster(bindir string) (*Cluster, error) {
 			return nil, fmt.Errorf("pgtest: chown %s: %w", dir, err)
 		}
 	}
-	if c.port, err = freePort(); err != nil {
+	if c.port, err = FreePort(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -429,7 +429,8 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-func freePort() (int, error) {
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("pgtest: find a free port: %w", err)

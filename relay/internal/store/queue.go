@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -467,11 +468,9 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	flush := false
 	if hist != nil && len(attempts.ids)+len(written)+len(inline) > 0 {
 		counts = countAttempts(&attempts)
-		for _, is := range [][]int{written, inline} {
-			for _, i := range is {
-				r := &rs[i]
-				counts[histKey{r.Endpoint, latencyBin(attemptStart(*r)), latencyBucket(float32(r.ResponseMS))}]++
-			}
+		for _, i := range slices.Concat(written, inline) {
+			r := &rs[i]
+			counts[histKey{r.Endpoint, latencyBin(attemptStart(*r)), latencyBucket(float32(r.ResponseMS))}]++
 		}
 		if pending, due := hist.Pending(); pending && !time.Now().Before(due) {
 			flush = true

@@ -416,7 +416,11 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	}
 	defer os.RemoveAll(dir)
 	env.cfgPath = filepath.Join(dir, "postbox.yaml")
-	env.admin, _ = freeLoopbackAddr() // without one, the results lack their Split
+	// The relay's admin listener, whose /metrics gives the results their
+	// Split (without a port, they lack it).
+	if port, err := pgtest.FreePort(); err == nil {
+		env.admin = fmt.Sprintf("127.0.0.1:%d", port)
+	}
 	if err := os.WriteFile(env.cfgPath, []byte(env.config(opts.Endpoints)), 0o600); err != nil {
 		return nil, fmt.Errorf("write the relay's config: %w", err)
 	}

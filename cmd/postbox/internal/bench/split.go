@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"time"
 
@@ -42,17 +41,6 @@ type Split struct {
 
 // histograms are the relay's two split histograms at one moment.
 type histograms map[string]*dto.Histogram
-
-// freeLoopbackAddr returns a loopback address with a port free a moment
-// ago, for the relay's admin listener (the bench reads its /metrics).
-func freeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
 
 // scrapeSplit reads the split histograms from the relay's /metrics at
 // addr; nil when it cannot (no address, the relay not answering).

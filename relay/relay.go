@@ -399,7 +399,7 @@ func (r *Relay) shutdown(s *services) {
 	s.recorder.Stop()
 	s.maint.Stop()
 	relCtx, cancelRel := context.WithTimeout(context.Background(), ReleaseTimeoutDefault)
-	if n, err := s.env.Store.ReleaseOwned(relCtx, r.owner); err != nil {
+	if n, err := s.env.Store.ReleaseOwned(relCtx, r.owner, s.env.Config().Lane); err != nil {
 		r.log.Warn().Err(err).Msg("could not release claimed deliveries; they return to the queue when this instance's lease expires")
 	} else {
 		if n > 0 {

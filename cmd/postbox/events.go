@@ -153,7 +153,10 @@ func printStory(w io.Writer, s telemetry.EventStory) {
 		fmt.Fprintf(w, "  committed  unknown: found in the outbox table by reconciliation, not in the stream\n")
 		fmt.Fprintf(w, "  ingested   %s\n", s.IngestedAt.UTC().Format(timeFormat))
 	}
-	if len(s.Deliveries) == 0 {
+	switch {
+	case s.UnderWayAt != "":
+		fmt.Fprintf(w, "  in flight at instance %s (its delivery is written when the attempt ends)\n", printable(s.UnderWayAt))
+	case len(s.Deliveries) == 0:
 		fmt.Fprintln(w, "  no deliveries")
 	}
 	for _, d := range s.Deliveries {

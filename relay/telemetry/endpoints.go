@@ -164,8 +164,10 @@ func LoadEndpoints(ctx context.Context, q store.Querier, endpoint string) ([]End
 		         count(*) FILTER (WHERE status = 'failed') AS retry,
 		         count(*) FILTER (WHERE status = 'in_flight') AS in_flight,
 		         count(*) FILTER (WHERE status = 'dead_letter') AS dead
-		  FROM postbox.deliveries
-		  WHERE status IN ('pending', 'failed', 'in_flight', 'dead_letter') AND ($1 = '' OR endpoint = $1)
+		  FROM (SELECT endpoint, status FROM postbox.deliveries
+		        WHERE status IN ('pending', 'failed', 'in_flight', 'dead_letter') AND ($1 = '' OR endpoint = $1)
+		        UNION ALL -- events under way are in flight
+		        SELECT endpoint, 'in_flight' FROM postbox.events_under_way WHERE $1 = '' OR endpoint = $1) d
 		  GROUP BY endpoint
 		),
 		names AS (

@@ -11,13 +11,16 @@ import (
 
 // EndpointQueuesSQL counts the unfinished and dead-lettered deliveries per
 // endpoint, each state through its own partial index: a scan of all
-// deliveries for "status IN (…)" reads every delivered row too.
+// deliveries for "status IN (…)" reads every delivered row too. Events
+// under way (no delivery written yet) count in flight.
 const EndpointQueuesSQL = `
 SELECT endpoint, 'pending', count(*) FROM postbox.deliveries WHERE status = 'pending' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
 UNION ALL
 SELECT endpoint, 'failed', count(*) FROM postbox.deliveries WHERE status = 'failed' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
 UNION ALL
 SELECT endpoint, 'in_flight', count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
+UNION ALL
+SELECT endpoint, 'in_flight', count(*) FROM postbox.events_under_way WHERE $1 = '' OR endpoint = $1 GROUP BY endpoint
 UNION ALL
 SELECT endpoint, 'dead_letter', count(*) FROM postbox.deliveries WHERE status = 'dead_letter' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint`
 
@@ -62,8 +65,8 @@ func LoadEndpointsRefreshed(ctx context.Context, q store.Querier, endpoint strin
 			out[i].Pending = n
 		case "failed":
 			out[i].AwaitingRetry = n
-		case "in_flight":
-			out[i].InFlight = n
+		case "in_flight": // deliveries, then events under way
+			out[i].InFlight += n
 		case "dead_letter":
 			out[i].DeadLetter = n
 		}

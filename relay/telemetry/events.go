@@ -126,6 +126,10 @@ const latestStatusSQL = `e.id IN (
   SELECT d.event_pk FROM postbox.deliveries d
   WHERE d.status = %s%s AND NOT EXISTS (SELECT 1 FROM postbox.deliveries n WHERE n.event_pk = d.event_pk AND n.id > d.id))`
 
+// underWaySQL is true for an event under way: in flight in an instance's
+// memory, its delivery not written yet.
+const underWaySQL = `e.id IN (SELECT event_pk FROM postbox.events_under_way)`
+
 // Searches order events by commit time, and no index does: the commit
 // time is not known for every event (reconciliation finds some without),
 // and a second index on events would slow every ingest. Events are
@@ -146,7 +150,7 @@ SELECT min(h.t) FROM (
 
 // searchEventsSQL: the bound is the last argument, %[2]s.
 const searchEventsSQL = `
-SELECT e.event_id::text, e.endpoint, e.event_type, coalesce(d.status, ''), coalesce(d.attempts, 0), e.committed_at
+SELECT e.event_id::text, e.endpoint, e.event_type, coalesce(d.status, 'in_flight'), coalesce(d.attempts, 0), e.committed_at
 FROM (
   SELECT e.id, e.event_id, e.endpoint, e.event_type, e.committed_at, e.ingested_at FROM postbox.events e
   WHERE e.ingested_at >= %[2]s AND %[1]s
@@ -186,7 +190,11 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 		if endpoint != "" {
 			narrow = " AND d.endpoint = " + endpoint
 		}
-		conds = append(conds, fmt.Sprintf(latestStatusSQL, arg(f.Status), narrow))
+		cond := fmt.Sprintf(latestStatusSQL, arg(f.Status), narrow)
+		if f.Status == string(state.InFlight) {
+			cond = "(" + cond + " OR " + underWaySQL + ")"
+		}
+		conds = append(conds, cond)
 	}
 	if !f.Since.IsZero() {
 		p := arg(f.Since)
@@ -260,6 +268,10 @@ type EventStory struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	IngestedAt  time.Time       `json:"ingested_at"`
 	Deliveries  []DeliveryStory `json:"deliveries"`
+	// UnderWayAt is the instance whose memory holds the event in flight
+	// while its delivery is not written yet (an event under way: its
+	// first attempt's outcome writes it).
+	UnderWayAt string `json:"under_way_at,omitempty"`
 }
 
 // DeliveryStory is one delivery of an event and its attempts.
@@ -384,6 +396,11 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 	if err := rows.Err(); err != nil {
 		return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
 	}
+	if len(ids) < len(pks) {
+		if err := readUnderWay(ctx, q, pks, byPK, stories); err != nil {
+			return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+		}
+	}
 	if len(ids) == 0 {
 		return stories, nil
 	}
@@ -410,6 +427,28 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 	}
 	return stories, nil
+}
+
+// readUnderWay names the instance holding each of the stories' events
+// under way.
+func readUnderWay(ctx context.Context, q store.Querier, pks []int64, byPK map[int64]int, stories []EventStory) error {
+	rows, err := q.Query(ctx, `SELECT event_pk, owner FROM postbox.events_under_way WHERE event_pk = ANY($1)`, pks)
+	if err != nil {
+		return fmt.Errorf("under way: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var pk int64
+		var owner string
+		if err := rows.Scan(&pk, &owner); err != nil {
+			return fmt.Errorf("under way: %w", err)
+		}
+		stories[byPK[pk]].UnderWayAt = owner
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("under way: %w", err)
+	}
+	return nil
 }
 
 // attemptTableColumns are postbox.attempts' columns, as attemptsOnDeliveries

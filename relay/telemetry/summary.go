@@ -96,15 +96,18 @@ const SummarySQL = `
 SELECT
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'pending'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed'),
-  (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') +
+    (SELECT count(*) FROM postbox.events_under_way),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed' AND updated_at >= now() - interval '1 hour'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter' AND updated_at >= now() - interval '1 hour'),
   -- Deliveries in flight are undelivered too: an instance alone keeps a
   -- backlog in flight (see dispatch.Dispatcher.ReserveKeep). They are read
   -- apart, from their own partial index: few but during such a catch-up.
+  -- So are events under way (their deliveries not written yet).
   least((SELECT min(created_at) FROM postbox.deliveries WHERE status IN ('pending', 'failed')),
-        (SELECT min(created_at) FROM postbox.deliveries WHERE status = 'in_flight')),
+        (SELECT min(created_at) FROM postbox.deliveries WHERE status = 'in_flight'),
+        (SELECT min(ingested_at) FROM postbox.events_under_way)),
   now()`
 
 // DeliveryHourSQL is the last hour's deliveries: how many, their average

@@ -140,7 +140,7 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("heartbeat failed")
 		}
-		if n, err := releaseAbandoned(ctx, st, gone, time.Now()); err != nil && ctx.Err() == nil {
+		if n, err := releaseAbandoned(ctx, st, gone, time.Now(), cfg.Lane); err != nil && ctx.Err() == nil {
 			m.log.Warn().Err(err).Msg("releasing abandoned deliveries failed")
 		} else if n > 0 {
 			m.log.Info().Int64("deliveries", n).Msg("returned deliveries of a stopped instance to the queue")
@@ -174,7 +174,7 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 // is attempting would be attempted again by another instance. Waiting a
 // grace more leaves it the time to come back; a crashed instance's
 // deliveries return a grace later than they would at once.
-func releaseAbandoned(ctx context.Context, st *store.Store, gone map[string]time.Time, now time.Time) (int64, error) {
+func releaseAbandoned(ctx context.Context, st *store.Store, gone map[string]time.Time, now time.Time, lane store.LaneFunc) (int64, error) {
 	owners, err := st.DeadOwners(ctx)
 	if err != nil {
 		return 0, err
@@ -196,7 +196,7 @@ func releaseAbandoned(ctx context.Context, st *store.Store, gone map[string]time
 			delete(gone, o)
 		}
 	}
-	return st.ReleaseAbandonedOf(ctx, confirmed, ReleaseBatchDefault)
+	return st.ReleaseAbandonedOf(ctx, confirmed, ReleaseBatchDefault, lane)
 }
 
 // HeartbeatInterval is how often an instance heartbeats and looks for

@@ -49,7 +49,7 @@ func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
 	gone := map[string]time.Time{}
 	release := func(at time.Time) int64 {
 		t.Helper()
-		n, err := releaseAbandoned(ctx, s, gone, at)
+		n, err := releaseAbandoned(ctx, s, gone, at, nil)
 		require.NoError(t, err)
 		return n
 	}

@@ -77,7 +77,10 @@ func (s Signal) String() string {
 // Result is the outcome of one claimed delivery.
 type Result struct {
 	DeliveryID int64
-	Endpoint   string
+	// EventPK and Range name an event under way (DeliveryID 0): its
+	// delivery is written with this outcome (store.RecordUnderWay).
+	EventPK, Range int64
+	Endpoint       string
 	// Lane is the delivery's lane when it is not its endpoint's own (see
 	// dispatch.Job): its breaker and pause are the lane's.
 	Lane string

@@ -46,6 +46,12 @@ type NewEvent struct {
 	// PayloadDropped is the size of a payload not stored (above max_body);
 	// Payload is then JSON null.
 	PayloadDropped int
+	// UnderWay (with Status InFlight) asks that a copied batch write the
+	// event alone, its delivery to be written once its attempt ends
+	// (RecordUnderWay), and name it in a range of the ingesting instance
+	// (Ingested.Range). A batch inserted by the statement writes it in
+	// flight all the same.
+	UnderWay bool
 }
 
 // Key is ev's lane key: its Lane, or its endpoint's.
@@ -57,8 +63,9 @@ func (ev *NewEvent) Key() string {
 // Insert call. Events that were already ingested get none.
 type Ingested struct {
 	Index      int
-	DeliveryID int64
+	DeliveryID int64 // 0 for an event under way
 	EventPK    int64
+	Range      int64 // the under_way range of an event under way
 }
 
 // insertEventsSQL writes events and their first deliveries in one

@@ -10,12 +10,14 @@ func (s *Store) ReleaseAbandoned(ctx context.Context, limit int) (int64, error) 
 	if err != nil {
 		return 0, err
 	}
-	return s.ReleaseAbandonedOf(ctx, owners, limit)
+	return s.ReleaseAbandonedOf(ctx, owners, limit, nil)
 }
 
 // The statements whose plans TestByIDStatementsReadOnlyTheirRows checks.
 const (
 	RecordResultsSQL = recordResultsSQL
+	SweepEventsSQL   = sweepEventsSQL
+	PlanUnderWaySQL  = planUnderWaySQL
 	LoadOwnedSQL     = loadOwnedSQL
 	RecordPlans      = recordPlans
 	NoTableScan      = noTableScan

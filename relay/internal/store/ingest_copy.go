@@ -255,9 +255,24 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy events: %w", err)
 	}
+	// The deliveries of events under way are written when their attempts
+	// end; a range names those events as this instance's meanwhile.
+	// One whose attempt has delivered already is written delivered.
+	isUnderWay := func(i int) bool { return evs[i].UnderWay && evs[i].Status == state.InFlight }
+	written, underWay := fresh, []int(nil)
+	if slices.ContainsFunc(fresh, isUnderWay) {
+		written = nil
+		for _, i := range fresh {
+			if isUnderWay(i) {
+				underWay = append(underWay, i)
+			} else {
+				written = append(written, i)
+			}
+		}
+	}
 	_, err = ic.conn.CopyFrom(ctx, pgx.Identifier{"postbox", "deliveries"}, copyDeliveryColumns,
-		pgx.CopyFromSlice(len(fresh), func(k int) ([]any, error) {
-			i := fresh[k]
+		pgx.CopyFromSlice(len(written), func(k int) ([]any, error) {
+			i := written[k]
 			e := &evs[i]
 			// In copyDeliveryColumns' order; NULL where the statement
 			// writes none.
@@ -286,9 +301,23 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy deliveries: %w", err)
 	}
+	var rangeID int64
+	if len(underWay) > 0 {
+		first, last := eventPK[underWay[0]], eventPK[underWay[0]]
+		for _, i := range underWay {
+			first, last = min(first, eventPK[i]), max(last, eventPK[i])
+		}
+		if rangeID, err = AddUnderWay(ctx, ic.conn, ic.owner, first, last); err != nil {
+			return nil, fmt.Errorf("insert events: %w", err)
+		}
+	}
 	out := make([]Ingested, 0, len(fresh))
 	for _, i := range fresh {
-		out = append(out, Ingested{Index: i, DeliveryID: deliveryID[i], EventPK: eventPK[i]})
+		if isUnderWay(i) {
+			out = append(out, Ingested{Index: i, EventPK: eventPK[i], Range: rangeID})
+		} else {
+			out = append(out, Ingested{Index: i, DeliveryID: deliveryID[i], EventPK: eventPK[i]})
+		}
 	}
 	return out, nil
 }

@@ -56,7 +56,7 @@ func TestKeptDeliveriesAreNoOrderedHeadUntilClaimed(t *testing.T) {
 
 	// The instance gives its kept deliveries back: the first one written
 	// is the head now, claimed alone, and holds the rest back.
-	n, err := s.ReleaseOwned(ctx, "me")
+	n, err := s.ReleaseOwned(ctx, "me", nil)
 	require.NoError(t, err)
 	require.EqualValues(t, kept, n)
 	var first int64

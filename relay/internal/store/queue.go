@@ -29,6 +29,9 @@ type Claimed struct {
 	Headers      []byte
 	CreatedAt    time.Time
 	CommittedAt  time.Time // zero when unknown
+	// EventPK and Range name an event under way (DeliveryID is 0): its
+	// delivery is written when its attempt ends (RecordUnderWay).
+	EventPK, Range int64
 }
 
 // Key is c's lane key: its Lane, or its endpoint's.
@@ -250,12 +253,22 @@ func collectClaimed(rows pgx.Rows) ([]Claimed, error) {
 }
 
 func scanClaimed(row pgx.Row) (Claimed, error) {
+	return scanClaimedWith(row, false)
+}
+
+// scanClaimedWith scans claimedColumns and, with underWay, an event
+// under way's id and range after them.
+func scanClaimedWith(row pgx.Row, underWay bool) (Claimed, error) {
 	var c Claimed
 	var payload string
 	var headers *string
 	var committed *time.Time
-	if err := row.Scan(&c.DeliveryID, &c.Endpoint, &c.Lane, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
-		&payload, &headers, &c.CreatedAt, &committed); err != nil {
+	dest := []any{&c.DeliveryID, &c.Endpoint, &c.Lane, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
+		&payload, &headers, &c.CreatedAt, &committed}
+	if underWay {
+		dest = append(dest, &c.EventPK, &c.Range)
+	}
+	if err := row.Scan(dest...); err != nil {
 		return c, err
 	}
 	c.Payload = []byte(payload)
@@ -435,11 +448,17 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	// attempts that delivered, which the update keeps on their deliveries
 	// (firstOnDelivery).
 	var attempts attemptRows
-	var written, inline []int // indexes into rs
+	var written, inline []int  // indexes into rs
+	var under []UnderWayResult // events under way: their deliveries are inserted
 	for i := range rs {
 		r := &rs[i]
 		if r.Written {
 			written = append(written, i)
+			continue
+		}
+		if r.DeliveryID == 0 && r.Range != 0 {
+			under = append(under, UnderWayResult{Range: r.Range, EventPK: r.EventPK, Lane: r.Lane, Result: *r,
+				Inline: hist != nil && firstOnDelivery(*r)})
 			continue
 		}
 		in := hist != nil && firstOnDelivery(*r)
@@ -466,8 +485,13 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 
 	var counts map[histKey]int64
 	flush := false
-	if hist != nil && len(attempts.ids)+len(written)+len(inline) > 0 {
+	if hist != nil && len(attempts.ids)+len(written)+len(inline)+len(under) > 0 {
 		counts = countAttempts(&attempts)
+		for i := range under {
+			if r := &under[i].Result; r.Sampled {
+				counts[histKey{r.Endpoint, latencyBin(attemptStart(*r)), latencyBucket(float32(r.ResponseMS))}]++
+			}
+		}
 		for _, i := range slices.Concat(written, inline) {
 			r := &rs[i]
 			counts[histKey{r.Endpoint, latencyBin(attemptStart(*r)), latencyBucket(float32(r.ResponseMS))}]++
@@ -486,6 +510,29 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	// others always are.
 	for lockAll := false; ; lockAll = true {
 		err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+			// First, while the planner may still loop over the batch
+			// (recordPlans, below, rules that out for the rest of the
+			// transaction): the events under way are found by key.
+			if len(under) > 0 {
+				ids, err := RecordUnderWay(ctx, tx, owner, under)
+				if err != nil {
+					return err
+				}
+				var rows attemptRows
+				for i := range under {
+					u := &under[i]
+					if id := ids[u.EventPK]; id != 0 && u.Result.Sampled && !u.Inline {
+						r := u.Result
+						r.DeliveryID = id
+						rows.add(r)
+					}
+				}
+				if len(rows.ids) > 0 {
+					if _, err := tx.Exec(ctx, insertAttemptsSQL, rows.args(owner)...); err != nil {
+						return fmt.Errorf("insert attempts: %w", err)
+					}
+				}
+			}
 			b := &pgx.Batch{}
 			var onRow map[int64]bool // the inline attempts the update kept
 			if len(ids) > 0 {
@@ -723,7 +770,10 @@ func (s *Store) DeadOwners(ctx context.Context) ([]string, error) {
 		SELECT lease_owner FROM owners
 		WHERE lease_owner IS NOT NULL
 		  AND NOT EXISTS (SELECT 1 FROM postbox.instances i
-		                  WHERE i.id = owners.lease_owner AND `+aliveSQL+`)`, LifeGraceDefault.Seconds())
+		                  WHERE i.id = owners.lease_owner AND `+aliveSQL+`)
+		UNION
+		SELECT u.owner FROM postbox.under_way u
+		WHERE NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = u.owner AND `+aliveSQL+`)`, LifeGraceDefault.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("find stopped instances: %w", err)
 	}
@@ -739,8 +789,9 @@ func (s *Store) DeadOwners(ctx context.Context) ([]string, error) {
 // caller, maintain's sweep, waits until it has seen an owner gone for a
 // while). It also forgets registrations expired an hour ago. The
 // interrupted attempt is not counted: it may or may not have reached the
-// receiver.
-func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit int) (int64, error) {
+// receiver. Their events under way get pending deliveries in the lanes
+// lane gives them.
+func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit int, lane LaneFunc) (int64, error) {
 	var n int64
 	if len(owners) > 0 {
 		tag, err := s.Pool.Exec(ctx, `
@@ -758,6 +809,25 @@ func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit i
 			return 0, fmt.Errorf("release abandoned deliveries: %w", err)
 		}
 		n = tag.RowsAffected()
+		// Their events under way get pending deliveries (SweepUnderWay).
+		err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `
+				SELECT o FROM unnest($2::text[]) AS o
+				WHERE NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = o AND `+aliveSQL+`)`, LifeGraceDefault.Seconds(), owners)
+			if err != nil {
+				return err
+			}
+			dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil || len(dead) == 0 {
+				return err
+			}
+			queued, err := SweepUnderWay(ctx, tx, dead, lane)
+			n += queued
+			return err
+		})
+		if err != nil {
+			return 0, fmt.Errorf("release abandoned events under way: %w", err)
+		}
 	}
 	if _, err := s.Pool.Exec(ctx, `DELETE FROM postbox.instances WHERE expires_at < now() - interval '1 hour'`); err != nil {
 		return 0, fmt.Errorf("forget expired instances: %w", err)
@@ -806,7 +876,8 @@ func (s *Store) Rescue(ctx context.Context, owner string, ids []int64) (int64, e
 
 // ReleaseOwned returns every delivery owner still holds to the queue, due
 // at once: for a clean shutdown after the in-flight attempts are recorded.
-func (s *Store) ReleaseOwned(ctx context.Context, owner string) (int64, error) {
+// Its events under way get pending deliveries in the lanes lane gives.
+func (s *Store) ReleaseOwned(ctx context.Context, owner string, lane LaneFunc) (int64, error) {
 	tag, err := s.Pool.Exec(ctx, `
 		UPDATE postbox.deliveries
 		SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
@@ -815,5 +886,16 @@ func (s *Store) ReleaseOwned(ctx context.Context, owner string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("release deliveries: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	n := tag.RowsAffected()
+	// Its events under way, not attempted or not recorded, are queued as
+	// a dead owner's would be.
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		queued, err := SweepUnderWay(ctx, tx, []string{owner}, lane)
+		n += queued
+		return err
+	})
+	if err != nil {
+		return n, fmt.Errorf("release events under way: %w", err)
+	}
+	return n, nil
 }

@@ -42,7 +42,7 @@ type ReplayItem struct {
 // LSN, $6 event ids, $7 limit.
 const replayCandidatesSQL = `
 SELECT e.id, e.event_id::text, e.endpoint, e.event_type, coalesce(e.commit_lsn::text, ''),
-       coalesce(e.committed_at, e.ingested_at), last.id, coalesce(last.status, '')
+       coalesce(e.committed_at, e.ingested_at), last.id, coalesce(last.status, 'in_flight') -- none: under way
 FROM postbox.events e
 LEFT JOIN LATERAL (
   SELECT d.id, d.status FROM postbox.deliveries d WHERE d.event_pk = e.id ORDER BY d.id DESC LIMIT 1

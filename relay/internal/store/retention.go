@@ -98,6 +98,8 @@ func (s *Store) PurgeEvents(ctx context.Context, retention time.Duration) (int64
 			    WHERE e.id < $3 AND e.ingested_at < now() - $1 * interval '1 second'
 			      AND NOT EXISTS (SELECT 1 FROM postbox.deliveries d
 			                      WHERE d.event_pk = e.id AND d.status IN ('pending', 'in_flight', 'failed'))
+			      AND NOT EXISTS (SELECT 1 FROM postbox.under_way u
+			                      WHERE e.id BETWEEN u.first_event AND u.last_event)
 			    ORDER BY e.id LIMIT $2)
 			  RETURNING id
 			),

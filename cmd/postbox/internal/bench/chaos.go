@@ -405,12 +405,14 @@ func (e *env) latenciesExcept(ctx context.Context, first map[string]time.Time, e
 func (e *env) whereLost(ctx context.Context, ids []string) map[string]int {
 	rows, err := e.pool.Query(ctx, `
 		SELECT coalesce(d.status, CASE WHEN o.event_id IS NOT NULL THEN 'in the outbox'
+		                               WHEN u.event_pk IS NOT NULL THEN 'an event under way'
 		                               WHEN ev.id IS NOT NULL THEN 'an event without a delivery'
 		                               ELSE 'nowhere' END), count(*)
 		FROM unnest($1::uuid[]) AS l(id)
 		LEFT JOIN postbox.outbox o ON o.event_id = l.id
 		LEFT JOIN postbox.events ev ON ev.event_id = l.id
 		LEFT JOIN postbox.deliveries d ON d.event_pk = ev.id
+		LEFT JOIN postbox.events_under_way u ON u.event_pk = ev.id
 		GROUP BY 1`, ids)
 	if err != nil {
 		return map[string]int{"unknown: " + err.Error(): len(ids)}
@@ -645,12 +647,14 @@ func (e *env) chaosConfig(endpoints int) string {
 	return b.String()
 }
 
-// inFlightIDs returns the event ids of the deliveries in flight (none
-// when the database does not answer).
+// inFlightIDs returns the event ids of the deliveries in flight and of
+// the events under way (none when the database does not answer).
 func (e *env) inFlightIDs(ctx context.Context) []string {
 	rows, err := e.pool.Query(ctx, `
 		SELECT e.event_id::text FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
-		WHERE d.status = 'in_flight'`)
+		WHERE d.status = 'in_flight'
+		UNION ALL
+		SELECT e.event_id::text FROM postbox.events_under_way u JOIN postbox.events e ON e.id = u.event_pk`)
 	if err != nil {
 		return nil
 	}
@@ -667,12 +671,14 @@ func union(a, b []string) map[string]bool {
 	return out
 }
 
-// inFlight counts the deliveries in flight, retrying for a few seconds
-// while the database is still coming back; -1 when it does not answer.
+// inFlight counts the deliveries in flight and the events under way,
+// retrying for a few seconds while the database is still coming back; -1
+// when it does not answer.
 func (e *env) inFlight(ctx context.Context) int {
 	n := -1
 	_ = waitFor(ctx, 10*time.Second, 200*time.Millisecond, func() (bool, error) {
-		return e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`).Scan(&n) == nil, nil
+		return e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') +
+			(SELECT count(*) FROM postbox.events_under_way)`).Scan(&n) == nil, nil
 	})
 	return n
 }

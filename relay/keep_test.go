@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -102,7 +103,44 @@ func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) 
 	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
 	rc.requireEachOnce(t, n)
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT n FROM claims_seen`).Scan(&claimed))
+	if sweep == 0 {
+		// Each range of events under way is deleted once done with, well
+		// before a sweep would find it stale (claim.StaleClaimDefault).
+		waitUntil(t, 5*time.Second, "the ranges under way deleted", func() bool {
+			var ranges int
+			require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.under_way`).Scan(&ranges))
+			return ranges == 0
+		})
+	}
 	return claimed, n
+}
+
+// TestEventsUnderWayLostTrackOfAreQueued: a range of this instance whose
+// events it does not hold (their ingest committed although its answer was
+// lost) is swept once stale: its events get pending deliveries, in their
+// lanes, and are delivered.
+func TestEventsUnderWayLostTrackOfAreQueued(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := context.Background()
+	rc := newReceiver(t, func(int, received) int { return http.StatusOK })
+	tb.endpoint(t, "lost", rc.URL, nil)
+	r := tb.start(t, relay.Options{})
+	var first, last int64
+	require.NoError(t, tb.pool.QueryRow(ctx, `
+		WITH ev AS (
+		  INSERT INTO postbox.events (event_id, endpoint, payload, created_at)
+		  SELECT gen_random_uuid(), 'lost', jsonb_build_object('i', i), now() FROM generate_series(1, 5) i RETURNING id
+		)
+		SELECT min(id), max(id) FROM ev`).Scan(&first, &last))
+	exec(t, tb.pool, fmt.Sprintf(`INSERT INTO postbox.under_way (owner, first_event, last_event, created_at)
+		VALUES ('%s', %d, %d, now() - interval '1 minute')`, r.InstanceID(), first, last))
+	tb.waitSettled(t, 5, 30*time.Second)
+	require.Equal(t, map[state.Delivery]int{state.Delivered: 5}, tb.deliveries(t))
+	rc.requireEachOnce(t, 5)
+	var ranges int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.under_way`).Scan(&ranges))
+	require.Zero(t, ranges)
 }
 
 // registerPeer registers another instance, current (its connection is not
@@ -157,6 +195,14 @@ func TestKeptDeliveriesReturnToTheQueueWhenAnotherInstanceRegisters(t *testing.T
 	count := func(status string) int {
 		var c int
 		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE status = $1`, status).Scan(&c))
+		if status == "in_flight" {
+			// Events under way are in flight without a delivery yet.
+			var under int
+			require.NoError(t, tb.pool.QueryRow(ctx, `
+				SELECT count(*) FROM postbox.events e
+				WHERE NOT EXISTS (SELECT 1 FROM postbox.deliveries d WHERE d.event_pk = e.id)`).Scan(&under))
+			c += under
+		}
 		return c
 	}
 	waitUntil(t, 30*time.Second, "the backlog kept in flight", func() bool { return count("in_flight") > 200 })

@@ -208,7 +208,8 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 	// probes are counted.
 	waitUntil(t, 20*time.Second, "no attempt in flight", func() bool {
 		var n int
-		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'flaky' AND status = 'in_flight'`).Scan(&n))
+		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'flaky' AND status = 'in_flight') +
+			(SELECT count(*) FROM postbox.events_under_way WHERE endpoint = 'flaky')`).Scan(&n))
 		return n == 0
 	})
 	openedAt := time.Now()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/pgtest"
@@ -35,7 +36,7 @@ func TestKilledBetweenIngestAndDelivery(t *testing.T) {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 10
 	})
 	first.kill(t)
-	inFlight := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`)
+	inFlight := inFlightNow(t, pool)
 	deliveredBefore, _, _ := rc.snapshot()
 	require.Less(t, deliveredBefore, n, "the kill came before the batch was through")
 
@@ -57,6 +58,14 @@ func TestKilledBetweenIngestAndDelivery(t *testing.T) {
 
 	second.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, second.wait(t, 30*time.Second))
+}
+
+// inFlightNow counts the deliveries in flight and the events under way
+// (in flight in an instance's memory, their deliveries not written yet).
+func inFlightNow(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') +
+		(SELECT count(*) FROM postbox.events_under_way)`)
 }
 
 // TestKilledWhileKeepingABacklog kills postbox (SIGKILL) while it keeps
@@ -89,7 +98,7 @@ func TestKilledWhileKeepingABacklog(t *testing.T) {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 100
 	})
 	first.kill(t)
-	kept := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`)
+	kept := inFlightNow(t, pool)
 	pending := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'pending'`)
 	recorded := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`)
 	_, arrived, _ := rc.snapshot()
@@ -140,7 +149,7 @@ func TestKilledBetweenDeliveryAndRecording(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the receiver never saw 25 requests")
 	}
-	inFlight := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight'`)
+	inFlight := inFlightNow(t, pool)
 	rc.mu.Lock()
 	rc.onRecv = nil
 	rc.mu.Unlock()
@@ -241,21 +250,25 @@ func TestKilledInstancesClaimsReturnAtOnce(t *testing.T) {
 		SELECT 'p', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
 	require.NoError(t, err)
 	victimID := ""
+	// What it holds: deliveries in flight, and events under way (their
+	// deliveries not written yet).
+	heldBy := func(id string) int {
+		return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1) +
+			(SELECT count(*) FROM postbox.events_under_way WHERE owner = $1)`, id)
+	}
 	waitForT(t, 30*time.Second, "the streaming instance holding claims", func() bool {
-		_ = pool.QueryRow(context.Background(), `
-			SELECT i.id FROM postbox.instances i JOIN postbox.deliveries d ON d.lease_owner = i.id
-			WHERE i.pid = $1 AND d.status = 'in_flight' LIMIT 1`, victim.cmd.Process.Pid).Scan(&victimID)
-		return victimID != ""
+		_ = pool.QueryRow(context.Background(), `SELECT id FROM postbox.instances WHERE pid = $1`, victim.cmd.Process.Pid).Scan(&victimID)
+		return victimID != "" && heldBy(victimID) > 0
 	})
 	// Counted just before the kill: just after it, the survivor may have
 	// returned them already.
-	held := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1`, victimID)
+	held := heldBy(victimID)
 	victim.kill(t)
 	killedAt := time.Now()
 	require.Positive(t, held)
 
 	waitForT(t, 30*time.Second, "the killed instance's claims returned (its lease is 60 s)", func() bool {
-		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1`, victimID) == 0
+		return heldBy(victimID) == 0
 	})
 	returned := time.Since(killedAt)
 	waitForT(t, 60*time.Second, "every event delivered", func() bool {
@@ -266,4 +279,74 @@ func TestKilledInstancesClaimsReturnAtOnce(t *testing.T) {
 	require.LessOrEqual(t, len(dups), held, "only attempts in flight at the kill repeat")
 	t.Logf("%d claims of the killed instance returned %s after the kill; %d delivered in %d requests, %d repeated",
 		held, returned.Round(time.Millisecond), distinct, total, len(dups))
+}
+
+// TestFrozenOwnerOfEventsUnderWayIsSwept freezes (SIGSTOP) an instance
+// alone that keeps a backlog under way: events whose deliveries it would
+// write once their attempts end. Its lease runs out; a second instance
+// takes the stream over, sweeps the frozen one's ranges (their events get
+// pending deliveries; a range it froze in the middle of recording is left
+// until it wakes) and delivers them. When the frozen one wakes, its
+// recorder's writes for those events are fenced off by the ranges' being
+// gone: every event has exactly one delivery, delivered, and nothing is
+// lost. Only attempts the frozen one made before it froze unrecorded, or
+// makes on waking from what it held, repeat.
+func TestFrozenOwnerOfEventsUnderWayIsSwept(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	rc.delay = 2 * time.Millisecond
+	cfg := writeConfig(t, dbURL, "leader_lease: 2s\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 2\n")
+
+	first := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('p', '{}')`)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "the lane delivering", func() bool { _, total, _ := rc.snapshot(); return total >= 1 })
+	const per, txs = 100, 20
+	for range txs {
+		_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'p', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, per)
+		require.NoError(t, err)
+	}
+	n := per*txs + 1
+	waitForT(t, 30*time.Second, "the backlog ingested, much of it under way", func() bool {
+		_, total, _ := rc.snapshot()
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 100 &&
+			queryInt(t, pool, `SELECT count(*) FROM postbox.events_under_way`) > 200
+	})
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGSTOP))
+	waitStopped(t, first.cmd.Process.Pid)
+	underWay := queryInt(t, pool, `SELECT count(*) FROM postbox.events_under_way`)
+	recorded := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`)
+	_, arrived, _ := rc.snapshot()
+	require.Less(t, arrived, n, "frozen before the backlog was through")
+
+	second := startPostbox(t, nil, "run", "--config", cfg)
+	// Ranges a recording of the frozen instance holds (it may have frozen
+	// in one) are left until it wakes; the others are swept now.
+	second.waitLog(t, 60*time.Second, "returned deliveries of a stopped instance to the queue")
+	sweptWhileFrozen := underWay - queryInt(t, pool, `SELECT count(*) FROM postbox.events_under_way`)
+	require.Positive(t, sweptWhileFrozen)
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGCONT))
+	waitForT(t, 90*time.Second, "every event delivered, every range swept", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n &&
+			queryInt(t, pool, `SELECT count(*) FROM postbox.under_way`) == 0
+	})
+	// The woken instance finishes what it held and records it (fenced);
+	// its clean stop releases what is left.
+	first.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, first.wait(t, 30*time.Second))
+	distinct, total, dups := rc.snapshot()
+	require.Equal(t, n, distinct, "nothing lost")
+	require.Equal(t, n, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries`), "one delivery per event")
+	require.Equal(t, n, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM postbox.events_under_way`))
+	require.Less(t, len(dups), n/4, "only what the frozen instance had arrive unrecorded or held repeats")
+	t.Logf("sent %d; at the freeze %d under way, %d arrived, %d recorded; %d swept while frozen; received %d distinct in %d requests, %d duplicated",
+		n, underWay, arrived, recorded, sweptWhileFrozen, distinct, total, len(dups))
+
+	second.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, second.wait(t, 30*time.Second))
 }

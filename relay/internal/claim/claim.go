@@ -43,6 +43,9 @@ const (
 	// would read all of it. A lost claim beyond the bound is found once
 	// the backlog has shrunk.
 	MaxStaleDefault = 10000
+	// MaxStaleRangesDefault bounds the ranges of events under way one
+	// sweep looks at for those this instance lost track of.
+	MaxStaleRangesDefault = 100
 )
 
 // Dispatcher is what the claimer needs of the dispatcher.
@@ -52,8 +55,11 @@ type Dispatcher interface {
 	Submit(j *dispatch.Job, reserved bool)
 	Unheld(ids []int64) []int64
 	KeptLanes() []string
-	TakeKept(all map[string]bool) map[string][]int64
+	TakeKept(all map[string]bool) map[string][]dispatch.Kept
 	Kept() int
+	LetGo(ranges []int64)
+	TakeDone() []int64
+	UnheldRanges(ranges []int64) []int64
 }
 
 // Protection is what the claimer needs of endpoint protection: a fresh
@@ -175,6 +181,7 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			c.backlog.Store(true) // a retry is due
 		case <-sweep.C:
 			c.rescue(c.hard)
+			c.sweepUnderWay(c.hard)
 			c.park(c.hard)
 			c.backlog.Store(true) // the safety net: other instances' work
 		}
@@ -316,12 +323,59 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 		}
 	}
 	var load, back []int64
-	for lane, ids := range c.disp.TakeKept(release) {
-		if release[lane] {
-			back = append(back, ids...)
-		} else {
-			load = append(load, ids...)
+	var under, underBack keptEvents
+	for lane, ks := range c.disp.TakeKept(release) {
+		for _, k := range ks {
+			switch {
+			case k.Range != 0 && release[lane]:
+				underBack.add(lane, k)
+			case k.Range != 0:
+				under.add(lane, k)
+			case release[lane]:
+				back = append(back, k.ID)
+			default:
+				load = append(load, k.ID)
+			}
 		}
+	}
+	if len(underBack.events) > 0 {
+		// Until this succeeds they are in no one's memory but in this
+		// instance's range: the sweep of its ranges queues them.
+		_, err := c.env.Store.QueueUnderWay(ctx, c.env.Owner, underBack.events, underBack.ranges, underBack.lanes)
+		c.disp.LetGo(underBack.ranges)
+		if err != nil {
+			return err
+		}
+		c.backlog.Store(true)
+	}
+	for len(under.events) > 0 {
+		n := min(len(under.events), MaxClaimDefault)
+		got, err := c.env.Store.LoadUnderWay(ctx, c.env.Owner, under.events[:n], under.ranges[:n])
+		if err != nil {
+			c.disp.LetGo(under.ranges) // as above
+			return err
+		}
+		lanes := make(map[int64]string, n)
+		for i, pk := range under.events[:n] {
+			lanes[pk] = under.lanes[i]
+		}
+		for _, cl := range got {
+			if l := lanes[cl.EventPK]; l != cl.Endpoint {
+				cl.Lane = l
+			}
+			delete(lanes, cl.EventPK)
+			c.disp.Submit(jobFromClaim(cl), false)
+		}
+		// Those not read have a delivery already, or their range was
+		// swept (this instance was thought dead): not this instance's.
+		var gone []int64
+		for i, pk := range under.events[:n] {
+			if _, ok := lanes[pk]; ok {
+				gone = append(gone, under.ranges[i])
+			}
+		}
+		c.disp.LetGo(gone)
+		under.events, under.ranges, under.lanes = under.events[n:], under.ranges[n:], under.lanes[n:]
 	}
 	for len(back) > 0 {
 		// Until this succeeds they are no one's: the sweep's rescue
@@ -368,6 +422,28 @@ func (c *Claimer) rescue(ctx context.Context) {
 	}
 }
 
+// sweepUnderWay deletes the ranges of events under way this instance is
+// done with (each event's delivery written), and sweeps those it has had
+// for StaleClaimDefault and holds no event of: their ingest committed
+// although its answer was lost, so their events are in no one's memory
+// and get pending deliveries.
+func (c *Claimer) sweepUnderWay(ctx context.Context) {
+	ranges := c.disp.TakeDone()
+	stale, err := c.env.Store.StaleUnderWay(ctx, c.env.Owner, StaleClaimDefault, MaxStaleRangesDefault)
+	if err == nil {
+		ranges = append(ranges, c.disp.UnheldRanges(stale)...)
+		var n int64
+		if n, err = c.env.Store.SweepOwnUnderWay(ctx, c.env.Owner, ranges, c.env.Config().Lane); n > 0 {
+			c.log.Warn().Int64("events", n).Msg("queued events under way this instance had lost track of (their ingest's answer was lost)")
+			c.Queued()
+		}
+	}
+	if err != nil && ctx.Err() == nil {
+		// Done ranges not deleted now are stale at a later sweep.
+		c.log.Warn().Err(err).Msg("could not sweep ranges of events under way; trying again at the next sweep")
+	}
+}
+
 // park keeps the claim's scans to lanes that may deliver: it parks the
 // queued deliveries of lanes whose breaker is open (a claim skips those
 // lanes; parked, it need not look at them), and returns to the queue the
@@ -403,9 +479,19 @@ func (c *Claimer) park(ctx context.Context) {
 	}
 }
 
+// keptEvents are events under way, by id, with their ranges and lanes.
+type keptEvents struct {
+	events, ranges []int64
+	lanes          []string
+}
+
+func (k *keptEvents) add(lane string, kept dispatch.Kept) {
+	k.events, k.ranges, k.lanes = append(k.events, kept.ID), append(k.ranges, kept.Range), append(k.lanes, lane)
+}
+
 func jobFromClaim(c store.Claimed) *dispatch.Job {
 	return &dispatch.Job{
-		DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Lane: c.Lane, Attempt: c.AttemptCount + 1,
+		DeliveryID: c.DeliveryID, EventPK: c.EventPK, Range: c.Range, Endpoint: c.Endpoint, Lane: c.Lane, Attempt: c.AttemptCount + 1,
 		EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
 		CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt,
 	}

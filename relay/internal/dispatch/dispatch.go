@@ -46,8 +46,14 @@ type Job struct {
 	Ingest *Ingest
 	// Probe marks the one attempt that tests a half-open circuit breaker.
 	Probe bool
+	// EventPK and Range name an event under way (DeliveryID 0), whose
+	// delivery the recorder writes once (store.RecordUnderWay).
+	EventPK, Range int64
 
 	assigned atomic.Int64 // the id Assign gave a job submitted before its insert
+	// The event and range AssignUnderWay gave a job submitted before its
+	// insert, whose event was written under way.
+	assignedEvent, assignedRange atomic.Int64
 	// result is the attempt's outcome once it has finished (set before
 	// OnOutcome, for a job with an Ingest); written, that its ingest wrote
 	// it with the delivery (TakeDelivered).
@@ -87,6 +93,17 @@ func (j *Job) ID() int64 {
 		return j.DeliveryID
 	}
 	return j.assigned.Load()
+}
+
+// UnderWay is the event and range of a job whose event is under way
+// (its delivery not written yet): EventPK and Range, or for a job
+// submitted before its ingest, those AssignUnderWay gave it. Range is 0
+// for any other job. Once its Ingest has finished they are final.
+func (j *Job) UnderWay() (eventPK, rangeID int64) {
+	if j.Range != 0 {
+		return j.EventPK, j.Range
+	}
+	return j.assignedEvent.Load(), j.assignedRange.Load()
 }
 
 // Key is the job's lane key: its Lane, or its endpoint's.
@@ -152,10 +169,14 @@ func (i *Ingest) uncertain() bool {
 }
 
 // wasted reports whether the transaction finished without writing j's
-// delivery: it failed (the stream brings the event again, to this
-// instance or another), or found the event ingested before.
+// delivery or its event under way: it failed (the stream brings the event
+// again, to this instance or another), or found the event ingested before.
 func (i *Ingest) wasted(j *Job) bool {
-	return i.Finished() && (i.Err() != nil || j.ID() == 0)
+	if !i.Finished() {
+		return false
+	}
+	_, r := j.UnderWay()
+	return i.Err() != nil || j.ID() == 0 && r == 0
 }
 
 // Finished reports whether the transaction has finished.
@@ -230,10 +251,16 @@ type Dispatcher struct {
 	heldJobs  int // across lanes, reservations included
 	heldBytes int
 	heldIDs   map[int64]int // deliveries submitted and not yet recorded
-	kept      int           // across lanes, reservations included
-	inFlight  int           // across lanes
-	starved   []*lane       // lanes with work waiting only for a global slot, in arrival order
-	stopping  bool
+	// underWay counts, per range of events under way, those of its
+	// events this instance holds (kept, submitted, or not yet recorded);
+	// done are the ranges whose count fell to 0, for the claimer to sweep
+	// (store.SweepOwnUnderWay).
+	underWay map[int64]int
+	done     []int64
+	kept     int     // across lanes, reservations included
+	inFlight int     // across lanes
+	starved  []*lane // lanes with work waiting only for a global slot, in arrival order
+	stopping bool
 	// running joins the attempt goroutines. Each makes the next attempt
 	// handed to it (tasks) until it has been idle for workerIdle or the
 	// dispatcher stops (quit): a new goroutine per attempt grew its stack
@@ -267,7 +294,7 @@ type lane struct {
 	// kept are deliveries written in flight for this instance and held
 	// by id alone (see ReserveKeep), oldest first; keepReserved are
 	// promised to events being ingested.
-	kept         []int64
+	kept         []Kept
 	keepReserved int
 }
 
@@ -366,7 +393,7 @@ func New(opts Options) *Dispatcher {
 	opts = opts.WithDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}, heldIDs: map[int64]int{},
-		tasks: make(chan task), quit: make(chan struct{})}
+		underWay: map[int64]int{}, tasks: make(chan task), quit: make(chan struct{})}
 }
 
 // fullLocked reports whether the global budget is spent.
@@ -449,7 +476,8 @@ func (d *Dispatcher) ReserveKeep(lane string) bool {
 // Keep turns a reservation of ReserveKeep into a kept delivery, once the
 // transaction that wrote it in flight has committed; with id 0 it gives
 // the reservation back.
-func (d *Dispatcher) Keep(lane string, id int64) {
+func (d *Dispatcher) Keep(lane string, k Kept) {
+	id := k.ID
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l := d.lanes[lane]
@@ -462,7 +490,16 @@ func (d *Dispatcher) Keep(lane string, id int64) {
 		d.dropIdleLocked(lane, l)
 		return
 	}
-	l.kept = append(l.kept, id)
+	l.kept = append(l.kept, k)
+	if k.Range != 0 {
+		d.underWay[k.Range]++
+	}
+}
+
+// Kept is a delivery kept by id, or with Range, an event under way kept
+// by its id (no delivery is written yet).
+type Kept struct {
+	ID, Range int64
 }
 
 // Kept is how many deliveries are kept by id, reservations included.
@@ -489,13 +526,13 @@ func (d *Dispatcher) KeptLanes() []string {
 // the lane has, oldest first, and for the lanes in all every kept
 // delivery regardless of room. The caller submits them (or returns them
 // to the queue).
-func (d *Dispatcher) TakeKept(all map[string]bool) map[string][]int64 {
+func (d *Dispatcher) TakeKept(all map[string]bool) map[string][]Kept {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.kept == 0 {
 		return nil
 	}
-	out := map[string][]int64{}
+	out := map[string][]Kept{}
 	for name, l := range d.lanes {
 		n := len(l.kept)
 		if !all[name] {
@@ -579,7 +616,55 @@ func (d *Dispatcher) Recorded(j *Job) {
 	} else {
 		delete(d.heldIDs, id)
 	}
+	if _, r := j.UnderWay(); r != 0 {
+		d.letGoLocked(r)
+	}
 	d.mu.Unlock()
+}
+
+// LetGo tells the dispatcher that the caller no longer holds these events
+// under way, one range per event: returned to the queue, or found written
+// or swept when loaded (see Kept).
+func (d *Dispatcher) LetGo(ranges []int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range ranges {
+		d.letGoLocked(r)
+	}
+}
+
+func (d *Dispatcher) letGoLocked(r int64) {
+	switch n := d.underWay[r]; {
+	case n > 1:
+		d.underWay[r] = n - 1
+	case n == 1:
+		delete(d.underWay, r)
+		d.done = append(d.done, r)
+	}
+}
+
+// TakeDone hands over the ranges of events under way that no longer hold
+// any event of this instance's: the claimer sweeps them.
+func (d *Dispatcher) TakeDone() []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := d.done
+	d.done = nil
+	return out
+}
+
+// UnheldRanges returns those of ranges of which the dispatcher holds no
+// event.
+func (d *Dispatcher) UnheldRanges(ranges []int64) []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []int64
+	for _, r := range ranges {
+		if d.underWay[r] == 0 {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Assign gives a job submitted before its delivery was inserted the id
@@ -595,6 +680,18 @@ func (d *Dispatcher) Assign(j *Job, id int64) {
 	}
 }
 
+// AssignUnderWay gives a job submitted before its insert the event and
+// range of its event, written under way (store.Ingested): the recorder
+// writes its delivery with the attempt's outcome. The ingester calls it
+// before it finishes the job's Ingest.
+func (d *Dispatcher) AssignUnderWay(j *Job, eventPK, rangeID int64) {
+	j.assignedEvent.Store(eventPK)
+	j.assignedRange.Store(rangeID)
+	d.mu.Lock()
+	d.underWay[rangeID]++
+	d.mu.Unlock()
+}
+
 // Unheld returns those of ids the dispatcher does not hold: not submitted
 // (nor kept, see ReserveKeep), or recorded already.
 func (d *Dispatcher) Unheld(ids []int64) []int64 {
@@ -607,9 +704,9 @@ func (d *Dispatcher) Unheld(ids []int64) []int64 {
 			kept[id] = false
 		}
 		for _, l := range d.lanes {
-			for _, id := range l.kept {
-				if _, ok := kept[id]; ok {
-					kept[id] = true
+			for _, k := range l.kept {
+				if _, ok := kept[k.ID]; ok && k.Range == 0 {
+					kept[k.ID] = true
 				}
 			}
 		}
@@ -708,7 +805,7 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 			if p := recover(); p != nil {
 				// A bug must not take the relay down or lose the event:
 				// count it as a failed attempt, to be retried.
-				res = state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Failed,
+				res = state.Result{DeliveryID: j.DeliveryID, EventPK: j.EventPK, Range: j.Range, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Failed,
 					Attempted: true, Delay: time.Minute, At: time.Now(), CommitToDeliveryMS: -1,
 					LastError: fmt.Sprintf("internal error: %v", p)}
 				debug.PrintStack()
@@ -849,6 +946,6 @@ func (d *Dispatcher) InFlight() int {
 // Released is the result that returns a job's delivery to the queue
 // without counting an attempt.
 func Released(j *Job) state.Result {
-	return state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Released,
+	return state.Result{DeliveryID: j.DeliveryID, EventPK: j.EventPK, Range: j.Range, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Released,
 		At: time.Now(), CommitToDeliveryMS: -1}
 }

@@ -221,9 +221,9 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 	require.False(t, h.d.ReserveKeep("e"), "MaxKept, reservations included")
 	require.Equal(t, 5, h.d.Kept())
 	for id := int64(10); id < 14; id++ {
-		h.d.Keep("e", id)
+		h.d.Keep("e", dispatch.Kept{ID: id})
 	}
-	h.d.Keep("e", 0) // its event had been ingested before
+	h.d.Keep("e", dispatch.Kept{ID: 0}) // its event had been ingested before
 	require.Equal(t, 4, h.d.Kept())
 	require.Equal(t, []string{"e"}, h.d.KeptLanes())
 	require.Equal(t, []int64{99}, h.d.Unheld([]int64{10, 13, 99}), "kept ids are held")
@@ -233,7 +233,7 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "e"}, false)
 	}
 	require.Empty(t, h.d.TakeKept(nil))
-	require.Equal(t, map[string][]int64{"e": {10, 11, 12, 13}}, h.d.TakeKept(map[string]bool{"e": true}), "all, oldest first, when asked")
+	require.Equal(t, map[string][]dispatch.Kept{"e": {{ID: 10}, {ID: 11}, {ID: 12}, {ID: 13}}}, h.d.TakeKept(map[string]bool{"e": true}), "all, oldest first, when asked")
 	require.Zero(t, h.d.Kept())
 	require.Equal(t, []int64{10}, h.d.Unheld([]int64{10}), "handed over: no longer held until submitted")
 	close(h.release)
@@ -241,9 +241,55 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 
 	require.True(t, h.d.ReserveKeep("e"))
 	require.True(t, h.d.ReserveKeep("e"))
-	h.d.Keep("e", 20)
-	h.d.Keep("e", 21)
-	require.Equal(t, map[string][]int64{"e": {20, 21}}, h.d.TakeKept(nil), "as far as the lane has room")
+	h.d.Keep("e", dispatch.Kept{ID: 20})
+	h.d.Keep("e", dispatch.Kept{ID: 21})
+	require.Equal(t, map[string][]dispatch.Kept{"e": {{ID: 20}, {ID: 21}}}, h.d.TakeKept(nil), "as far as the lane has room")
+}
+
+// TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld: the dispatcher
+// counts the events of each range under way it holds, kept, let go by the
+// claimer, submitted and recorded; a range is handed over as done once,
+// when its last event goes, and never while one is held.
+func TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 2})
+	h.d = dispatch.New(dispatch.Options{
+		Capacity:  func(string) int { return 2 },
+		Execute:   hExecute(h),
+		OnOutcome: func(o dispatch.Outcome) { h.d.Recorded(o.Job) },
+		MaxKept:   10,
+	})
+	require.True(t, h.d.Reserve("e"))
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.release <- struct{}{}
+	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
+
+	for range 4 {
+		require.True(t, h.d.ReserveKeep("e"))
+	}
+	h.d.Keep("e", dispatch.Kept{ID: 10, Range: 7})
+	h.d.Keep("e", dispatch.Kept{ID: 11, Range: 7})
+	h.d.Keep("e", dispatch.Kept{ID: 12, Range: 8})
+	h.d.Keep("e", dispatch.Kept{}) // not committed: counted nowhere
+	require.Equal(t, []int64{9}, h.d.UnheldRanges([]int64{7, 8, 9}))
+	require.Equal(t, []int64{10}, h.d.Unheld([]int64{10}), "an event's id is not a delivery's")
+
+	kept := h.d.TakeKept(map[string]bool{"e": true})["e"]
+	require.Len(t, kept, 3)
+	h.d.LetGo([]int64{8}) // queued back
+	require.Equal(t, []int64{8}, h.d.TakeDone())
+	require.Empty(t, h.d.TakeDone(), "handed over once")
+	h.d.LetGo([]int64{8}) // a range no longer counted is no one's
+	require.Empty(t, h.d.TakeDone())
+
+	h.d.Submit(&dispatch.Job{EventPK: 10, Range: 7, Endpoint: "e"}, false)
+	h.d.LetGo([]int64{7}) // event 11: written before it was read
+	require.Empty(t, h.d.TakeDone(), "event 10 is in flight")
+	require.Empty(t, h.d.UnheldRanges([]int64{7}))
+	close(h.release)
+	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, []int64{7}, h.d.TakeDone(), "recorded: the range is done")
+	require.Equal(t, []int64{7}, h.d.UnheldRanges([]int64{7}))
 }
 
 // Attempts made before their ingest committed cannot be recorded until it

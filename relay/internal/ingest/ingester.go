@@ -94,6 +94,7 @@ type prepared struct {
 type keptDelivery struct {
 	lane string
 	id   int64 // 0: its event had been ingested before
+	rng  int64 // an event under way: id is its event's
 }
 
 var _ wal.Acker = (*ingester)(nil)
@@ -222,7 +223,7 @@ func (ing *ingester) keep(committed bool) {
 		if !committed {
 			id = 0
 		}
-		ing.s.deps.Fast.Keep(k.lane, id)
+		ing.s.deps.Fast.Keep(k.lane, dispatch.Kept{ID: id, Range: k.rng})
 	}
 	ing.kept = ing.kept[:0]
 }
@@ -434,7 +435,7 @@ func (s *Supervisor) prepared(c *wal.Chunk) *prepared {
 func (s *Supervisor) unkeep(evs []store.NewEvent, jobs []*dispatch.Job) {
 	for i := range evs {
 		if jobs[i] == nil && evs[i].Status == state.InFlight {
-			s.deps.Fast.Keep(evs[i].Key(), 0)
+			s.deps.Fast.Keep(evs[i].Key(), dispatch.Kept{})
 		}
 	}
 }
@@ -482,10 +483,13 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(ev.Key(), s.env.Now()):
 		switch {
 		case s.deps.Fast.Reserve(ev.Key()):
-			ev.Status = state.InFlight
+			// Under way when copied: its delivery is written once, with
+			// its first attempt's outcome (or delivered at the insert, when
+			// the attempt delivered first: writeDelivered).
+			ev.Status, ev.UnderWay = state.InFlight, true
 			return ev, routeFast
 		case alone && s.deps.Fast.ReserveKeep(ev.Key()):
-			ev.Status = state.InFlight
+			ev.Status, ev.UnderWay = state.InFlight, true
 			return ev, routeKeep
 		}
 	}
@@ -498,15 +502,20 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 // to the queue instead, and returns those written in flight to be kept by
 // id (in flight without a job), with their ids (0: ingested before).
 func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got []store.Ingested) (queued bool, kept []keptDelivery) {
-	inserted := make([]int64, len(evs))
+	inserted, ranges := make([]int64, len(evs)), make([]int64, len(evs))
 	for _, g := range got {
 		inserted[g.Index] = g.DeliveryID
+		if g.Range != 0 {
+			inserted[g.Index], ranges[g.Index] = g.EventPK, g.Range
+		}
 	}
 	s.env.Metrics.Ingested(len(got))
 	for i := range evs {
 		ev := &evs[i]
 		id := inserted[i]
 		switch {
+		case jobs[i] != nil && ranges[i] != 0:
+			s.deps.Fast.AssignUnderWay(jobs[i], id, ranges[i])
 		case jobs[i] != nil:
 			s.deps.Fast.Assign(jobs[i], id)
 			if id == 0 {
@@ -514,7 +523,7 @@ func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got
 					Msg("event ingested before (its event_id repeated): not delivered again, and the attempt made meanwhile is not recorded")
 			}
 		case ev.Status == state.InFlight:
-			kept = append(kept, keptDelivery{lane: ev.Key(), id: id})
+			kept = append(kept, keptDelivery{lane: ev.Key(), id: id, rng: ranges[i]})
 		case id != 0 && ev.Status == state.Pending:
 			queued = true
 		case id != 0 && ev.Status == state.DeadLetter:

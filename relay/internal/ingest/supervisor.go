@@ -51,10 +51,14 @@ type FastPath interface {
 	Submit(j *dispatch.Job, reserved bool)
 	// Assign gives a job submitted before its insert the delivery id.
 	Assign(j *dispatch.Job, id int64)
+	// AssignUnderWay names the event of a job submitted before its
+	// insert, written under way: its delivery is written with the
+	// attempt's outcome.
+	AssignUnderWay(j *dispatch.Job, eventPK, rangeID int64)
 	// ReserveKeep and Keep keep a delivery by id (see
 	// dispatch.Dispatcher.ReserveKeep).
 	ReserveKeep(lane string) bool
-	Keep(lane string, id int64)
+	Keep(lane string, k dispatch.Kept)
 	// Capacity is a lane's in-flight cap, which is also how many attempts
 	// it makes ahead of an uncommitted ingest before it waits for it.
 	Capacity(lane string) int

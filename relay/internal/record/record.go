@@ -242,7 +242,11 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			// the stream brings the event again) or found the event
 			// ingested before (its event_id repeated): its attempt, made
 			// meanwhile with the same webhook-id, is not recorded.
-			if o.Result.DeliveryID = o.Job.ID(); o.Result.DeliveryID == 0 {
+			// A job whose event was written under way has its event and
+			// range instead: its delivery is written with this outcome.
+			o.Result.DeliveryID = o.Job.ID()
+			o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
+			if o.Result.DeliveryID == 0 && o.Result.Range == 0 {
 				r.disp.Recorded(o.Job)
 				continue
 			}

@@ -68,20 +68,13 @@ func inFlightNow(t *testing.T, pool *pgxpool.Pool) int {
 		(SELECT count(*) FROM postbox.events_under_way)`)
 }
 
-// TestKilledWhileKeepingABacklog kills postbox (SIGKILL) while it keeps
-// most of a backlog in flight by id (a lane that drains, no other
-// instance). A new process returns the killed one's deliveries to the
-// queue and delivers every event; only attempts that reached the receiver
-// unrecorded repeat.
-func TestKilledWhileKeepingABacklog(t *testing.T) {
-	t.Parallel()
-	dbURL := pgtest.NewDatabase(t)
-	pool := newPool(t, dbURL)
-	rc := newCounter(t)
-	rc.delay = 2 * time.Millisecond
-	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 2\n")
-
-	first := startPostbox(t, nil, "run", "--config", cfg)
+// keepABacklog starts postbox alone on cfg (endpoint p, a lane of 2), lets
+// its lane deliver, then writes a backlog of 20 transactions of 100 events,
+// and returns once all are ingested, 100 have arrived and more than
+// underWay are under way. It returns the process and the events sent.
+func keepABacklog(t *testing.T, pool *pgxpool.Pool, rc *counter, cfg string, underWay int) (*proc, int) {
+	t.Helper()
+	p := startPostbox(t, nil, "run", "--config", cfg)
 	waitStreaming(t, pool)
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('p', '{}')`)
@@ -95,8 +88,25 @@ func TestKilledWhileKeepingABacklog(t *testing.T) {
 	n := per*txs + 1
 	waitForT(t, 30*time.Second, "the backlog ingested and under way", func() bool {
 		_, total, _ := rc.snapshot()
-		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 100
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 100 &&
+			queryInt(t, pool, `SELECT count(*) FROM postbox.events_under_way`) > underWay
 	})
+	return p, n
+}
+
+// TestKilledWhileKeepingABacklog kills postbox (SIGKILL) while it keeps
+// most of a backlog in flight by id (a lane that drains, no other
+// instance). A new process returns the killed one's deliveries to the
+// queue and delivers every event; only attempts that reached the receiver
+// unrecorded repeat.
+func TestKilledWhileKeepingABacklog(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	rc.delay = 2 * time.Millisecond
+	cfg := writeConfig(t, dbURL, "endpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 2\n")
+	first, n := keepABacklog(t, pool, rc, cfg, 0)
 	first.kill(t)
 	kept := inFlightNow(t, pool)
 	pending := queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'pending'`)
@@ -298,24 +308,7 @@ func TestFrozenOwnerOfEventsUnderWayIsSwept(t *testing.T) {
 	rc := newCounter(t)
 	rc.delay = 2 * time.Millisecond
 	cfg := writeConfig(t, dbURL, "leader_lease: 2s\nlease: 4s\nendpoints:\n  p:\n    url: "+rc.URL+"\n    max_in_flight: 2\n")
-
-	first := startPostbox(t, nil, "run", "--config", cfg)
-	waitStreaming(t, pool)
-	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('p', '{}')`)
-	require.NoError(t, err)
-	waitForT(t, 30*time.Second, "the lane delivering", func() bool { _, total, _ := rc.snapshot(); return total >= 1 })
-	const per, txs = 100, 20
-	for range txs {
-		_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'p', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, per)
-		require.NoError(t, err)
-	}
-	n := per*txs + 1
-	waitForT(t, 30*time.Second, "the backlog ingested, much of it under way", func() bool {
-		_, total, _ := rc.snapshot()
-		return queryInt(t, pool, `SELECT count(*) FROM postbox.events`) == n && total >= 100 &&
-			queryInt(t, pool, `SELECT count(*) FROM postbox.events_under_way`) > 200
-	})
+	first, n := keepABacklog(t, pool, rc, cfg, 200)
 	require.NoError(t, first.cmd.Process.Signal(syscall.SIGSTOP))
 	waitStopped(t, first.cmd.Process.Pid)
 	underWay := queryInt(t, pool, `SELECT count(*) FROM postbox.events_under_way`)

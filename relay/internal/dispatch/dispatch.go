@@ -805,7 +805,7 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 			if p := recover(); p != nil {
 				// A bug must not take the relay down or lose the event:
 				// count it as a failed attempt, to be retried.
-				res = state.Result{DeliveryID: j.DeliveryID, EventPK: j.EventPK, Range: j.Range, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Failed,
+				res = state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Failed,
 					Attempted: true, Delay: time.Minute, At: time.Now(), CommitToDeliveryMS: -1,
 					LastError: fmt.Sprintf("internal error: %v", p)}
 				debug.PrintStack()
@@ -946,6 +946,6 @@ func (d *Dispatcher) InFlight() int {
 // Released is the result that returns a job's delivery to the queue
 // without counting an attempt.
 func Released(j *Job) state.Result {
-	return state.Result{DeliveryID: j.DeliveryID, EventPK: j.EventPK, Range: j.Range, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Released,
+	return state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Released,
 		At: time.Now(), CommitToDeliveryMS: -1}
 }

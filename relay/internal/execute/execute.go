@@ -258,7 +258,7 @@ func New(env *service.Env, client *deliver.Client, prot *protect.Protection) *Ex
 // then handed back untouched.
 func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	cfg := x.env.Config()
-	res := state.Result{DeliveryID: j.DeliveryID, EventPK: j.EventPK, Range: j.Range, Endpoint: j.Endpoint, Lane: j.Lane, CommitToDeliveryMS: -1}
+	res := state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, CommitToDeliveryMS: -1}
 	t := Resolve(cfg, Event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
 		Payload: j.Payload, CreatedAt: j.CreatedAt})
 	if t.Reason != "" {

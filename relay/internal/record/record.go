@@ -242,16 +242,19 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			// the stream brings the event again) or found the event
 			// ingested before (its event_id repeated): its attempt, made
 			// meanwhile with the same webhook-id, is not recorded.
-			// A job whose event was written under way has its event and
-			// range instead: its delivery is written with this outcome.
-			o.Result.DeliveryID = o.Job.ID()
-			o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
-			if o.Result.DeliveryID == 0 && o.Result.Range == 0 {
+			// One whose event was written under way has its event and
+			// range instead (below).
+			_, underWay := o.Job.UnderWay()
+			if o.Result.DeliveryID = o.Job.ID(); o.Result.DeliveryID == 0 && underWay == 0 {
 				r.disp.Recorded(o.Job)
 				continue
 			}
 			o.Result.Written = o.Job.Written()
 		}
+		// An event under way is named by its event and range (final once
+		// its ingest, if any, has finished): its delivery is written with
+		// this outcome.
+		o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
 		results = append(results, o.Result)
 		recorded = append(recorded, o.Job)
 	}

@@ -78,7 +78,8 @@ func (s Signal) String() string {
 type Result struct {
 	DeliveryID int64
 	// EventPK and Range name an event under way (DeliveryID 0): its
-	// delivery is written with this outcome (store.RecordUnderWay).
+	// delivery is written with this outcome (store.RecordUnderWay). The
+	// recorder sets them from the job (dispatch.Job.UnderWay).
 	EventPK, Range int64
 	Endpoint       string
 	// Lane is the delivery's lane when it is not its endpoint's own (see

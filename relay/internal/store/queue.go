@@ -457,7 +457,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			continue
 		}
 		if r.DeliveryID == 0 && r.Range != 0 {
-			under = append(under, UnderWayResult{Range: r.Range, EventPK: r.EventPK, Lane: r.Lane, Result: *r,
+			under = append(under, UnderWayResult{Result: r,
 				Inline: hist != nil && firstOnDelivery(*r)})
 			continue
 		}
@@ -488,7 +488,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	if hist != nil && len(attempts.ids)+len(written)+len(inline)+len(under) > 0 {
 		counts = countAttempts(&attempts)
 		for i := range under {
-			if r := &under[i].Result; r.Sampled {
+			if r := under[i].Result; r.Sampled {
 				counts[histKey{r.Endpoint, latencyBin(attemptStart(*r)), latencyBucket(float32(r.ResponseMS))}]++
 			}
 		}
@@ -521,8 +521,8 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 				var rows attemptRows
 				for i := range under {
 					u := &under[i]
-					if id := ids[u.EventPK]; id != 0 && u.Result.Sampled && !u.Inline {
-						r := u.Result
+					if id := ids[u.Result.EventPK]; id != 0 && u.Result.Sampled && !u.Inline {
+						r := *u.Result
 						r.DeliveryID = id
 						rows.add(r)
 					}
@@ -794,39 +794,37 @@ func (s *Store) DeadOwners(ctx context.Context) ([]string, error) {
 func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit int, lane LaneFunc) (int64, error) {
 	var n int64
 	if len(owners) > 0 {
-		tag, err := s.Pool.Exec(ctx, `
-			WITH dead AS (
-			  SELECT o FROM unnest($3::text[]) AS o
-			  WHERE NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = o AND `+aliveSQL+`)
-			)
-			UPDATE postbox.deliveries
-			SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
-			    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
-			WHERE id IN (SELECT id FROM postbox.deliveries
-			             WHERE status = 'in_flight' AND lease_owner IN (SELECT o FROM dead)
-			             LIMIT $2 FOR UPDATE SKIP LOCKED)`, LifeGraceDefault.Seconds(), limit, owners)
+		rows, err := s.Pool.Query(ctx, `
+			SELECT o FROM unnest($2::text[]) AS o
+			WHERE NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = o AND `+aliveSQL+`)`, LifeGraceDefault.Seconds(), owners)
 		if err != nil {
 			return 0, fmt.Errorf("release abandoned deliveries: %w", err)
 		}
-		n = tag.RowsAffected()
-		// Their events under way get pending deliveries (SweepUnderWay).
-		err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, `
-				SELECT o FROM unnest($2::text[]) AS o
-				WHERE NOT EXISTS (SELECT 1 FROM postbox.instances i WHERE i.id = o AND `+aliveSQL+`)`, LifeGraceDefault.Seconds(), owners)
-			if err != nil {
-				return err
-			}
-			dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil || len(dead) == 0 {
-				return err
-			}
-			queued, err := SweepUnderWay(ctx, tx, dead, lane)
-			n += queued
-			return err
-		})
+		dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			return 0, fmt.Errorf("release abandoned events under way: %w", err)
+			return 0, fmt.Errorf("release abandoned deliveries: %w", err)
+		}
+		if len(dead) > 0 {
+			tag, err := s.Pool.Exec(ctx, `
+				UPDATE postbox.deliveries
+				SET status = CASE WHEN attempt_count = 0 THEN 'pending' ELSE 'failed' END,
+				    lease_owner = NULL, next_attempt_at = now(), updated_at = now()
+				WHERE id IN (SELECT id FROM postbox.deliveries
+				             WHERE status = 'in_flight' AND lease_owner = ANY($1)
+				             LIMIT $2 FOR UPDATE SKIP LOCKED)`, dead, limit)
+			if err != nil {
+				return 0, fmt.Errorf("release abandoned deliveries: %w", err)
+			}
+			n = tag.RowsAffected()
+			// Their events under way get pending deliveries.
+			err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+				queued, err := SweepUnderWay(ctx, tx, dead, lane)
+				n += queued
+				return err
+			})
+			if err != nil {
+				return 0, fmt.Errorf("release abandoned events under way: %w", err)
+			}
 		}
 	}
 	if _, err := s.Pool.Exec(ctx, `DELETE FROM postbox.instances WHERE expires_at < now() - interval '1 hour'`); err != nil {

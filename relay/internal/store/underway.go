@@ -178,13 +178,11 @@ var underWayColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "
 	"last_error", "last_status_code", "last_response_ms", "last_response", "delivered_at", "commit_to_delivery_ms",
 	"attempt_target", "attempted_by", "updated_at"}
 
-// UnderWayResult is a kept event's first outcome, as RecordUnderWay
-// writes it.
+// UnderWayResult is the first outcome of an event under way (its
+// Result's EventPK and Range name it), as RecordUnderWay writes it.
 type UnderWayResult struct {
-	Range, EventPK int64
-	Lane           string
-	Result         state.Result
-	Inline         bool // a first attempt that delivered, kept on its row
+	Result *state.Result
+	Inline bool // a first attempt that delivered, kept on its row
 }
 
 // Copier is a Querier that copies too: a pool, a connection or a
@@ -206,7 +204,7 @@ func RecordUnderWay(ctx context.Context, q Copier, owner string, rs []UnderWayRe
 	n := len(rs)
 	ranges, events := make([]int64, n), make([]int64, n)
 	for i := range rs {
-		ranges[i], events[i] = rs[i].Range, rs[i].EventPK
+		ranges[i], events[i] = rs[i].Result.Range, rs[i].Result.EventPK
 	}
 	rows, err := q.Query(ctx, planUnderWaySQL, owner, ranges, events)
 	if err != nil {
@@ -236,11 +234,11 @@ func RecordUnderWay(ctx context.Context, q Copier, owner string, rs []UnderWayRe
 	_, err = q.CopyFrom(ctx, pgx.Identifier{"postbox", "deliveries"}, underWayColumns,
 		pgx.CopyFromSlice(len(picked), func(k int) ([]any, error) {
 			u := &rs[picked[k]]
-			r := &u.Result
+			r := u.Result
 			// NULL where recordResultsSQL's update leaves the column so.
 			var lane, lastErr, code, ms, resp, deliveredAt, c2d, target, by any
-			if u.Lane != "" {
-				lane = u.Lane
+			if r.Lane != "" {
+				lane = r.Lane
 			}
 			status, attempts, due := string(r.Status), int32(0), now
 			switch r.Status {
@@ -263,7 +261,7 @@ func RecordUnderWay(ctx context.Context, q Copier, owner string, rs []UnderWayRe
 			if u.Inline {
 				target, by = orNull(r.Target), owner
 			}
-			return []any{ids[u.EventPK], u.EventPK, r.Endpoint, lane, status, attempts, due, lastErr, code, ms, resp,
+			return []any{ids[r.EventPK], r.EventPK, r.Endpoint, lane, status, attempts, due, lastErr, code, ms, resp,
 				deliveredAt, c2d, target, by, now}, nil
 		}))
 	if err != nil {

@@ -49,8 +49,8 @@ func deliveriesOf(t *testing.T, s *store.Store, ids []int64) map[int64][]string 
 func recordDelivered(ctx context.Context, q store.Copier, owner string, rangeID int64, pks ...int64) (int, error) {
 	rs := make([]store.UnderWayResult, len(pks))
 	for i, pk := range pks {
-		rs[i] = store.UnderWayResult{Range: rangeID, EventPK: pk,
-			Result: state.Result{Endpoint: "ep", Status: state.Delivered, Attempted: true, At: time.Now()}}
+		rs[i] = store.UnderWayResult{Result: &state.Result{Range: rangeID, EventPK: pk, Endpoint: "ep",
+			Status: state.Delivered, Attempted: true, At: time.Now()}}
 	}
 	got, err := store.RecordUnderWay(ctx, q, owner, rs)
 	return len(got), err
@@ -160,12 +160,12 @@ func TestRecordUnderWayWritesTheDeliveryOnce(t *testing.T) {
 	require.NoError(t, err)
 	at := time.Now().Truncate(time.Millisecond)
 	got, err := store.RecordUnderWay(ctx, s.Pool, "me", []store.UnderWayResult{
-		{Range: mine, EventPK: ids[0], Inline: true, Result: state.Result{Endpoint: "ep", Status: state.Delivered, Attempted: true,
+		{Inline: true, Result: &state.Result{Range: mine, EventPK: ids[0], Endpoint: "ep", Status: state.Delivered, Attempted: true,
 			StatusCode: 200, ResponseMS: 3.5, Response: "ok", At: at, CommitToDeliveryMS: 12, Target: "http://r.test/hook"}},
-		{Range: mine, EventPK: ids[1], Lane: "ep|r.test", Result: state.Result{Endpoint: "ep", Status: state.Failed, Attempted: true,
+		{Result: &state.Result{Range: mine, EventPK: ids[1], Lane: "ep|r.test", Endpoint: "ep", Status: state.Failed, Attempted: true,
 			StatusCode: 503, ResponseMS: 2, LastError: "http 503", At: at, Delay: 30 * time.Second, CommitToDeliveryMS: -1}},
-		{Range: mine, EventPK: ids[2], Result: state.Result{Endpoint: "ep", Status: state.Released, Delay: 5 * time.Second, CommitToDeliveryMS: -1}},
-		{Range: theirs, EventPK: ids[3], Result: state.Result{Endpoint: "ep", Status: state.Delivered, Attempted: true, At: at}},
+		{Result: &state.Result{Range: mine, EventPK: ids[2], Endpoint: "ep", Status: state.Released, Delay: 5 * time.Second, CommitToDeliveryMS: -1}},
+		{Result: &state.Result{Range: theirs, EventPK: ids[3], Endpoint: "ep", Status: state.Delivered, Attempted: true, At: at}},
 	})
 	require.NoError(t, err)
 	require.Len(t, got, 3, "the range of another owner is fenced")
@@ -195,7 +195,7 @@ func TestRecordUnderWayWritesTheDeliveryOnce(t *testing.T) {
 	require.Equal(t, row{Status: "pending", DueIn: 5}, read(got[ids[2]]))
 
 	again, err := store.RecordUnderWay(ctx, s.Pool, "me", []store.UnderWayResult{
-		{Range: mine, EventPK: ids[0], Result: state.Result{Endpoint: "ep", Status: state.Delivered, Attempted: true, At: at}}})
+		{Result: &state.Result{Range: mine, EventPK: ids[0], Endpoint: "ep", Status: state.Delivered, Attempted: true, At: at}}})
 	require.NoError(t, err)
 	require.Empty(t, again, "an event with a delivery gets no second")
 
@@ -251,7 +251,7 @@ func TestACopiedIngestWritesEventsUnderWayAlone(t *testing.T) {
 	require.Equal(t, 1, ranges)
 
 	done, err := store.RecordUnderWay(ctx, s.Pool, "me", []store.UnderWayResult{
-		{Range: rangeID, EventPK: under[0], Result: state.Result{Endpoint: "ep", Status: state.Delivered, Attempted: true, At: time.Now()}}})
+		{Result: &state.Result{Range: rangeID, EventPK: under[0], Endpoint: "ep", Status: state.Delivered, Attempted: true, At: time.Now()}}})
 	require.NoError(t, err)
 	require.Len(t, done, 1)
 	tx, err := s.Pool.Begin(ctx)

@@ -71,14 +71,7 @@ func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) 
 		tb.cfg.SweepInterval = config.Duration(sweep)
 	}
 	ctx := context.Background()
-	rc := newReceiver(t, func(int, received) int {
-		time.Sleep(time.Millisecond)
-		return http.StatusOK
-	})
-	tb.endpoint(t, "bulk", rc.URL, func(ec *config.EndpointConfig) {
-		c := 2
-		ec.MaxInFlight = &c
-	})
+	rc := drainingLane(t, tb)
 	r := tb.start(t, relay.Options{})
 	if peer {
 		registerPeer(t, tb, r)
@@ -95,9 +88,7 @@ func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) 
 	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('bulk', '{}')`)
 	waitUntil(t, 30*time.Second, "the first delivery", func() bool { return rc.count() == 1 })
 	const txs, per = 20, 100
-	for range txs {
-		exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, 100) i`)
-	}
+	insertHundreds(t, tb, txs)
 	n = txs*per + 1
 	tb.waitSettled(t, n, 2*time.Minute)
 	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
@@ -106,11 +97,7 @@ func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) 
 	if sweep == 0 {
 		// Each range of events under way is deleted once done with, well
 		// before a sweep would find it stale (claim.StaleClaimDefault).
-		waitUntil(t, 5*time.Second, "the ranges under way deleted", func() bool {
-			var ranges int
-			require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.under_way`).Scan(&ranges))
-			return ranges == 0
-		})
+		waitUntil(t, 5*time.Second, "the ranges under way deleted", func() bool { return rangesLeft(t, tb) == 0 })
 	}
 	return claimed, n
 }
@@ -138,9 +125,35 @@ func TestEventsUnderWayLostTrackOfAreQueued(t *testing.T) {
 	tb.waitSettled(t, 5, 30*time.Second)
 	require.Equal(t, map[state.Delivery]int{state.Delivered: 5}, tb.deliveries(t))
 	rc.requireEachOnce(t, 5)
-	var ranges int
-	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.under_way`).Scan(&ranges))
-	require.Zero(t, ranges)
+	require.Zero(t, rangesLeft(t, tb))
+}
+
+// drainingLane configures the endpoint bulk, a lane of 2, at a receiver
+// that answers in a millisecond: a backlog outruns it.
+func drainingLane(t *testing.T, tb *testBundle) *receiver {
+	rc := newReceiver(t, func(int, received) int {
+		time.Sleep(time.Millisecond)
+		return http.StatusOK
+	})
+	tb.endpoint(t, "bulk", rc.URL, func(ec *config.EndpointConfig) {
+		c := 2
+		ec.MaxInFlight = &c
+	})
+	return rc
+}
+
+// insertHundreds commits txs transactions of 100 events for bulk.
+func insertHundreds(t *testing.T, tb *testBundle, txs int) {
+	for range txs {
+		exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, 100) i`)
+	}
+}
+
+// rangesLeft counts the ranges of events under way.
+func rangesLeft(t *testing.T, tb *testBundle) int {
+	var n int
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(*) FROM postbox.under_way`).Scan(&n))
+	return n
 }
 
 // registerPeer registers another instance, current (its connection is not
@@ -257,21 +270,12 @@ func TestSessionEndsWhileEventsAreUnderWay(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	ctx := context.Background()
-	rc := newReceiver(t, func(int, received) int {
-		time.Sleep(time.Millisecond)
-		return http.StatusOK
-	})
-	tb.endpoint(t, "bulk", rc.URL, func(ec *config.EndpointConfig) {
-		c := 2
-		ec.MaxInFlight = &c
-	})
+	rc := drainingLane(t, tb)
 	tb.start(t, relay.Options{})
 	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('bulk', '{}')`)
 	waitUntil(t, 30*time.Second, "the first delivery", func() bool { return rc.count() == 1 })
 	const txs, per = 20, 100
-	for range txs / 2 {
-		exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, 100) i`)
-	}
+	insertHundreds(t, tb, txs/2)
 	underWay := func() int {
 		var n int
 		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events_under_way`).Scan(&n))
@@ -281,19 +285,13 @@ func TestSessionEndsWhileEventsAreUnderWay(t *testing.T) {
 	var killed bool
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&killed))
 	require.True(t, killed)
-	for range txs / 2 {
-		exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, 100) i`)
-	}
+	insertHundreds(t, tb, txs/2)
 	n := txs*per + 1
 	tb.waitSettled(t, n, 2*time.Minute)
 	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t), "one delivery per event")
 	byID := rc.byID()
 	require.Len(t, byID, n, "every event arrived")
-	waitUntil(t, 5*time.Second, "the ranges deleted", func() bool {
-		var ranges int
-		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.under_way`).Scan(&ranges))
-		return ranges == 0
-	})
+	waitUntil(t, 5*time.Second, "the ranges deleted", func() bool { return rangesLeft(t, tb) == 0 })
 	require.Contains(t, tb.logs.String(), "replication session ended")
 	repeats := 0
 	for _, c := range byID {

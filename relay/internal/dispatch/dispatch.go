@@ -291,9 +291,9 @@ type lane struct {
 	awaiting int
 	starved  bool      // in Dispatcher.starved
 	lastOK   time.Time // when an attempt of the lane last delivered
-	// kept are deliveries written in flight for this instance and held
-	// by id alone (see ReserveKeep), oldest first; keepReserved are
-	// promised to events being ingested.
+	// kept are deliveries written in flight for this instance, or events
+	// under way (Kept.Range), held by id alone (see ReserveKeep), oldest
+	// first; keepReserved are promised to events being ingested.
 	kept         []Kept
 	keepReserved int
 }
@@ -473,9 +473,9 @@ func (d *Dispatcher) ReserveKeep(lane string) bool {
 	return true
 }
 
-// Keep turns a reservation of ReserveKeep into a kept delivery, once the
-// transaction that wrote it in flight has committed; with id 0 it gives
-// the reservation back.
+// Keep turns a reservation of ReserveKeep into a kept delivery or event
+// under way, once the transaction that wrote it has committed; with id 0
+// it gives the reservation back.
 func (d *Dispatcher) Keep(lane string, k Kept) {
 	id := k.ID
 	d.mu.Lock()

@@ -37,9 +37,15 @@ const (
 	// OutboxPurgeIntervalDefault is how often ingested outbox rows are
 	// purged.
 	OutboxPurgeIntervalDefault = 10 * time.Second
-	// ReleaseBatchDefault and PurgeBatchDefault bound one statement.
+	// ReleaseBatchDefault bounds one statement.
 	ReleaseBatchDefault = 5000
-	PurgeBatchDefault   = 5000
+	// PurgeWindowDefault is how many outbox rows one statement of the
+	// purge looks at; PurgeWindowsDefault how many such statements one
+	// purge runs at most: a retained outbox filling at up to their product
+	// per OutboxPurgeIntervalDefault (10,000 rows a second) is kept to its
+	// retention.
+	PurgeWindowDefault  = 5000
+	PurgeWindowsDefault = 20
 	// TelemetryFirstDefault is when the gauges are first set after start.
 	TelemetryFirstDefault = time.Second
 	// TelemetryIntervalDefault is the cadence of gauges and alerts.
@@ -100,6 +106,7 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 	tick := time.NewTicker(HeartbeatInterval(m.env.Config().Lease))
 	defer tick.Stop()
 	var lastPurge time.Time
+	var purgeFrom int64            // where the outbox purge goes on (an outbox id)
 	gone := map[string]time.Time{} // releaseAbandoned's
 	for {
 		cfg := m.env.Config()
@@ -152,7 +159,9 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		// its row: the purge picks such rows up.
 		if time.Since(lastPurge) >= OutboxPurgeIntervalDefault {
 			lastPurge = time.Now()
-			if _, err := st.PurgeIngestedOutbox(ctx, cfg.OutboxRetention, PurgeBatchDefault); err != nil && ctx.Err() == nil {
+			var err error
+			purgeFrom, err = purgeOutbox(ctx, st, cfg.OutboxRetention, purgeFrom, PurgeWindowDefault, PurgeWindowsDefault)
+			if err != nil && ctx.Err() == nil {
 				m.log.Warn().Err(err).Msg("purging the outbox failed")
 			}
 		}
@@ -162,6 +171,23 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// purgeOutbox purges the outbox window by window from the id after,
+// while the windows find rows to look at, up to windows of them. It
+// returns where the next purge goes on: 0 once it reached the rows still
+// to be kept, where it stopped otherwise (also after an error).
+func purgeOutbox(ctx context.Context, st *store.Store, retention time.Duration, after int64, window, windows int) (int64, error) {
+	for range windows {
+		_, next, err := st.PurgeIngestedOutbox(ctx, retention, after, window)
+		if err != nil {
+			return after, err
+		}
+		if after = next; after == 0 {
+			break
+		}
+	}
+	return after, nil
 }
 
 // releaseAbandoned returns to the queue the deliveries of instances this

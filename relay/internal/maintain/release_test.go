@@ -71,3 +71,47 @@ func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
 	require.Zero(t, release(t1))
 	require.EqualValues(t, 2, release(t1.Add(store.LifeGraceDefault)), "gone for a grace: its deliveries return")
 }
+
+// TestAPurgeGoesOnWhereTheLastStopped: one purge runs up to its number of
+// windows, and the next goes on after the last row the first looked at,
+// so that an outbox kept for a while and filling faster than one window
+// an interval is still kept to its retention.
+func TestAPurgeGoesOnWhereTheLastStopped(t *testing.T) {
+	ctx := context.Background()
+	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table, _ := outbox.ParseTable(outbox.DefaultTable)
+	require.NoError(t, store.Migrate(ctx, pool, table))
+	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
+
+	rows, err := pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint, created_at)
+		SELECT 'ep', now() - interval '2 hours' FROM generate_series(1, 12) RETURNING event_id::text`)
+	require.NoError(t, err)
+	evs := []store.NewEvent{}
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		evs = append(evs, store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending})
+	}
+	require.NoError(t, rows.Err())
+	ic, err := s.AcquireIngest(ctx, "ingest")
+	require.NoError(t, err)
+	_, err = ic.Insert(ctx, evs, false)
+	require.NoError(t, err)
+	require.NoError(t, ic.Commit(ctx, 0, false))
+	ic.Release()
+	left := func() (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM postbox.outbox`).Scan(&n))
+		return n
+	}
+
+	next, err := purgeOutbox(ctx, s, time.Hour, 0, 5, 2)
+	require.NoError(t, err)
+	require.NotZero(t, next, "two full windows: the next purge goes on from the tenth row")
+	require.Equal(t, 2, left())
+	next, err = purgeOutbox(ctx, s, time.Hour, next, 5, 2)
+	require.NoError(t, err)
+	require.Zero(t, next, "the end of the table: the next purge starts over")
+	require.Equal(t, 0, left())
+}

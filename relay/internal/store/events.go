@@ -790,17 +790,49 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 	return out, rows.Err()
 }
 
-// PurgeIngestedOutbox deletes up to limit outbox rows older than retention
-// that have been ingested, and returns how many it deleted.
-func (s *Store) PurgeIngestedOutbox(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-	tag, err := s.Pool.Exec(ctx, `
-		DELETE FROM `+s.Table.Ident()+` WHERE id IN (
-		  SELECT o.id FROM `+s.Table.Ident()+` o
-		  WHERE o.created_at < now() - $1 * interval '1 second'
-		    AND EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = o.endpoint)
-		  LIMIT $2)`, retention.Seconds(), limit)
+// PurgeIngestedOutbox looks at up to window outbox rows, in the order of
+// their ids, from the first after after, and deletes those older than
+// retention that have been ingested (their event id and endpoint are in
+// postbox.events). It returns how many it deleted and where the next
+// purge goes on: after the last row it looked at, or from the start (0)
+// once it reached the end of the table or a row younger than retention.
+//
+// It reads the table through its primary key, a window at a time, never
+// the whole table: an outbox kept for hours holds hours of rows, and one
+// that is emptied at the ingest (retention 0) holds its deleted rows
+// until vacuum. Ids follow the inserts, so the oldest rows come first;
+// rows that are old but not ingested (left for reconciliation) do not
+// stop the purge, which steps over them to the rows after.
+func (s *Store) PurgeIngestedOutbox(ctx context.Context, retention time.Duration, after int64, window int) (deleted, next int64, err error) {
+	var last int64
+	var seen int
+	var young bool
+	err = s.Pool.QueryRow(ctx, purgeOutboxSQL(s.Table.Ident()), retention.Seconds(), after, window).Scan(&deleted, &last, &seen, &young)
 	if err != nil {
-		return 0, fmt.Errorf("purge outbox: %w", err)
+		return 0, 0, fmt.Errorf("purge outbox: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	if seen < window || young {
+		return deleted, 0, nil
+	}
+	return deleted, last, nil
+}
+
+// purgeOutboxSQL is PurgeIngestedOutbox's statement for the outbox table
+// (its quoted name): of the window of rows after $2 ($3 of them), it
+// deletes those older than $1 seconds that are ingested, and returns how
+// many it deleted, the window's last id, its size and whether a row of it
+// is younger than $1.
+func purgeOutboxSQL(table string) string {
+	return `
+		WITH w AS MATERIALIZED (
+		  SELECT o.id, o.event_id, o.endpoint, o.created_at < now() - $1 * interval '1 second' AS old
+		  FROM ` + table + ` o WHERE o.id > $2 ORDER BY o.id LIMIT $3
+		), gone AS (
+		  DELETE FROM ` + table + ` o USING w
+		  WHERE o.id = w.id AND w.old
+		    AND EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = w.event_id AND e.endpoint = w.endpoint)
+		  RETURNING o.id
+		)
+		SELECT (SELECT count(*) FROM gone), coalesce((SELECT max(id) FROM w), 0), (SELECT count(*) FROM w),
+		       coalesce((SELECT NOT bool_and(old) FROM w), false)`
 }

@@ -23,6 +23,10 @@ const (
 	NoTableScan      = noTableScan
 )
 
+// PurgeOutboxSQL is PurgeIngestedOutbox's statement, whose plan
+// TestPurgeIngestedOutboxReadsOnlyItsWindow checks.
+var PurgeOutboxSQL = purgeOutboxSQL
+
 // CopyAttemptsMin is the batch size from which RecordResults copies its
 // attempt rows.
 const CopyAttemptsMin = copyAttemptsMin

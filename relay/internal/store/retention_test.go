@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -203,9 +205,10 @@ func TestPurgeIngestedOutboxKeepsWhatIsNotIngested(t *testing.T) {
 	otherEndpoint, otherEndpointEvent := row("other", "2 hours")
 	ingest(t, s, "ep", oldIngestedEvent, youngEvent, otherEndpointEvent) // the last under another endpoint
 
-	n, err := s.PurgeIngestedOutbox(ctx, time.Hour, 100)
+	n, next, err := s.PurgeIngestedOutbox(ctx, time.Hour, 0, 100)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
+	require.Zero(t, next, "the window reached the end of the table: the next purge starts over")
 	left := map[int64]bool{}
 	rows, err := s.Pool.Query(ctx, `SELECT id FROM postbox.outbox`)
 	require.NoError(t, err)
@@ -217,6 +220,75 @@ func TestPurgeIngestedOutboxKeepsWhatIsNotIngested(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, map[int64]bool{young: true, oldNotIngested: true, otherEndpoint: true}, left,
 		"gone: only the old row that is ingested (%d)", oldIngested)
+}
+
+// TestPurgeIngestedOutboxStepsOverWhatItKeeps: the purge looks at a
+// window of rows at a time, in the order of their ids; old rows that are
+// not ingested, however many, do not hold it back from the ingested rows
+// after them, and it starts over from the first row once a window reaches
+// a row younger than the retention.
+func TestPurgeIngestedOutboxStepsOverWhatItKeeps(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	row := func(age string) (id int64, eventID string) {
+		require.NoError(t, s.Pool.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint, created_at) VALUES ('ep', now() - $1::interval)
+			RETURNING id, event_id::text`, age).Scan(&id, &eventID))
+		return id, eventID
+	}
+	var kept []int64
+	for range 3 { // old, never ingested: left for reconciliation
+		id, _ := row("2 hours")
+		kept = append(kept, id)
+	}
+	first, firstEvent := row("2 hours")
+	second, secondEvent := row("2 hours")
+	young, youngEvent := row("0 seconds")
+	kept = append(kept, young)
+	ingest(t, s, "ep", firstEvent, secondEvent, youngEvent)
+
+	var steps []int64
+	var purged int64
+	after := int64(0)
+	for range 3 {
+		n, next, err := s.PurgeIngestedOutbox(ctx, time.Hour, after, 2)
+		require.NoError(t, err)
+		purged += n
+		steps = append(steps, next)
+		after = next
+	}
+	require.EqualValues(t, 2, purged)
+	require.Equal(t, []int64{kept[1], first, 0}, steps,
+		"over the first two kept rows, then the third and the first ingested one, then to the young row and back to the start")
+	rows, err := s.Pool.Query(ctx, `SELECT id FROM postbox.outbox ORDER BY id`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Equal(t, kept, left, "gone: the ingested rows %d and %d", first, second)
+}
+
+// TestPurgeIngestedOutboxReadsOnlyItsWindow: however many rows the outbox
+// holds, the purge reads its window of them through the primary key, not
+// the whole table.
+func TestPurgeIngestedOutboxReadsOnlyItsWindow(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	_, err := s.Pool.Exec(ctx, `
+		INSERT INTO postbox.outbox (endpoint, created_at) SELECT 'ep', now() - interval '2 hours' FROM generate_series(1, 20000);
+		ANALYZE postbox.outbox`)
+	require.NoError(t, err)
+	tx, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+store.PurgeOutboxSQL(`"postbox"."outbox"`),
+		time.Hour.Seconds(), 0, 100)
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	text := strings.Join(plan, "\n")
+	require.NotContains(t, text, "Seq Scan on outbox", text)
+	require.Regexp(t, `Index Scan using outbox_pkey on outbox o \(actual rows=100 loops=1\)`, text)
 }
 
 // TestPurgeAttemptsAndHistograms: attempts older than their retention and

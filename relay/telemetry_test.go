@@ -84,6 +84,17 @@ func TestMetricsAndProbes(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, n, "first attempts timed from the stream")
 	require.Regexp(t, `postbox_commit_to_stream_seconds_count 2\b`, body, "the two transactions timed from their commit")
+	require.Regexp(t, `postbox_commit_to_send_seconds_count 2\b`, body, "and from their commit to the server's send")
+	sum := func(name string) float64 {
+		m := regexp.MustCompile(name + `_sum (\S+)`).FindStringSubmatch(body)
+		require.NotNil(t, m, name)
+		v, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		return v
+	}
+	sent, streamed := sum("postbox_commit_to_send_seconds"), sum("postbox_commit_to_stream_seconds")
+	require.Positive(t, sent, "the server's commit time comes before its send")
+	require.LessOrEqual(t, sent, streamed, "the server sent each transaction before postbox had it (one host's clock)")
 	labels := map[string]bool{}
 	for _, m := range regexp.MustCompile(`endpoint="([^"]+)"`).FindAllStringSubmatch(body, -1) {
 		labels[m[1]] = true

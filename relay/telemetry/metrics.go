@@ -24,6 +24,7 @@ type Metrics struct {
 	commitToDelivery *prometheus.HistogramVec
 	streamToAttempt  prometheus.Histogram
 	commitToStream   prometheus.Histogram
+	commitToSend     prometheus.Histogram
 	ingested         prometheus.Counter
 	queueDepth       *prometheus.GaugeVec
 	oldestPending    prometheus.Gauge
@@ -41,6 +42,8 @@ func NewMetrics() *Metrics {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	latencyBuckets := []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 15, 30, 60}
+	// From sub-millisecond (a live stream) to minutes (a backlog).
+	streamBuckets := []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 5, 30, 60, 300}
 	m := &Metrics{
 		Registry: reg,
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -71,7 +74,14 @@ func NewMetrics() *Metrics {
 			Name: "postbox_commit_to_stream_seconds",
 			Help: "Time from an outbox transaction's commit to postbox's receipt of it from the replication stream: " +
 				"the database's share of the latency while postbox keeps up, the stream's backlog while it catches up.",
-			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 5, 30, 60, 300},
+			Buckets: streamBuckets,
+		}),
+		commitToSend: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "postbox_commit_to_send_seconds",
+			Help: "Time from an outbox transaction's commit to the server's sending of it on the replication stream, " +
+				"both on the server's clock: the server's share of postbox_commit_to_stream_seconds (the commit's WAL " +
+				"flush, the walsender's turn and its decoding).",
+			Buckets: streamBuckets,
 		}),
 		ingested: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postbox_ingested_events_total",
@@ -106,7 +116,7 @@ func NewMetrics() *Metrics {
 			Help: "1 while this instance streams the replication slot.",
 		}),
 	}
-	reg.MustRegister(m.deliveries, m.deadLetters, m.attemptDuration, m.commitToDelivery, m.streamToAttempt, m.commitToStream, m.ingested, m.queueDepth,
+	reg.MustRegister(m.deliveries, m.deadLetters, m.attemptDuration, m.commitToDelivery, m.streamToAttempt, m.commitToStream, m.commitToSend, m.ingested, m.queueDepth,
 		m.oldestPending, m.breaker, m.endpointLatency, m.slotLag, m.alerts, m.streaming)
 	m.SetLabeled(nil, 0)
 	return m
@@ -138,9 +148,16 @@ func (m *Metrics) Label(name string) string {
 // Ingested counts ingested events.
 func (m *Metrics) Ingested(n int) { m.ingested.Add(float64(n)) }
 
-// Streamed observes how long after its commit a transaction reached
-// postbox (0 when the clocks of the two hosts disagree the other way).
-func (m *Metrics) Streamed(after time.Duration) { m.commitToStream.Observe(max(after, 0).Seconds()) }
+// Streamed observes how long after its commit a transaction was sent by
+// the server (sent, on its clock; not observed when zero) and reached
+// postbox (received: 0 when the clocks of the two hosts disagree the
+// other way).
+func (m *Metrics) Streamed(sent, received time.Duration) {
+	if sent != 0 {
+		m.commitToSend.Observe(max(sent, 0).Seconds())
+	}
+	m.commitToStream.Observe(max(received, 0).Seconds())
+}
 
 // Streaming sets whether this instance streams.
 func (m *Metrics) Streaming(on bool) {

@@ -286,7 +286,11 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	submitted := false
 	for i := range chunks {
 		if c := &chunks[i]; c.Final && c.TxRows > 0 && !c.CommitTime.IsZero() {
-			s.env.Metrics.Streamed(c.Received.Sub(c.CommitTime))
+			var sent time.Duration
+			if !c.Sent.IsZero() {
+				sent = c.Sent.Sub(c.CommitTime)
+			}
+			s.env.Metrics.Streamed(sent, c.Received.Sub(c.CommitTime))
 		}
 		p := s.prepared(&chunks[i])
 		if p.tx != nil {

@@ -48,6 +48,12 @@ type Chunk struct {
 	// Received is when the stream had the chunk: its Commit message's
 	// arrival, or for a part of a larger transaction, the moment it filled.
 	Received time.Time
+	// Sent, on a transaction's final chunk, is when the server sent its
+	// Commit message, on the server's clock (the commit time's): from
+	// CommitTime to Sent is the server's share of the wait (the commit's
+	// WAL flush, the walsender's turn and its decoding), from Sent to
+	// Received the network's and the stream's.
+	Sent time.Time
 	// TxRows, on a transaction's final chunk, counts the outbox rows of
 	// all its chunks.
 	TxRows int
@@ -225,6 +231,7 @@ type session struct {
 	skip bool // the current transaction was ingested before
 	rows int  // the current transaction's outbox rows so far
 	cur  Chunk
+	sent time.Time // when the server sent the last XLogData message (its clock)
 
 	sentEnd    pglogrepl.LSN // end of the last transaction sent
 	serverEnd  pglogrepl.LSN // server's WAL end from the last keepalive
@@ -389,6 +396,7 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 		if err != nil {
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
+		ss.sent = xld.ServerTime
 		return ss.logical(ctx, xld.WALData)
 	}
 	return nil
@@ -431,7 +439,7 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 		c := ss.cur
 		ss.cur = Chunk{}
 		c.Final, c.EndLSN, c.CommitLSN, c.CommitTime = true, m.TransactionEndLSN, m.CommitLSN, m.CommitTime
-		c.Received, c.TxRows = time.Now(), ss.rows
+		c.Received, c.Sent, c.TxRows = time.Now(), ss.sent, ss.rows
 		if err := ss.send(ctx, c); err != nil {
 			return err
 		}

@@ -159,6 +159,7 @@ func TestRun(t *testing.T) {
 	require.Greater(t, sp.Streamed, res.Latency.Sent/2)
 	require.LessOrEqual(t, sp.Streamed, res.Latency.Sent)
 	require.Positive(t, sp.CommitToStreamP99ms)
+	require.Positive(t, sp.CommitToSendP99ms, "the server's share, from its histogram")
 
 	c := res.Catchup
 	require.NotNil(t, c)
@@ -335,13 +336,16 @@ func TestSplitCountsBetweenReadings(t *testing.T) {
 	// Before the scenario: 10 fast rows. During it: 100 more, 60 of them
 	// within 1 ms, 30 within 10 ms, 9 within 50 ms, 1 above 100 ms.
 	from := histograms{commitToStreamMetric: hist(10, 10, 10, 10, 10)}
-	to := histograms{commitToStreamMetric: hist(110, 70, 100, 109, 109)}
+	to := histograms{commitToStreamMetric: hist(110, 70, 100, 109, 109), commitToSendMetric: hist(100, 90, 99, 100, 100)}
 	s := splitBetween(from, to)
 	require.NotNil(t, s)
 	require.Equal(t, 100, s.Streamed)
 	require.Equal(t, 1.0, s.CommitToStreamP50ms)
 	require.Equal(t, 50.0, s.CommitToStreamP99ms)
 	require.InDelta(t, 0.01, s.StreamedOver50ms, 1e-9)
+	require.Equal(t, 1.0, s.CommitToSendP50ms, "the server's share, counted from the relay's start (no earlier reading)")
+	require.Equal(t, 10.0, s.CommitToSendP99ms)
+	require.Zero(t, s.SentOver50ms)
 	require.True(t, math.IsInf(bucketsBetween(from[commitToStreamMetric], to[commitToStreamMetric]).quantileMS(1), 1), "the slowest is above every bound")
 	require.Nil(t, splitBetween(nil, to), "no reading at the start: no split")
 

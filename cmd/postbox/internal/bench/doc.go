@@ -39,9 +39,10 @@
 //
 // The latency and load scenarios also split the latency before the
 // request left at the stream's receipt of the row, from the relay's own
-// histograms (postbox_commit_to_stream_seconds, the database's share, and
-// postbox_stream_to_attempt_seconds, the relay's), read from its /metrics
-// at the start and the end: their quantiles are bucket bounds.
+// histograms (postbox_commit_to_stream_seconds, the database's share, of
+// which postbox_commit_to_send_seconds is the server's until it sent the
+// commit, and postbox_stream_to_attempt_seconds, the relay's), read from
+// its /metrics at the start and the end: their quantiles are bucket bounds.
 //   - chaos: ChaosRelays relays against one PostgreSQL (always the bench's
 //     own: it is restarted) under a paced stream (Options.Rate, default
 //     ChaosRateDefault, events/s for Options.Duration) over

@@ -17,6 +17,7 @@ import (
 // stream's receipt of the row.
 const (
 	commitToStreamMetric  = "postbox_commit_to_stream_seconds"
+	commitToSendMetric    = "postbox_commit_to_send_seconds"
 	streamToAttemptMetric = "postbox_stream_to_attempt_seconds"
 )
 
@@ -34,7 +35,13 @@ type Split struct {
 	CommitToStreamP99ms float64 `json:"commit_to_stream_p99_ms_at_most"`
 	// StreamedOver50ms is the share of rows the stream received more than
 	// 50 ms after their commit.
-	StreamedOver50ms     float64 `json:"commit_to_stream_over_50ms_share"`
+	StreamedOver50ms float64 `json:"commit_to_stream_over_50ms_share"`
+	// CommitToSend is the server's share of CommitToStream: from the
+	// commit to the walsender's sending of it (both on the server's
+	// clock); zero for a relay without that histogram.
+	CommitToSendP50ms    float64 `json:"commit_to_send_p50_ms_at_most"`
+	CommitToSendP99ms    float64 `json:"commit_to_send_p99_ms_at_most"`
+	SentOver50ms         float64 `json:"commit_to_send_over_50ms_share"`
 	StreamToAttemptP50ms float64 `json:"stream_to_attempt_p50_ms_at_most"`
 	StreamToAttemptP99ms float64 `json:"stream_to_attempt_p99_ms_at_most"`
 }
@@ -68,7 +75,7 @@ func scrapeSplit(ctx context.Context, addr string) histograms {
 		return nil
 	}
 	out := histograms{}
-	for _, name := range []string{commitToStreamMetric, streamToAttemptMetric} {
+	for _, name := range []string{commitToStreamMetric, commitToSendMetric, streamToAttemptMetric} {
 		if f := fams[name]; f != nil && len(f.GetMetric()) == 1 {
 			out[name] = f.GetMetric()[0].GetHistogram()
 		}
@@ -83,6 +90,7 @@ func splitBetween(from, to histograms) *Split {
 		return nil
 	}
 	stream := bucketsBetween(from[commitToStreamMetric], to[commitToStreamMetric])
+	send := bucketsBetween(from[commitToSendMetric], to[commitToSendMetric])
 	attempt := bucketsBetween(from[streamToAttemptMetric], to[streamToAttemptMetric])
 	if stream.total() == 0 {
 		return nil
@@ -92,6 +100,9 @@ func splitBetween(from, to histograms) *Split {
 		CommitToStreamP50ms:  stream.quantileMS(0.50),
 		CommitToStreamP99ms:  stream.quantileMS(0.99),
 		StreamedOver50ms:     stream.over(0.050),
+		CommitToSendP50ms:    send.quantileMS(0.50),
+		CommitToSendP99ms:    send.quantileMS(0.99),
+		SentOver50ms:         send.over(0.050),
 		StreamToAttemptP50ms: attempt.quantileMS(0.50),
 		StreamToAttemptP99ms: attempt.quantileMS(0.99),
 	}
@@ -169,8 +180,12 @@ func (s *Split) print(w io.Writer) {
 	if s == nil {
 		return
 	}
-	fmt.Fprintf(w, "  before the request (the relay's histograms, bucket bounds): commit → stream p50 ≤ %s, p99 ≤ %s (%.1f%% over 50 ms); stream → attempt p50 ≤ %s, p99 ≤ %s\n",
-		msBound(s.CommitToStreamP50ms), msBound(s.CommitToStreamP99ms), 100*s.StreamedOver50ms, msBound(s.StreamToAttemptP50ms), msBound(s.StreamToAttemptP99ms))
+	sent := ""
+	if s.CommitToSendP50ms > 0 {
+		sent = fmt.Sprintf(" (the server's send p50 ≤ %s, p99 ≤ %s, %.1f%% over 50 ms)", msBound(s.CommitToSendP50ms), msBound(s.CommitToSendP99ms), 100*s.SentOver50ms)
+	}
+	fmt.Fprintf(w, "  before the request (the relay's histograms, bucket bounds): commit → stream p50 ≤ %s, p99 ≤ %s (%.1f%% over 50 ms)%s; stream → attempt p50 ≤ %s, p99 ≤ %s\n",
+		msBound(s.CommitToStreamP50ms), msBound(s.CommitToStreamP99ms), 100*s.StreamedOver50ms, sent, msBound(s.StreamToAttemptP50ms), msBound(s.StreamToAttemptP99ms))
 }
 
 func msBound(ms float64) string {

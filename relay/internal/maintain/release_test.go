@@ -16,6 +16,18 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
+// newStore is a store on a fresh, migrated database.
+func newStore(t *testing.T) *store.Store {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 2)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table, _ := outbox.ParseTable(outbox.DefaultTable)
+	require.NoError(t, store.Migrate(ctx, pool, table))
+	return &store.Store{Pool: pool, Table: table, Slot: "test"}
+}
+
 // TestAnInstanceSeenGoneForAGraceLosesItsDeliveries: the sweep returns an
 // instance's deliveries to the queue only once it has seen the instance
 // gone for store.LifeGraceDefault; one that comes back meanwhile (as after
@@ -23,12 +35,8 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // afresh if it goes again.
 func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
 	ctx := context.Background()
-	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 2)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	table, _ := outbox.ParseTable(outbox.DefaultTable)
-	require.NoError(t, store.Migrate(ctx, pool, table))
-	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
+	s := newStore(t)
+	pool := s.Pool
 
 	ic, err := s.AcquireIngest(ctx, "ingest")
 	require.NoError(t, err)
@@ -78,12 +86,8 @@ func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
 // an interval is still kept to its retention.
 func TestAPurgeGoesOnWhereTheLastStopped(t *testing.T) {
 	ctx := context.Background()
-	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 2)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	table, _ := outbox.ParseTable(outbox.DefaultTable)
-	require.NoError(t, store.Migrate(ctx, pool, table))
-	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
+	s := newStore(t)
+	pool := s.Pool
 
 	rows, err := pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint, created_at)
 		SELECT 'ep', now() - interval '2 hours' FROM generate_series(1, 12) RETURNING event_id::text`)

@@ -173,17 +173,20 @@ func (m *Maintainer) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// purgeOutbox purges the outbox window by window from the id after,
-// while the windows find rows to look at, up to windows of them. It
-// returns where the next purge goes on: 0 once it reached the rows still
-// to be kept, where it stopped otherwise (also after an error).
+// purgeOutbox purges the outbox window by window from the id after, up
+// to windows of them, while each deletes rows and finds more to look at.
+// It returns where the next purge goes on: 0 once it reached the rows
+// still to be kept, where it stopped otherwise (also after an error). A
+// window that deleted nothing ends the purge: the rows there are not
+// ingested yet (a backlog the stream has still to bring), and the next
+// purge, an interval later, looks at the window after them.
 func purgeOutbox(ctx context.Context, st *store.Store, retention time.Duration, after int64, window, windows int) (int64, error) {
 	for range windows {
-		_, next, err := st.PurgeIngestedOutbox(ctx, retention, after, window)
+		n, next, err := st.PurgeIngestedOutbox(ctx, retention, after, window)
 		if err != nil {
 			return after, err
 		}
-		if after = next; after == 0 {
+		if after = next; after == 0 || n == 0 {
 			break
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -118,4 +119,25 @@ func TestAPurgeGoesOnWhereTheLastStopped(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, next, "the end of the table: the next purge starts over")
 	require.Equal(t, 0, left())
+}
+
+// TestAPurgeThatDeletesNothingLooksNoFurther: a window of rows not yet
+// ingested (a backlog) ends the purge; the next looks at the window after.
+func TestAPurgeThatDeletesNothingLooksNoFurther(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	rows, err := s.Pool.Query(ctx, `INSERT INTO postbox.outbox (endpoint) SELECT 'ep' FROM generate_series(1, 12) RETURNING id`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+
+	next, err := purgeOutbox(ctx, s, 0, 0, 5, 3)
+	require.NoError(t, err)
+	require.Equal(t, ids[4], next, "one window, then no further")
+	next, err = purgeOutbox(ctx, s, 0, next, 5, 3)
+	require.NoError(t, err)
+	require.Equal(t, ids[9], next)
+	next, err = purgeOutbox(ctx, s, 0, next, 5, 3)
+	require.NoError(t, err)
+	require.Zero(t, next, "the end of the table")
 }

@@ -160,6 +160,14 @@ func TestRun(t *testing.T) {
 	require.LessOrEqual(t, sp.Streamed, res.Latency.Sent)
 	require.Positive(t, sp.CommitToStreamP99ms)
 	require.Positive(t, sp.CommitToSendP99ms, "the server's share, from its histogram")
+	// The floor splits its latency from its own timings: the server's send
+	// comes after the commit and before the bare client has the row.
+	fs := res.Floor.Split
+	require.NotNil(t, fs, "the bare client's timings")
+	require.Greater(t, fs.Streamed, res.Floor.Sent/2)
+	require.Positive(t, fs.CommitToSendP50ms)
+	require.LessOrEqual(t, fs.CommitToSendP50ms, fs.CommitToStreamP50ms)
+	require.Positive(t, fs.StreamToAttemptP99ms)
 
 	c := res.Catchup
 	require.NotNil(t, c)

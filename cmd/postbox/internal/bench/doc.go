@@ -43,6 +43,9 @@
 // which postbox_commit_to_send_seconds is the server's until it sent the
 // commit, and postbox_stream_to_attempt_seconds, the relay's), read from
 // its /metrics at the start and the end: their quantiles are bucket bounds.
+// The floor splits its own the same way, from its exact timings: each
+// transaction's commit, the server's send of its Commit message (the time
+// in the message's header) and its receipt, and each row's request.
 //   - chaos: ChaosRelays relays against one PostgreSQL (always the bench's
 //     own: it is restarted) under a paced stream (Options.Rate, default
 //     ChaosRateDefault, events/s for Options.Duration) over

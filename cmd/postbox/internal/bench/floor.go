@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -74,7 +75,7 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		Costs: costs(from, to, e.written(ctx), t.sent),
+		Costs: costs(from, to, e.written(ctx), t.sent), Split: fw.split(),
 	}, nil
 }
 
@@ -89,7 +90,12 @@ type forwarder struct {
 
 	mu        sync.Mutex
 	committed map[string]time.Time // event id → its transaction's commit time
-	posts     sync.WaitGroup
+	// The split of each transaction's wait (ms): from its commit to the
+	// server's send of its Commit message and to its receipt here; and
+	// of each row's, from that receipt to its request's hand-over to the
+	// HTTP client.
+	toSend, toStream, toPost []float64
+	posts                    sync.WaitGroup
 
 	// Decoding state, the receive loop's alone.
 	columns map[uint32][]string // relation id → column names
@@ -152,6 +158,32 @@ func (fw *forwarder) stop() (map[string]time.Time, error) {
 	return fw.committed, err
 }
 
+// split is the bare client's Split, from its own exact timings rather
+// than a relay's histograms: per transaction, from the commit to the
+// server's send and to the receipt; per row, from the receipt to the
+// request. Call it after stop.
+func (fw *forwarder) split() *Split {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if len(fw.toStream) == 0 {
+		return nil
+	}
+	for _, xs := range [][]float64{fw.toSend, fw.toStream, fw.toPost} {
+		sort.Float64s(xs)
+	}
+	return &Split{
+		Streamed:            len(fw.toStream),
+		CommitToStreamP50ms: quantile(fw.toStream, 0.50), CommitToStreamP99ms: quantile(fw.toStream, 0.99),
+		StreamedOver50ms:  shareOver(fw.toStream, 50),
+		CommitToSendP50ms: quantile(fw.toSend, 0.50), CommitToSendP99ms: quantile(fw.toSend, 0.99),
+		SentOver50ms:         shareOver(fw.toSend, 50),
+		StreamToAttemptP50ms: quantile(fw.toPost, 0.50), StreamToAttemptP99ms: quantile(fw.toPost, 0.99),
+	}
+}
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 // receive reads the stream until ctx ends.
 func (fw *forwarder) receive(ctx context.Context) error {
 	for {
@@ -192,6 +224,7 @@ func (fw *forwarder) handle(ctx context.Context, data []byte) error {
 	if err != nil {
 		return err
 	}
+	received := time.Now()
 	m, err := pglogrepl.Parse(x.WALData)
 	if err != nil {
 		return err
@@ -221,10 +254,14 @@ func (fw *forwarder) handle(ctx context.Context, data []byte) error {
 		for _, r := range fw.pending {
 			fw.committed[r.id] = m.CommitTime
 		}
+		if len(fw.pending) > 0 {
+			fw.toSend = append(fw.toSend, ms(x.ServerTime.Sub(m.CommitTime)))
+			fw.toStream = append(fw.toStream, ms(received.Sub(m.CommitTime)))
+		}
 		fw.mu.Unlock()
 		for _, r := range fw.pending {
 			fw.posts.Add(1)
-			go fw.post(r)
+			go fw.post(r, received)
 		}
 		fw.pending = fw.pending[:0]
 		return pglogrepl.SendStandbyStatusUpdate(ctx, fw.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: m.TransactionEndLSN})
@@ -234,7 +271,7 @@ func (fw *forwarder) handle(ctx context.Context, data []byte) error {
 
 // post sends one row to the receiver as the relay would: its payload,
 // signed. A failure is only counted by the receiver's ledger, as missing.
-func (fw *forwarder) post(r forwardRow) {
+func (fw *forwarder) post(r forwardRow, received time.Time) {
 	defer fw.posts.Done()
 	body := []byte(r.payload)
 	ts := time.Now().Unix()
@@ -246,6 +283,9 @@ func (fw *forwarder) post(r forwardRow) {
 	req.Header.Set(outbox.HeaderID, r.id)
 	req.Header.Set(outbox.HeaderTimestamp, strconv.FormatInt(ts, 10))
 	req.Header.Set(outbox.HeaderSignature, outbox.SignatureHeader(fw.secrets, r.id, ts, body))
+	fw.mu.Lock()
+	fw.toPost = append(fw.toPost, ms(time.Since(received)))
+	fw.mu.Unlock()
 	resp, err := fw.client.Do(req)
 	if err != nil {
 		return

@@ -37,6 +37,7 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "\nthe floor: commit → receiver latency at %d events/s over %d endpoints with no relay, a bare logical client forwarding each row at its Commit:\n", l.Rate, l.Endpoints)
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
+		l.Split.printExact(w)
 		l.Costs.print(w)
 	}
 	if f := r.Failing; f != nil {

@@ -29,6 +29,7 @@ const (
 // (the relay's share). The histograms' buckets bound the quantiles, so
 // each is "at most". Only first attempts started from the stream count
 // in the second.
+// The floor's Split is the bare client's own exact timings instead.
 type Split struct {
 	Streamed            int     `json:"streamed"`
 	CommitToStreamP50ms float64 `json:"commit_to_stream_p50_ms_at_most"`
@@ -175,7 +176,8 @@ func (b buckets) over(bound float64) float64 {
 	return 0
 }
 
-// print writes the split, if the scenario has one.
+// print writes the split, if the scenario has one: a relay's, whose
+// quantiles are its histograms' bucket bounds.
 func (s *Split) print(w io.Writer) {
 	if s == nil {
 		return
@@ -186,6 +188,16 @@ func (s *Split) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  before the request (the relay's histograms, bucket bounds): commit → stream p50 ≤ %s, p99 ≤ %s (%.1f%% over 50 ms)%s; stream → attempt p50 ≤ %s, p99 ≤ %s\n",
 		msBound(s.CommitToStreamP50ms), msBound(s.CommitToStreamP99ms), 100*s.StreamedOver50ms, sent, msBound(s.StreamToAttemptP50ms), msBound(s.StreamToAttemptP99ms))
+}
+
+// printExact writes the floor's split, whose quantiles are the bare
+// client's own timings.
+func (s *Split) printExact(w io.Writer) {
+	if s == nil {
+		return
+	}
+	fmt.Fprintf(w, "  before the request (the bare client's timings): commit → stream p50 %.2f ms, p99 %.2f ms (the server's send p50 %.2f ms, p99 %.2f ms); stream → request p50 %.2f ms, p99 %.2f ms\n",
+		s.CommitToStreamP50ms, s.CommitToStreamP99ms, s.CommitToSendP50ms, s.CommitToSendP99ms, s.StreamToAttemptP50ms, s.StreamToAttemptP99ms)
 }
 
 func msBound(ms float64) string {

@@ -42,8 +42,11 @@ func NewMetrics() *Metrics {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	latencyBuckets := []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 15, 30, 60}
-	// From sub-millisecond (a live stream) to minutes (a backlog).
-	streamBuckets := []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 5, 30, 60, 300}
+	// From sub-millisecond (a live stream: the commit's WAL flush is a few
+	// tenths of a millisecond, so the first millisecond is split finely)
+	// to minutes (a backlog).
+	streamBuckets := []float64{.0002, .0003, .0004, .0005, .0006, .0008, .001, .0015, .002, .003, .005, .01, .02, .05, .1,
+		.2, .5, 1, 5, 30, 60, 300}
 	m := &Metrics{
 		Registry: reg,
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{

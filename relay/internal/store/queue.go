@@ -513,23 +513,21 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			// First, while the planner may still loop over the batch
 			// (recordPlans, below, rules that out for the rest of the
 			// transaction): the events under way are found by key.
+			// Their attempts that are not kept on their rows get rows of
+			// their own, in the batch below: after histogramMode, as the
+			// recorder counts them in memory.
+			var underAttempts attemptRows
 			if len(under) > 0 {
 				ids, err := RecordUnderWay(ctx, tx, owner, under)
 				if err != nil {
 					return err
 				}
-				var rows attemptRows
 				for i := range under {
 					u := &under[i]
 					if id := ids[u.Result.EventPK]; id != 0 && u.Result.Sampled && !u.Inline {
 						r := *u.Result
 						r.DeliveryID = id
-						rows.add(r)
-					}
-				}
-				if len(rows.ids) > 0 {
-					if _, err := tx.Exec(ctx, insertAttemptsSQL, rows.args(owner)...); err != nil {
-						return fmt.Errorf("insert attempts: %w", err)
+						underAttempts.add(r)
 					}
 				}
 			}
@@ -547,11 +545,14 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 					return err
 				})
 			}
-			if hist != nil && len(attempts.ids)+len(inline) > 0 {
+			if hist != nil && len(attempts.ids)+len(inline)+len(underAttempts.ids) > 0 {
 				b.Queue(histogramMode)
 			}
 			if len(attempts.ids) > 0 && len(attempts.ids) < copyAttemptsMin {
 				b.Queue(insertAttemptsSQL, attempts.args(owner)...)
+			}
+			if len(underAttempts.ids) > 0 {
+				b.Queue(insertAttemptsSQL, underAttempts.args(owner)...)
 			}
 			if flush {
 				queueHistogramUpsert(b, counts)

@@ -398,3 +398,32 @@ func TestSweepReadsRangesByPrimaryKey(t *testing.T) {
 	require.NotContains(t, text, "Seq Scan on deliveries", text)
 	require.NotContains(t, text, "Hash Anti Join", text)
 }
+
+// TestAnUnderWayAttemptIsCountedOnce: the attempt of an event under way
+// whose first attempt failed gets its row, and is counted in the latency
+// histograms once, by the recorder in memory: the trigger stands aside for
+// its row as for the recorder's others.
+func TestAnUnderWayAttemptIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	ids := eventsWithoutDeliveries(t, s, 2)
+	rng, err := store.AddUnderWay(ctx, s.Pool, "me", ids[0], ids[1])
+	require.NoError(t, err)
+	keep := func(cur store.Health, _ []state.Result) store.Health { return cur }
+	hist := store.NewHistograms()
+	at := time.Now()
+	_, err = s.RecordResults(ctx, "me", []state.Result{
+		{Range: rng, EventPK: ids[0], Endpoint: "ep", Status: state.Failed, Attempted: true, Sampled: true, Attempt: 1,
+			StatusCode: 503, ResponseMS: 2, LastError: "http 503", At: at, Delay: time.Minute, CommitToDeliveryMS: -1},
+		{Range: rng, EventPK: ids[1], Endpoint: "ep", Status: state.Delivered, Attempted: true, Sampled: true, Attempt: 1,
+			StatusCode: 200, ResponseMS: 3, At: at, CommitToDeliveryMS: -1},
+	}, keep, hist)
+	require.NoError(t, err)
+	require.NoError(t, s.FlushHistograms(ctx, hist))
+	var attempts, counted int64
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.attempts WHERE endpoint = 'ep'`).Scan(&attempts))
+	require.EqualValues(t, 1, attempts, "the failed attempt's row; the delivered one is kept on its delivery")
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT coalesce(sum(count), 0) FROM postbox.latency_histogram WHERE endpoint = 'ep'`).Scan(&counted))
+	require.EqualValues(t, 2, counted, "each attempt counted once")
+}

@@ -93,11 +93,13 @@ type Summary struct {
 // failures and dead letters by time. The oldest pending delivery is the
 // oldest undelivered one, in flight included.
 const SummarySQL = `
+WITH under_way AS ( -- read once: its events by primary key, range by range
+  SELECT count(*) AS n, min(ingested_at) AS oldest FROM postbox.events_under_way
+)
 SELECT
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'pending'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed'),
-  (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') +
-    (SELECT count(*) FROM postbox.events_under_way),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') + (SELECT n FROM under_way),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed' AND updated_at >= now() - interval '1 hour'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter' AND updated_at >= now() - interval '1 hour'),
@@ -107,7 +109,7 @@ SELECT
   -- So are events under way (their deliveries not written yet).
   least((SELECT min(created_at) FROM postbox.deliveries WHERE status IN ('pending', 'failed')),
         (SELECT min(created_at) FROM postbox.deliveries WHERE status = 'in_flight'),
-        (SELECT min(ingested_at) FROM postbox.events_under_way)),
+        (SELECT oldest FROM under_way)),
   now()`
 
 // DeliveryHourSQL is the last hour's deliveries: how many, their average

@@ -134,9 +134,7 @@ func sweepUnderWay(ctx context.Context, tx pgx.Tx, lane LaneFunc, del string, ar
 		}
 		l := ""
 		if lane != nil {
-			if l = lane(endpoint, rowURL); l == endpoint {
-				l = ""
-			}
+			l = lane(endpoint, rowURL)
 		}
 		pks, lanes = append(pks, pk), append(lanes, l)
 	}
@@ -151,7 +149,7 @@ func sweepUnderWay(ctx context.Context, tx pgx.Tx, lane LaneFunc, del string, ar
 	// holds its range FOR SHARE.
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status)
-		SELECT e.id, e.endpoint, nullif(r.lane, ''), 'pending'
+		SELECT e.id, e.endpoint, nullif(nullif(r.lane, ''), e.endpoint), 'pending'
 		FROM unnest($1::int8[], $2::text[]) AS r(event_pk, lane)
 		JOIN postbox.events e ON e.id = r.event_pk`, pks, lanes)
 	if err != nil {
@@ -307,7 +305,7 @@ func (s *Store) LoadUnderWay(ctx context.Context, owner string, events, ranges [
 
 // queueUnderWaySQL gives kept events pending deliveries, to be claimed by
 // any instance, while their range is owner's (FOR SHARE, as for
-// recordUnderWaySQL) and they have no delivery.
+// planUnderWaySQL) and they have no delivery.
 const queueUnderWaySQL = `
 INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status)
 SELECT e.id, e.endpoint, nullif(nullif(r.lane, ''), e.endpoint), 'pending'

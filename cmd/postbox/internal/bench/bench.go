@@ -244,6 +244,8 @@ type LatencyResult struct {
 	// Costs are from the first insert until the last arrival.
 	Costs *Costs `json:"costs,omitempty"`
 	Split *Split `json:"split,omitempty"`
+	// Disk is the floor's alone, when the bench started the cluster.
+	Disk *DiskFlush `json:"disk_flush,omitempty"`
 }
 
 // CatchupResult is the catchup scenario's.

@@ -22,7 +22,10 @@
 //     PostgreSQL (the commit's WAL flush, the walsender), one HTTP request
 //     and the machine's scheduling cost alone: the floor under any relay's
 //     latency here. Run beside latency (`--scenario latency,floor`), the
-//     difference is postbox's share.
+//     difference is postbox's share. When the bench started the cluster,
+//     the floor then times the disk under it alone: an 8 kB page written
+//     and datasynced in the cluster's directory at the same pace, as a
+//     single-row commit's WAL flush is (diskFlush).
 //   - hanging: the latency scenario with one endpoint that never answers;
 //     the figures are the healthy endpoints' (the hanging one's events are
 //     not expected). It shows whether one stuck endpoint slows the others.

@@ -71,12 +71,21 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 	}
 	t := led.tally()
 	lat := latenciesFrom(t.first, committed)
-	return &LatencyResult{
+	res := &LatencyResult{
 		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		Costs: costs(from, to, e.written(ctx), t.sent), Split: fw.split(),
-	}, nil
+	}
+	// Then the disk under the cluster alone, at the same pace, for as many
+	// flushes as there were commits (10 s of them at most).
+	if e.cluster != nil && !e.cluster.External() {
+		res.Disk, err = diskFlush(ctx, e.cluster.Dir(), min(t.sent, 10*o.Rate), o.Rate)
+		if err != nil {
+			return nil, fmt.Errorf("time the disk's flushes: %w", err)
+		}
+	}
+	return res, nil
 }
 
 // forwarder is the floor scenario's bare logical client.

@@ -38,6 +38,7 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
 		l.Split.printExact(w)
+		l.Disk.print(w)
 		l.Costs.print(w)
 	}
 	if f := r.Failing; f != nil {

@@ -71,7 +71,36 @@ func Configure(cfg *pgxpool.Config) {
 	// jit_above_cost, and compiling it then costs 40 ms of a 5 ms query, on
 	// every claim. postbox's statements are short; JIT never pays for them.
 	cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	// A session of postbox's left in an open transaction (its process
+	// frozen, a paused VM) holds back vacuum on the whole cluster, and
+	// holds the locks it took: an endpoint's health row, locked by a
+	// recording, stalls every instance's recording for that endpoint.
+	// postbox never waits on itself inside a transaction for more than
+	// moments, so unless the server, database or role already bounds that,
+	// its sessions are ended after IdleInTransactionTimeout: the
+	// transaction rolls back, and postbox, when it runs again, takes a new
+	// connection and goes on (nothing it acknowledged was in it).
+	prev := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if prev != nil {
+			if err := prev(ctx, c); err != nil {
+				return err
+			}
+		}
+		_, err := c.Exec(ctx, boundIdleInTransactionSQL)
+		return err
+	}
 }
+
+// IdleInTransactionTimeout is the idle_in_transaction_session_timeout
+// postbox's sessions get where none is set: far longer than postbox
+// leaves a transaction open between statements (a large transaction's
+// next rows from the stream, at most), as wal_sender_timeout is for the
+// replication connection.
+const IdleInTransactionTimeout = time.Minute
+
+var boundIdleInTransactionSQL = fmt.Sprintf(`SELECT set_config('idle_in_transaction_session_timeout', '%dms', false)
+WHERE current_setting('idle_in_transaction_session_timeout') = '0'`, IdleInTransactionTimeout.Milliseconds())
 
 // SessionParams sets the run-time parameters postbox needs on every
 // connection, the replication connection included.

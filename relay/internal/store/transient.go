@@ -31,6 +31,7 @@ func Transient(err error) bool {
 		}
 		switch pgErr.Code {
 		case "57P01", "57P02", "57P03", // admin or crash shutdown, starting up
+			"25P03", "57P05", // the session ended for idling in a transaction, or at all
 			"25006",          // read_only_sql_transaction
 			"40001", "40P01": // serialization failure, deadlock
 			return true
@@ -82,6 +83,10 @@ func Cause(err error) string {
 			return "a lock was not granted in time (lock_timeout)"
 		case "57P01", "57P02", "57P03":
 			return "the database server is shutting down, restarting or starting up"
+		case "25P03":
+			return "a session of postbox's was ended by idle_in_transaction_session_timeout: its transaction waited on postbox too long (was the process frozen or starved of CPU?)"
+		case "57P05":
+			return "a session of postbox's was ended by idle_session_timeout: set it to 0 for postbox's role (ALTER ROLE … SET idle_session_timeout = 0)"
 		case "42P01":
 			return "a table is missing: was the outbox table dropped or renamed?"
 		case "42703":

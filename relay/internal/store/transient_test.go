@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/store"
@@ -63,4 +64,58 @@ func TestTransient(t *testing.T) {
 	require.True(t, store.Transient(err), "unreachable: %v", err)
 
 	require.False(t, store.Transient(nil))
+}
+
+// TestIdleTransactionsAreBounded: postbox's sessions get an
+// idle_in_transaction_session_timeout where none is set, and keep one
+// the database sets. A session ended by it is a fault to wait out, named
+// for what ended it, and the pool goes on with a new connection.
+func TestIdleTransactionsAreBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabase(t)
+	show := func(pool *pgxpool.Pool) string {
+		var v string
+		require.NoError(t, pool.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&v))
+		return v
+	}
+	pool, err := store.Open(ctx, dbURL, 2)
+	require.NoError(t, err)
+	require.Equal(t, "1min", show(pool), "bounded where nothing was set")
+
+	cfg, err := pgx.ParseConfig(dbURL)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{cfg.Database}.Sanitize()+` SET idle_in_transaction_session_timeout = '300ms'`)
+	require.NoError(t, err)
+	pool.Close()
+
+	pool, err = store.Open(ctx, dbURL, 1)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.Equal(t, "300ms", show(pool), "the database's own is kept")
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	_, err = tx.Exec(ctx, `SELECT 1`)
+	require.Error(t, err)
+	require.True(t, store.Transient(err), "ended for idling in a transaction: %v", err)
+	_ = tx.Rollback(ctx)
+	require.Equal(t, "300ms", show(pool), "the pool goes on with a new connection")
+
+	// The server's error itself (where the connection reads it before
+	// the reset) names the timeout; either way the cause is the database's.
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	_, err = conn.Exec(ctx, `BEGIN`)
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	_, err = conn.Exec(ctx, `SELECT 1`)
+	require.Error(t, err)
+	require.True(t, store.Transient(err), "%v", err)
+	require.NotEmpty(t, store.Cause(err))
+	t.Logf("after the timeout: %v (cause: %q)", err, store.Cause(err))
 }

@@ -832,6 +832,60 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	require.Less(t, takeover, takeoverWithin(leaderLease), "the standby takes over within the leader lease and the stated margin")
 }
 
+// TestFrozenTransactionIsEnded freezes the streaming instance (SIGSTOP)
+// in the middle of an ingest transaction, as TestFrozenLeaderIsFencedOff
+// does, with no instance beside it. The server ends the frozen
+// transaction once it has been idle for idle_in_transaction_session_timeout
+// (postbox's sessions get a minute where nothing sets it; the test's relay
+// is given 2 s in its database URL, which it keeps): its locks and its
+// hold on vacuum's horizon go with it. Woken, the instance finds its
+// session gone, logs the fault, and goes on with a new one: the stream
+// brings the rolled-back events again, and nothing is lost.
+func TestFrozenTransactionIsEnded(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	relayURL := dbURL + sep + "options=-c%20idle_in_transaction_session_timeout%3D2s"
+	frozen, _ := streamingRelay(t, relayURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
+	prod := produce(t, pool, "p", 10*time.Millisecond)
+	waitForT(t, 30*time.Second, "deliveries under load", func() bool { d, _, _ := rc.snapshot(); return d >= 50 })
+
+	x, ingestPID, release := holdIngest(t, pool, "p")
+	require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGSTOP))
+	waitStopped(t, frozen.cmd.Process.Pid)
+	release()
+	waitForT(t, 30*time.Second, "the frozen instance's insert to complete, its transaction open", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE pid = $1 AND state = 'idle in transaction' AND backend_xid IS NOT NULL`, ingestPID) == 1
+	})
+	idleFrom := time.Now()
+	waitForT(t, 30*time.Second, "the server to end the frozen transaction's session", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, ingestPID) == 0
+	})
+	ended := time.Since(idleFrom)
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM postbox.events WHERE event_id = $1`, x),
+		"the frozen transaction's insert rolled back")
+
+	require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGCONT))
+	frozen.waitLog(t, 30*time.Second, "DATABASE FAULT")
+	prod.finish()
+	res := waitAllDelivered(t, pool, append(prod.ids(), x), rc)
+	select {
+	case <-frozen.exited:
+		t.Fatal("the instance exited")
+	default:
+	}
+	// The server's last word on the session was read before its reset.
+	require.Contains(t, frozen.out.String(), "DATABASE FAULT: a session of postbox's was ended by idle_in_transaction_session_timeout")
+	t.Logf("frozen mid-ingest: its session ended %s after its transaction was seen idle; sent %d, received %d distinct, %d duplicated (attempted before the rollback)",
+		ended.Round(100*time.Millisecond), res.sent, res.received, res.duplicated)
+}
+
 // TestDoctor explains the test server: all required settings in place,
 // an unlimited max_slot_wal_keep_size warned about; a role without
 // REPLICATION is an error (exit 1).

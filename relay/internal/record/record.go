@@ -41,9 +41,10 @@ const (
 	// it). Recording is off the delivery path, and at a live rate each
 	// write of one result costs as many statements as a write of many: at
 	// 200 events/s, 50 ms (batches of about ten) cost PostgreSQL 15-40 %
-	// less CPU per event than 10 ms. A breaker reacts to its streak at
-	// once regardless (protect.Observe).
-	LingerDefault      = 50 * time.Millisecond
+	// less CPU per event than 10 ms, and 200 ms (with the ingest's 200 ms,
+	// ingest.LingerDefault) a fifth less again. A breaker reacts to its
+	// streak at once regardless (protect.Observe).
+	LingerDefault      = 200 * time.Millisecond
 	LingerBatchDefault = 100
 )
 

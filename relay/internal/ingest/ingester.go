@@ -37,17 +37,15 @@ const (
 	// at once, and so does a lane's max_in_flight of first attempts: a
 	// lane makes no more attempts ahead of an uncommitted ingest than
 	// that before it waits for the commit (dispatch's canStart), and the
-	// linger must not be what it waits for. The longer the linger, the
-	// more first attempts end within it, and their deliveries are then
-	// written once, done, by the ingest (writeDelivered) instead of by
-	// the recorder after it. At 200 events/s over 10 endpoints, 200 ms
-	// with the recorder's 200 ms (record.LingerDefault) cost PostgreSQL
-	// and the relay each about a fifth less CPU per event than 50 ms with
-	// 50 ms, and the p99 was shorter in eight of nine alternating pairs.
-	// The price is what a crash repeats: the attempts made within the
-	// linger, not yet written (a kill -9 at 300 events/s repeated 44 and
-	// 58 events, against 4 and 14 at 50 ms).
-	LingerDefault     = 200 * time.Millisecond
+	// linger must not be what it waits for. A longer linger would save
+	// more (at 200 events/s, 200 ms cost PostgreSQL and the relay a tenth
+	// less CPU per event again, as more first attempts end within it and
+	// the ingest writes their deliveries done, writeDelivered), but it is
+	// also what a crash repeats: the attempts made within it, not yet
+	// written. A kill -9 at 300 events/s repeated 35–58 events with
+	// 200 ms against 4–14 with 50 ms. The recorder's longer linger
+	// (record.LingerDefault) takes most of the gain without that price.
+	LingerDefault     = 50 * time.Millisecond
 	LingerRowsDefault = 200
 	// AheadStallDefault: the stream prepares chunks ahead of the ingest
 	// (starting their first attempts) only while the ingest's current

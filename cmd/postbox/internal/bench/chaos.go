@@ -109,10 +109,10 @@ type Fault struct {
 	During        int `json:"arrived_during"`
 	InFlightAfter int `json:"in_flight_after"`
 	// Unrecorded is the events that had reached the receiver before the
-	// fault but were recorded delivered after it: the fault took the
-	// record of that arrival with it (a result not yet written, or an
-	// ingest under way when the fast path had already started the
-	// attempt), so each was sent again. It counts attempts the in-flight
+	// fault, or while it was injected, but were recorded delivered after
+	// it began: the fault took the record of that arrival with it (a
+	// result not yet written, or an ingest under way when the fast path
+	// had already started the attempt), so each was sent again. It counts attempts the in-flight
 	// figures cannot see: those whose delivery was not yet committed.
 	Unrecorded int `json:"arrived_unrecorded"`
 	// Exposed is the events either in flight just before the fault or
@@ -120,7 +120,7 @@ type Fault struct {
 	// the fault whose result the fault lost is both. These are the events
 	// the fault can have made the relays send twice.
 	Exposed  int      `json:"exposed"`
-	recent   []string // ids that first arrived in the seconds before the fault
+	recent   []string // ids that first arrived in the seconds before the fault, or during it
 	inFlight []string // ids of the deliveries in flight just before the fault
 	dupIDs   []string // the ids of Dups
 	// Dups is the duplicates that arrived after this fault and before the
@@ -299,12 +299,14 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		f.InFlight = len(f.inFlight)
 		f.at = time.Now()
 		f.AtSeconds = f.at.Sub(began).Seconds()
-		f.recent = led.firstSince(f.at.Add(-5 * time.Second))
 		arrivedBefore := led.arrived()
 		if err := e.inject(ctx, &f, rng, relays[rng.IntN(len(relays))], start, admin, db); err != nil {
 			f.Error = err.Error()
 		}
 		f.During = led.arrived() - arrivedBefore
+		// Taken after the fault: an attempt that arrived while a relay was
+		// being killed was its last, and its record died with it.
+		f.recent = led.firstSince(f.at.Add(-5 * time.Second))
 		f.InFlightAfter = e.inFlight(ctx)
 		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d, arrived during: %d, in flight after: %d)%s\n",
 			f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, errSuffix(f.Error))

@@ -184,8 +184,8 @@ func TestFirstAttemptDoesNotWaitForTheIngestBefore(t *testing.T) {
 
 // TestALaneEndsTheIngestLinger: the ingest lingers for the transactions
 // that follow a live one, but a lane's attempts wait for an uncommitted
-// ingest once max_in_flight of them are ahead of it, so a lane with that
-// many first attempts in the lingering batch ends the linger. With a
+// ingest once enough of them are ahead of it, so a lane with
+// max_in_flight first attempts in the lingering batch ends the linger. With a
 // linger of an hour and max_in_flight 2, a third event committed while
 // the linger runs is delivered all the same.
 func TestALaneEndsTheIngestLinger(t *testing.T) {

@@ -294,17 +294,21 @@ func TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld(t *testing.T) {
 
 // Attempts made before their ingest committed cannot be recorded until it
 // has, and a crash meanwhile repeats them: a lane whose partner answers at
-// once makes at most 2 × cap - 1 of them, then waits for the ingest.
+// once makes at most AheadLimit(cap) + cap - 1 of them, then waits for the
+// ingest.
 func TestAttemptsAheadOfTheIngestWaitForIt(t *testing.T) {
 	t.Parallel()
-	h := newHarness(map[string]int{"e": 2})
+	const capacity = 2
+	h := newHarness(map[string]int{"e": capacity})
 	close(h.release) // the partner answers at once
 	tx := dispatch.NewIngest(nil)
 	for i := range 20 {
 		h.d.Submit(&dispatch.Job{DeliveryID: int64(i + 1), Endpoint: "e", Ingest: tx}, false)
 	}
-	require.Eventually(t, func() bool { return h.count(state.Delivered) == 3 }, 5*time.Second, time.Millisecond)
-	require.Never(t, func() bool { return h.count(state.Delivered) > 3 }, 100*time.Millisecond, time.Millisecond,
+	ahead := dispatch.AheadLimit(capacity) + capacity - 1
+	require.Less(t, ahead, 20)
+	require.Eventually(t, func() bool { return h.count(state.Delivered) == ahead }, 5*time.Second, time.Millisecond)
+	require.Never(t, func() bool { return h.count(state.Delivered) > ahead }, 100*time.Millisecond, time.Millisecond,
 		"no more attempts before the ingest commits")
 	free, _ := h.d.Free()
 	require.Zero(t, free["e"], "the attempts waiting for the ingest hold their room")

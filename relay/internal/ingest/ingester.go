@@ -35,9 +35,10 @@ const (
 	// fraction of one each (a round trip, the checkpoint update, the WAL
 	// flush). A delivery that waits for its commit (queued, kept) ends it
 	// at once, and so does a lane's max_in_flight of first attempts: a
-	// lane makes no more attempts ahead of an uncommitted ingest than
-	// that before it waits for the commit (dispatch's canStart), and the
-	// linger must not be what it waits for. A longer linger would save
+	// lane makes only so many attempts ahead of an uncommitted ingest
+	// before it waits for the commit (dispatch.AheadLimit), and a linger
+	// must neither be what it waits for nor gather more of a lane's
+	// attempts than it runs at once. A longer linger would save
 	// more, but it is also what a crash repeats: the attempts made within
 	// it, not yet written. At 200 events/s over 10 endpoints, 200 ms cost
 	// PostgreSQL 18% and the relay 21% less CPU per event than 50 ms (with

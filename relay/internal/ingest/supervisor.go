@@ -59,8 +59,8 @@ type FastPath interface {
 	// dispatch.Dispatcher.ReserveKeep).
 	ReserveKeep(lane string) bool
 	Keep(lane string, k dispatch.Kept)
-	// Capacity is a lane's in-flight cap, which is also how many attempts
-	// it makes ahead of an uncommitted ingest before it waits for it.
+	// Capacity is a lane's in-flight cap: a lane with that many first
+	// attempts in a lingering ingest ends the linger.
 	Capacity(lane string) int
 }
 

@@ -319,14 +319,14 @@ func (l *lane) canStart() bool {
 // have waiting for their ingest's commit before its next attempt waits
 // for it too. Under full insert load (8 producers, about 2,000 events/s
 // over 10 endpoints) an ingest's write takes 5-20 ms and the walsender
-// sends in bursts, so a lane gets more than c events within one commit: at
-// c, 0.9-3 % of first attempts waited more than 20 ms (up to 200) for a
-// commit, and the delivery p99 was above 50 ms in 4 runs of 4 (57-93 ms);
-// at 3 × c, 0.06-0.8 % did, and the p99 was 37-47 ms in 3 of 4 (96 ms in
-// the fourth, held up by the walsender; alternating runs). A lane at a
-// live rate rarely has c attempts ahead, so a higher limit seldom binds
-// there, and what a kill repeats is mostly what the recorder's linger
-// holds.
+// sends in bursts, so a lane gets more than c events within one commit:
+// at c, 0.9-3 % of first attempts waited more than 20 ms (up to 200) for
+// a commit, at 3 × c 0.06-0.8 %. The delivery p99 was over 50 ms in all
+// ten runs at c (51-127 ms), under it in ten of eighteen at 3 × c (22-121
+// ms; the rest is mostly the walsender's). A lane at a live rate rarely
+// has c attempts ahead, so the limit seldom binds there: a kill -9 at
+// 1,000 events/s repeated 1-51 deliveries with either, mostly what the
+// recorder's linger held.
 func AheadLimit(c int) int { return 3 * c }
 
 // low reports whether the lane has drained to half its limit (to half its

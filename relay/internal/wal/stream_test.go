@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -213,4 +214,31 @@ func TestParsedValuesOutliveTheMessage(t *testing.T) {
 		}
 	}
 	require.Equal(t, want, fmt.Sprintf("%+v", rel.decode(cols, 0x16B3748, 1<<20)))
+}
+
+// TestTheStreamPreparesWhileTheConsumerKeepsPace: a chunk is prepared as
+// it is sent while fewer than PrepareAheadRows rows wait for the consumer
+// (its first attempts start before the ingest of what is ahead of it);
+// behind a backlog it is queued unprepared, for the consumer to prepare
+// as it takes it. Once the consumer catches up, chunks are prepared again.
+func TestTheStreamPreparesWhileTheConsumerKeepsPace(t *testing.T) {
+	prepared := 0
+	ss := &session{out: NewQueue(10*PrepareAheadRows, 1<<30), opts: Options{Prepare: func(c *Chunk) {
+		prepared++
+		c.Prepared = true
+	}}}
+	ctx := context.Background()
+	row := Chunk{Rows: make([]Row, 1), Final: true}
+	for range 2 * PrepareAheadRows {
+		require.NoError(t, ss.send(ctx, row))
+	}
+	require.Equal(t, PrepareAheadRows, prepared, "prepared while fewer than PrepareAheadRows rows were queued")
+	took, ok := ss.out.Take(ctx)
+	require.True(t, ok)
+	require.Len(t, took, 2*PrepareAheadRows)
+	for i, c := range took {
+		require.Equal(t, i < PrepareAheadRows, c.Prepared != nil, "chunk %d", i)
+	}
+	require.NoError(t, ss.send(ctx, row))
+	require.Equal(t, PrepareAheadRows+1, prepared, "the consumer took the backlog: prepared again")
 }

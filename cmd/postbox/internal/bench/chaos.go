@@ -112,8 +112,9 @@ type Fault struct {
 	// fault, or while it was injected, but were recorded delivered after
 	// it began: the fault took the record of that arrival with it (a
 	// result not yet written, or an ingest under way when the fast path
-	// had already started the attempt), so each was sent again. It counts attempts the in-flight
-	// figures cannot see: those whose delivery was not yet committed.
+	// had already started the attempt), so each was sent again. It counts
+	// attempts the in-flight figures cannot see: those whose delivery was
+	// not yet committed.
 	Unrecorded int `json:"arrived_unrecorded"`
 	// Exposed is the events either in flight just before the fault or
 	// left unrecorded by it, each counted once: a delivery claimed before

@@ -67,9 +67,10 @@
 //     stop it waits up to 3 minutes for every committed event, then
 //     reports the faults, lost events (the run fails if any), duplicates
 //     against their bound — for each fault, the events exposed to it (in
-//     flight just before it, or arrived before it or while it was injected
-//     and recorded only after it, each once), and for a fault of the database also those that
-//     arrived while it lasted, as their results may not have been
+//     flight just before it, or arrived before it or while it was
+//     injected and recorded only after it, each once), and for a fault of
+//     the database also those that arrived while it lasted, as their
+//     results may not have been
 //     recordable, or if more the deliveries in flight once it was
 //     recovered from; summed — the longest commit →
 //     delivery and the relays' peak RSS. --faults limits the faults to some kinds, --relays sets

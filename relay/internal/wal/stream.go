@@ -122,10 +122,10 @@ const (
 	// stream prepares chunks itself (Options.Prepare). Under full insert
 	// load (about 2,000 events/s) an ingest's write takes 5-20 ms and the
 	// walsender sends in bursts, so more rows than that queue behind a
-	// write without the ingest falling behind: at 64, 4 % of first
+	// write without the ingest falling behind: at 64, 3.6 % of first
 	// attempts waited 2-35 ms for the ingest to prepare them after its
-	// write, at 256 0.1-0.3 %. A catch-up keeps the queue full, far above
-	// either.
+	// write, at 256 0.1 % (two runs each, a diagnostic build). A catch-up
+	// keeps the queue full, far above either.
 	PrepareAheadRows = 256
 )
 

@@ -321,14 +321,14 @@ func (l *lane) canStart() bool {
 // over 10 endpoints) an ingest's write takes 5-20 ms and the walsender
 // sends in bursts, so a lane gets more than c events within one commit:
 // at c, 0.9-3 % of first attempts waited more than 20 ms (up to 200) for
-// a commit, at 3 × c 0.06-0.8 %. The delivery p99 was over 50 ms in all
-// ten runs at c (51-127 ms), under it in ten of eighteen at 3 × c (22-121
-// ms; the rest is mostly the walsender's). The cost is what a crash
-// repeats near that load: a kill -9 at about 1,600 events/s repeated
-// 7-78 deliveries in six runs at 3 × c, 0-27 in six at c. A lane at a
-// live rate rarely has c attempts ahead, so the limit seldom binds there:
-// at 1,000 events/s a kill repeated 1-51 with either, mostly what the
-// recorder's linger held.
+// a commit, at 3 × c 0.06-0.8 %. The delivery p99 was over 50 ms in 13
+// of 14 runs at c (46-127 ms), under it in 12 of 25 at 3 × c (22-121 ms;
+// alternating runs, the rest mostly the walsender's). The cost is what a
+// crash repeats near that load: a kill -9 at about 1,600 events/s
+// repeated 7-78 deliveries in six runs at 3 × c, 0-27 in six at c. A
+// lane at a live rate rarely has c attempts ahead, so the limit seldom
+// binds there: at 1,000 events/s a kill repeated 1-51 with either, mostly
+// what the recorder's linger held.
 func AheadLimit(c int) int { return 3 * c }
 
 // low reports whether the lane has drained to half its limit (to half its

@@ -53,7 +53,7 @@ func diskFlush(ctx context.Context, dir string, n, perS int) (*DiskFlush, error)
 	interval := time.Second / time.Duration(perS)
 	start := time.Now()
 	for i := 0; i < n && ctx.Err() == nil; i++ {
-		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		sleep(ctx, time.Until(start.Add(time.Duration(i)*interval)))
 		t := time.Now()
 		if _, err := f.WriteAt(buf, int64(i%pages)*page); err != nil {
 			return nil, err

@@ -70,9 +70,8 @@
 //     flight just before it, or arrived before it or while it was
 //     injected and recorded only after it, each once), and for a fault of
 //     the database also those that arrived while it lasted, as their
-//     results may not have been
-//     recordable, or if more the deliveries in flight once it was
-//     recovered from; summed — the longest commit →
+//     results may not have been recordable, or if more the deliveries in
+//     flight once it was recovered from; summed — the longest commit →
 //     delivery and the relays' peak RSS. --faults limits the faults to some kinds, --relays sets
 //     how many relays run. The relays retry within seconds rather than the defaults'
 //     minutes (see chaosConfig), so that every event can arrive in time.

@@ -247,17 +247,18 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			// meanwhile with the same webhook-id, is not recorded.
 			// One whose event was written under way has its event and
 			// range instead (below).
-			_, underWay := o.Job.UnderWay()
-			if o.Result.DeliveryID = o.Job.ID(); o.Result.DeliveryID == 0 && underWay == 0 {
+			o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
+			if o.Result.DeliveryID = o.Job.ID(); o.Result.DeliveryID == 0 && o.Result.Range == 0 {
 				r.disp.Recorded(o.Job)
 				continue
 			}
 			o.Result.Written = o.Job.Written()
+		} else {
+			o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
 		}
 		// An event under way is named by its event and range (final once
-		// its ingest, if any, has finished): its delivery is written with
-		// this outcome.
-		o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
+		// its ingest, if any, has finished, and read after it above): its
+		// delivery is written with this outcome.
 		results = append(results, o.Result)
 		recorded = append(recorded, o.Job)
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,33 +96,15 @@ func (o Options) WithDefaults() Options {
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64()
 	}
-	if o.Scenarios == "" {
-		o.Scenarios = ScenariosDefault
-	}
-	if o.Rate == 0 {
-		o.Rate = RateDefault
-	}
-	if o.Endpoints == 0 {
-		o.Endpoints = EndpointsDefault
-	}
-	if o.Duration == 0 {
-		o.Duration = DurationDefault
-	}
-	if o.Backlog == 0 {
-		o.Backlog = BacklogDefault
-	}
-	if o.Producers == 0 {
-		o.Producers = ProducersDefault
-	}
-	if o.Relays == 0 {
-		o.Relays = ChaosRelays
-	}
-	if o.Dead == 0 {
-		o.Dead = DeadDefault
-	}
-	if o.Instances == 0 {
-		o.Instances = InstancesDefault
-	}
+	o.Scenarios = cmp.Or(o.Scenarios, ScenariosDefault)
+	o.Rate = cmp.Or(o.Rate, RateDefault)
+	o.Endpoints = cmp.Or(o.Endpoints, EndpointsDefault)
+	o.Duration = cmp.Or(o.Duration, DurationDefault)
+	o.Backlog = cmp.Or(o.Backlog, BacklogDefault)
+	o.Producers = cmp.Or(o.Producers, ProducersDefault)
+	o.Relays = cmp.Or(o.Relays, ChaosRelays)
+	o.Dead = cmp.Or(o.Dead, DeadDefault)
+	o.Instances = cmp.Or(o.Instances, InstancesDefault)
 	return o
 }
 

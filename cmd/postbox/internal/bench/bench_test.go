@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
@@ -331,6 +332,56 @@ func TestDumpWALRecords(t *testing.T) {
 // TestSplitCountsBetweenReadings: a split counts only what the relay's
 // histogram observed between the scenario's two readings, and bounds each
 // quantile by its bucket.
+// A backend reports its WAL records to pg_stat_wal late (at the end of a
+// busy second, or when it exits), so what one wrote before a run began can
+// be reported during it. The run's costs count the records in its own WAL.
+func TestCostsCountTheRunsOwnWALRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	e := &env{pool: pool, log: t.Output()}
+	_, err = pool.Exec(ctx, `CREATE TABLE early (id int PRIMARY KEY); CREATE TABLE probe (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+
+	// Before the run: a backend's first transaction reports at once, a
+	// second one just after it waits (up to ten seconds while it idles).
+	before, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, before.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	_, err = before.Exec(ctx, `INSERT INTO early VALUES (0)`)
+	require.NoError(t, err)
+	_, err = before.Exec(ctx, `INSERT INTO early SELECT generate_series(1, 2000)`)
+	require.NoError(t, err)
+
+	read := func() meter {
+		m := meter{written: e.written(ctx)}
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn`).Scan(&m.wal))
+		return m
+	}
+	from := read()
+	_, err = pool.Exec(ctx, `INSERT INTO probe SELECT generate_series(1, 10)`)
+	require.NoError(t, err)
+	// The earlier backend exits during the run, and reports.
+	require.NoError(t, before.Close(ctx))
+	require.NoError(t, waitFor(ctx, 10*time.Second, 10*time.Millisecond, func() (bool, error) {
+		var gone bool
+		err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone)
+		return gone, err
+	}))
+	to := read()
+
+	byStats := float64(e.written(ctx).walRecords-from.written.walRecords) / 10
+	require.Greater(t, byStats, 100.0, "pg_stat_wal charges the run the earlier backend's 4,000 records")
+	c := e.costs(ctx, from, to, 10)
+	require.NotNil(t, c)
+	// Ten heap and ten index records, a commit, and what the server adds.
+	require.InDelta(t, 2.1, c.WALRecordsPerEvent, 1, "%+v", c)
+}
+
 func TestSplitCountsBetweenReadings(t *testing.T) {
 	t.Parallel()
 	hist := func(total uint64, cum ...uint64) *dto.Histogram {

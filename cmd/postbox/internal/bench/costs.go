@@ -12,6 +12,8 @@ import (
 // and what PostgreSQL wrote for them: rows inserted, updated or deleted in
 // postbox's tables (the outbox's inserts left out: the application's), WAL
 // records and WAL bytes (everything, the application's inserts included).
+// The WAL's records are counted in the run's WAL itself (see
+// walRecordsBetween); rows come from the statistics.
 //
 // Of PostgreSQL's CPU, WalsenderCPUms is the walsenders': logical decoding
 // reads every WAL record, whatever table or database it is of, and checks
@@ -79,12 +81,41 @@ func (e *env) settle(ctx context.Context) {
 	})
 }
 
-// costs is what events cost between from and to; w is what was written
-// by then, read once the relay's statistics have settled.
-func costs(from, to meter, w written, events int) *Costs {
+// costs is what events cost between from and to, read once the relay's
+// statistics have settled.
+func (e *env) costs(ctx context.Context, from, to meter, events int) *Costs {
 	if events == 0 {
 		return nil
 	}
+	w := e.written(ctx)
+	if n, ok := e.walRecordsBetween(ctx, from.wal, to.wal); ok {
+		w.walRecords = from.written.walRecords + n
+	}
+	return costs(from, to, w, events)
+}
+
+// walRecordsBetween counts the WAL records between the LSNs from and to
+// (bytes since 0/0) with pg_walinspect. pg_stat_wal's count alone would
+// charge a run the records the relay wrote before it began: a backend
+// reports its count at the end of a busy second or when it exits, so a
+// relay's migrations, written just before a latency run begins, were
+// counted in it (at 1 event/s, 370 records per event where the WAL held
+// 29). ok is false where the WAL of the run cannot be read: the extension
+// is not installed on a server given by DatabaseURL, or a checkpoint has
+// removed the run's first segments.
+func (e *env) walRecordsBetween(ctx context.Context, from, to int64) (n int64, ok bool) {
+	if _, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
+		return 0, false
+	}
+	err := e.pool.QueryRow(ctx, `
+		SELECT coalesce(sum(count), 0)::int8
+		FROM pg_get_wal_stats('0/0'::pg_lsn + $1::numeric, '0/0'::pg_lsn + $2::numeric)`, from, to).Scan(&n)
+	return n, err == nil
+}
+
+// costs is what events cost between from and to; w is what was written
+// by then.
+func costs(from, to meter, w written, events int) *Costs {
 	per1000 := func(s float64) float64 { return s * 1e6 / float64(events) }
 	return &Costs{
 		Events:             events,

@@ -75,7 +75,7 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		Costs: costs(from, to, e.written(ctx), t.sent), Split: fw.split(),
+		Costs: e.costs(ctx, from, to, t.sent), Split: fw.split(),
 	}
 	// Then the disk under the cluster alone, at the same pace, for as many
 	// flushes as there were commits (10 s of them at most).

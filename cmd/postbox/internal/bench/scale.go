@@ -128,7 +128,7 @@ func (e *env) scale(ctx context.Context, o Options) (*ScaleResult, error) {
 		res.Runs = append(res.Runs, &ScaleRun{
 			Instances: n, Seconds: elapsed.Seconds(), PerS: float64(t.received) / elapsed.Seconds(),
 			CeilingPerS: float64(n*o.Endpoints*ScaleInFlight) / ScaleDelay.Seconds(),
-			Lost:        t.lost, Dups: t.dups, RSSMB: rss, Costs: costs(from, to, e.written(ctx), t.received),
+			Lost:        t.lost, Dups: t.dups, RSSMB: rss, Costs: e.costs(ctx, from, to, t.received),
 		})
 		e.truncate(ctx, true)
 	}

@@ -74,7 +74,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		RSSMB: rss, Costs: costs(from, to, e.written(ctx), t.sent), Split: split,
+		RSSMB: rss, Costs: e.costs(ctx, from, to, t.sent), Split: split,
 	}, nil
 }
 
@@ -188,7 +188,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 		return nil, err
 	}
 	res.RSSMB = rss
-	res.Costs = costs(from, to, e.written(ctx), sent)
+	res.Costs = e.costs(ctx, from, to, sent)
 	t := led.tally()
 	lat, err := e.latencies(ctx, t.first)
 	if err != nil {
@@ -286,7 +286,7 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,
 		Rate: float64(t.received) / elapsed.Seconds(), DrainRate: float64(t.received) / drain,
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(), RSSMB: rss,
-		Costs: costs(from, to, e.written(ctx), t.received),
+		Costs: e.costs(ctx, from, to, t.received),
 	}, nil
 }
 

@@ -335,8 +335,9 @@ func TestDumpWALRecords(t *testing.T) {
 // A backend reports its WAL records to pg_stat_wal late (at the end of a
 // busy second, or when it exits), so what one wrote before a run began can
 // be reported during it. The run's costs count the records in its own WAL.
+// Not parallel: the WAL is the server's, and other tests' records would
+// count.
 func TestCostsCountTheRunsOwnWALRecords(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(ctx, url)

@@ -287,7 +287,16 @@ func TestAnInstanceThatConnectsAgainStaysAlive(t *testing.T) {
 	claimed, err := s.Claim(ctx, "cut", 3, nil, nil, 3, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 3)
+	pid := first.PgConn().PID()
 	require.NoError(t, first.Close(ctx)) // as an operator's pg_terminate_backend would
+	// The server ends the backend after the client has gone; until then it
+	// holds the lock, and the new connection's try would find it taken.
+	// (A running instance tries again at each heartbeat.)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
+		return n == 0
+	}, 10*time.Second, 10*time.Millisecond, "the first connection's backend ends")
 
 	again := hijack()
 	defer again.Close(ctx)

@@ -54,6 +54,18 @@ func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 	require.NoError(t, ic.Commit(ctx, 0, false))
 }
 
+// backendEnded reports, for require.Eventually, whether the server has
+// ended backend pid (watched through q, another connection). The server
+// ends a backend after its client has gone or its session timed out, not
+// at once.
+func backendEnded(t testing.TB, q store.Querier, pid uint32) func() bool {
+	return func() bool {
+		var n int
+		require.NoError(t, q.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
+		return n == 0
+	}
+}
+
 func count(claimed []store.Claimed) map[string]int {
 	out := map[string]int{}
 	for _, c := range claimed {
@@ -289,14 +301,11 @@ func TestAnInstanceThatConnectsAgainStaysAlive(t *testing.T) {
 	require.Len(t, claimed, 3)
 	pid := first.PgConn().PID()
 	require.NoError(t, first.Close(ctx)) // as an operator's pg_terminate_backend would
-	// The server ends the backend after the client has gone; until then it
-	// holds the lock, and the new connection's try would find it taken.
-	// (A running instance tries again at each heartbeat.)
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
-		return n == 0
-	}, 10*time.Second, 10*time.Millisecond, "the first connection's backend ends")
+	// Until the server has ended the backend it holds the lock, and the new
+	// connection's try would find it taken. (A running instance tries
+	// again at each heartbeat.)
+	require.Eventually(t, backendEnded(t, s.Pool, pid), 10*time.Second, 10*time.Millisecond,
+		"the first connection's backend ends")
 
 	again := hijack()
 	defer again.Close(ctx)

@@ -99,18 +99,11 @@ func TestIdleTransactionsAreBounded(t *testing.T) {
 	watch, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	defer watch.Close()
-	ended := func(pid uint32) func() bool {
-		return func() bool {
-			var n int
-			require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
-			return n == 0
-		}
-	}
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err)
-	require.Eventually(t, ended(tx.Conn().PgConn().PID()), 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, backendEnded(t, watch, tx.Conn().PgConn().PID()), 10*time.Second, 20*time.Millisecond)
 	_, err = tx.Exec(ctx, `SELECT 1`)
 	require.Error(t, err)
 	require.True(t, store.Transient(err), "ended for idling in a transaction: %v", err)
@@ -124,7 +117,7 @@ func TestIdleTransactionsAreBounded(t *testing.T) {
 	defer func() { _ = conn.Close(ctx) }()
 	_, err = conn.Exec(ctx, `BEGIN`)
 	require.NoError(t, err)
-	require.Eventually(t, ended(conn.PgConn().PID()), 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, backendEnded(t, watch, conn.PgConn().PID()), 10*time.Second, 20*time.Millisecond)
 	_, err = conn.Exec(ctx, `SELECT 1`)
 	require.Error(t, err)
 	require.True(t, store.Transient(err), "%v", err)

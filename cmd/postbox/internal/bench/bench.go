@@ -288,6 +288,13 @@ func (e *env) dumpStatements(ctx context.Context, path string) {
 // index entry is a record, and the walsender pays for each.
 var walRecordsFile = os.Getenv("POSTBOX_BENCH_WALRECORDS")
 
+// walinspect installs pg_walinspect (PostgreSQL 15 and later), which reads
+// the WAL between two LSNs.
+func (e *env) walinspect(ctx context.Context) error {
+	_, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
+	return err
+}
+
 // dumpWALRecords appends to path the WAL records of scenario between the
 // LSNs from and to (bytes since 0/0), per event, by resource manager, record
 // type and relation.
@@ -295,7 +302,7 @@ func (e *env) dumpWALRecords(ctx context.Context, path, scenario string, from, t
 	if path == "" || events == 0 {
 		return
 	}
-	if _, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
+	if err := e.walinspect(ctx); err != nil {
 		fmt.Fprintf(e.log, "bench: pg_walinspect: %v\n", err)
 		return
 	}

@@ -104,7 +104,7 @@ func (e *env) costs(ctx context.Context, from, to meter, events int) *Costs {
 // is not installed on a server given by DatabaseURL, or a checkpoint has
 // removed the run's first segments.
 func (e *env) walRecordsBetween(ctx context.Context, from, to int64) (n int64, ok bool) {
-	if _, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`); err != nil {
+	if e.walinspect(ctx) != nil {
 		return 0, false
 	}
 	err := e.pool.QueryRow(ctx, `

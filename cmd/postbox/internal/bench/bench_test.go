@@ -182,6 +182,11 @@ func TestRun(t *testing.T) {
 	require.NotNil(t, c.Costs)
 	require.GreaterOrEqual(t, c.Costs.WALRecordsPerEvent, 2.0)
 	require.GreaterOrEqual(t, c.Costs.RowsPerEvent, 2.0)
+	// The relay's threads were woken, each wake-up some time runnable
+	// before it ran; a given database's walsender is not the bench's to
+	// read.
+	require.Positive(t, c.Costs.RelayWaitms)
+	require.Zero(t, c.Costs.WalsenderWaitms)
 
 	var out strings.Builder
 	res.Print(&out)

@@ -20,11 +20,21 @@ import (
 // its socket for the client's replies once per record, so this share
 // follows WALRecordsPerEvent (every heap row and every index entry is a
 // record) more than the rows the outbox publishes.
+//
+// WalsenderWaitms and RelayWaitms are what the walsenders and the relay's
+// threads waited for a CPU while runnable (the scheduler's run delay):
+// under full insert load the walsender, one process beside the
+// producers' backends on the machine's CPUs, waits about as long as it
+// runs, and every event behind it waits with it. A walsender or thread
+// that exited during the run is left out, so both are at least the
+// figure.
 type Costs struct {
 	Events             int     `json:"events"`
 	PostgresCPUms      float64 `json:"postgres_cpu_ms_per_1000_events"`
 	WalsenderCPUms     float64 `json:"postgres_walsender_cpu_ms_per_1000_events"`
+	WalsenderWaitms    float64 `json:"postgres_walsender_cpu_wait_ms_per_1000_events"`
 	RelayCPUms         float64 `json:"relay_cpu_ms_per_1000_events"`
+	RelayWaitms        float64 `json:"relay_cpu_wait_ms_per_1000_events"`
 	BenchCPUms         float64 `json:"bench_cpu_ms_per_1000_events"`
 	RowsPerEvent       float64 `json:"rows_written_per_event"`
 	WALRecordsPerEvent float64 `json:"wal_records_per_event"`
@@ -35,6 +45,10 @@ type Costs struct {
 type meter struct {
 	pg, walsender float64 // CPU seconds: all of PostgreSQL, its walsenders
 	relay, bench  float64
+	// Seconds waited for a CPU: by each walsender alive (by PID), and by
+	// the relay's threads.
+	walsenderWait map[int]float64
+	relayWait     float64
 	wal           int64 // bytes since 0/0
 	written       written
 }
@@ -50,9 +64,10 @@ type written struct {
 // at the end of a busy second or when it exits: see settle.
 func (e *env) read(ctx context.Context) meter {
 	m := meter{bench: selfCPU()}
-	m.pg, m.walsender = e.postgresCPU()
+	m.pg, m.walsender, m.walsenderWait = e.postgresCPU()
 	if e.relay != nil && e.relay.Process != nil {
 		m.relay = procCPU(e.relay.Process.Pid)
+		m.relayWait = procWait(e.relay.Process.Pid)
 	}
 	_ = e.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&m.wal)
 	m.written = e.written(ctx)
@@ -121,7 +136,9 @@ func costs(from, to meter, w written, events int) *Costs {
 		Events:             events,
 		PostgresCPUms:      per1000(to.pg - from.pg),
 		WalsenderCPUms:     per1000(to.walsender - from.walsender),
+		WalsenderWaitms:    per1000(waitedBetween(from.walsenderWait, to.walsenderWait)),
 		RelayCPUms:         per1000(to.relay - from.relay),
+		RelayWaitms:        per1000(to.relayWait - from.relayWait),
 		BenchCPUms:         per1000(to.bench - from.bench),
 		RowsPerEvent:       float64(w.rows-from.written.rows) / float64(events),
 		WALRecordsPerEvent: float64(w.walRecords-from.written.walRecords) / float64(events),
@@ -136,4 +153,14 @@ func selfCPU() float64 {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// waitedBetween is what the walsenders alive at to waited between the two
+// readings: all of it for one that started since from.
+func waitedBetween(from, to map[int]float64) float64 {
+	var s float64
+	for pid, w := range to {
+		s += w - from[pid]
+	}
+	return s
 }

@@ -339,18 +339,19 @@ func machineDescription(ownServer bool) string {
 // postgresCPU is the CPU time, in seconds, the bench's PostgreSQL server
 // has used: its processes alive now and those it has reaped. Zero with a
 // given database, whose processes are not the bench's to read.
-// walsenders is the part of it the walsenders alive now have used.
-func (e *env) postgresCPU() (all, walsenders float64) {
+// walsenders is the part of it the walsenders alive now have used, and
+// waits what each of those has waited for a CPU (see runDelay), by PID.
+func (e *env) postgresCPU() (all, walsenders float64, waits map[int]float64) {
 	if e.cluster == nil {
-		return 0, 0
+		return 0, 0, nil
 	}
 	data, err := os.ReadFile(filepath.Join(e.cluster.Dir(), "data", "postmaster.pid"))
 	if err != nil {
-		return 0, 0
+		return 0, 0, nil
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[0]))
 	if err != nil {
-		return 0, 0
+		return 0, 0, nil
 	}
 	// /proc/PID/stat after the command name: state(0) ppid(1) …
 	// utime(11) stime(12) cutime(13) cstime(14), in clock ticks.
@@ -369,10 +370,46 @@ func (e *env) postgresCPU() (all, walsenders float64) {
 			// only.
 			if title, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline")); bytes.HasPrefix(title, []byte("postgres: walsender")) {
 				walsenders += t
+				if waits == nil {
+					waits = map[int]float64{}
+				}
+				waits[child] = runDelay(child)
 			}
 		}
 	}
-	return total / clockTicks, walsenders / clockTicks
+	return total / clockTicks, walsenders / clockTicks, waits
+}
+
+// runDelay is the time, in seconds, a thread has spent runnable and
+// waiting for a CPU, by the scheduler's statistics (the second field of
+// /proc/PID/schedstat, in nanoseconds); 0 when it cannot be read.
+func runDelay(pid int) float64 {
+	return schedWait(fmt.Sprintf("/proc/%d/schedstat", pid))
+}
+
+// procWait is what all of a process's threads alive now have waited for a
+// CPU, in seconds.
+func procWait(pid int) float64 {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var s float64
+	for _, t := range tasks {
+		s += schedWait(t)
+	}
+	return s
+}
+
+// schedWait reads the run delay, in seconds, from a schedstat file.
+func schedWait(path string) float64 {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 2 {
+		return 0
+	}
+	ns, _ := strconv.ParseFloat(f[1], 64)
+	return ns / 1e9
 }
 
 // procCPU is a process's own CPU time in seconds (0 when it is gone).

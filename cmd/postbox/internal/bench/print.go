@@ -126,4 +126,9 @@ func (c *Costs) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL (%.0f of it walsender), %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.1f WAL records, %.0f WAL bytes\n",
 		c.PostgresCPUms, c.WalsenderCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALRecordsPerEvent, c.WALPerEvent)
+	if c.WalsenderWaitms == 0 && c.RelayWaitms == 0 {
+		return // not read: a given database's walsender, no relay
+	}
+	fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms, relay %.0f ms (its threads together)\n",
+		c.WalsenderWaitms, c.RelayWaitms)
 }

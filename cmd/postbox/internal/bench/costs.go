@@ -22,35 +22,40 @@ import (
 // record) more than the rows the outbox publishes.
 //
 // WalsenderWaitms and RelayWaitms are what the walsenders and the relay's
-// threads waited for a CPU while runnable (the scheduler's run delay):
-// under full insert load the walsender, one process beside the
-// producers' backends on the machine's CPUs, waits about as long as it
-// runs, and every event behind it waits with it. A walsender or thread
-// that exited during the run is left out, so both are at least the
-// figure.
+// threads waited for a CPU while runnable (the scheduler's run delay),
+// and the …PerTurnus figures that wait over their turns on a CPU. Under
+// full insert load the walsender, one process beside the producers'
+// backends on the machine's CPUs, waits about as long as it runs, and
+// every event behind it waits with it. At a low rate, with the CPUs
+// mostly idle, a turn's wait is still part of each event's latency: the
+// walsender is woken by the commit, and runs only after it. A walsender
+// or thread that exited during the run is left out, so the totals are at
+// least the figure.
 type Costs struct {
-	Events             int     `json:"events"`
-	PostgresCPUms      float64 `json:"postgres_cpu_ms_per_1000_events"`
-	WalsenderCPUms     float64 `json:"postgres_walsender_cpu_ms_per_1000_events"`
-	WalsenderWaitms    float64 `json:"postgres_walsender_cpu_wait_ms_per_1000_events"`
-	RelayCPUms         float64 `json:"relay_cpu_ms_per_1000_events"`
-	RelayWaitms        float64 `json:"relay_cpu_wait_ms_per_1000_events"`
-	BenchCPUms         float64 `json:"bench_cpu_ms_per_1000_events"`
-	RowsPerEvent       float64 `json:"rows_written_per_event"`
-	WALRecordsPerEvent float64 `json:"wal_records_per_event"`
-	WALPerEvent        float64 `json:"wal_bytes_per_event"`
+	Events                 int     `json:"events"`
+	PostgresCPUms          float64 `json:"postgres_cpu_ms_per_1000_events"`
+	WalsenderCPUms         float64 `json:"postgres_walsender_cpu_ms_per_1000_events"`
+	WalsenderWaitms        float64 `json:"postgres_walsender_cpu_wait_ms_per_1000_events"`
+	WalsenderWaitPerTurnus float64 `json:"postgres_walsender_cpu_wait_us_per_turn"`
+	RelayCPUms             float64 `json:"relay_cpu_ms_per_1000_events"`
+	RelayWaitms            float64 `json:"relay_cpu_wait_ms_per_1000_events"`
+	RelayWaitPerTurnus     float64 `json:"relay_cpu_wait_us_per_turn"`
+	BenchCPUms             float64 `json:"bench_cpu_ms_per_1000_events"`
+	RowsPerEvent           float64 `json:"rows_written_per_event"`
+	WALRecordsPerEvent     float64 `json:"wal_records_per_event"`
+	WALPerEvent            float64 `json:"wal_bytes_per_event"`
 }
 
 // meter is a reading of the counters Costs are the differences of.
 type meter struct {
 	pg, walsender float64 // CPU seconds: all of PostgreSQL, its walsenders
 	relay, bench  float64
-	// Seconds waited for a CPU: by each walsender alive (by PID), and by
-	// the relay's threads.
-	walsenderWait map[int]float64
-	relayWait     float64
-	wal           int64 // bytes since 0/0
-	written       written
+	// Waits for a CPU: of each walsender alive (by PID), and of the
+	// relay's threads.
+	walsenderSched map[int]sched
+	relaySched     sched
+	wal            int64 // bytes since 0/0
+	written        written
 }
 
 // written is what the statistics say PostgreSQL has written.
@@ -64,10 +69,10 @@ type written struct {
 // at the end of a busy second or when it exits: see settle.
 func (e *env) read(ctx context.Context) meter {
 	m := meter{bench: selfCPU()}
-	m.pg, m.walsender, m.walsenderWait = e.postgresCPU()
+	m.pg, m.walsender, m.walsenderSched = e.postgresCPU()
 	if e.relay != nil && e.relay.Process != nil {
 		m.relay = procCPU(e.relay.Process.Pid)
-		m.relayWait = procWait(e.relay.Process.Pid)
+		m.relaySched = procSched(e.relay.Process.Pid)
 	}
 	_ = e.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&m.wal)
 	m.written = e.written(ctx)
@@ -132,17 +137,20 @@ func (e *env) walRecordsBetween(ctx context.Context, from, to int64) (n int64, o
 // by then.
 func costs(from, to meter, w written, events int) *Costs {
 	per1000 := func(s float64) float64 { return s * 1e6 / float64(events) }
+	walsender, relay := schedBetween(from.walsenderSched, to.walsenderSched), to.relaySched.minus(from.relaySched)
 	return &Costs{
-		Events:             events,
-		PostgresCPUms:      per1000(to.pg - from.pg),
-		WalsenderCPUms:     per1000(to.walsender - from.walsender),
-		WalsenderWaitms:    per1000(waitedBetween(from.walsenderWait, to.walsenderWait)),
-		RelayCPUms:         per1000(to.relay - from.relay),
-		RelayWaitms:        per1000(to.relayWait - from.relayWait),
-		BenchCPUms:         per1000(to.bench - from.bench),
-		RowsPerEvent:       float64(w.rows-from.written.rows) / float64(events),
-		WALRecordsPerEvent: float64(w.walRecords-from.written.walRecords) / float64(events),
-		WALPerEvent:        float64(to.wal-from.wal) / float64(events),
+		Events:                 events,
+		PostgresCPUms:          per1000(to.pg - from.pg),
+		WalsenderCPUms:         per1000(to.walsender - from.walsender),
+		WalsenderWaitms:        per1000(walsender.wait),
+		WalsenderWaitPerTurnus: walsender.perTurnus(),
+		RelayCPUms:             per1000(to.relay - from.relay),
+		RelayWaitms:            per1000(relay.wait),
+		RelayWaitPerTurnus:     relay.perTurnus(),
+		BenchCPUms:             per1000(to.bench - from.bench),
+		RowsPerEvent:           float64(w.rows-from.written.rows) / float64(events),
+		WALRecordsPerEvent:     float64(w.walRecords-from.written.walRecords) / float64(events),
+		WALPerEvent:            float64(to.wal-from.wal) / float64(events),
 	}
 }
 
@@ -155,12 +163,20 @@ func selfCPU() float64 {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
-// waitedBetween is what the walsenders alive at to waited between the two
+// schedBetween is what the walsenders alive at to waited between the two
 // readings: all of it for one that started since from.
-func waitedBetween(from, to map[int]float64) float64 {
-	var s float64
+func schedBetween(from, to map[int]sched) sched {
+	var s sched
 	for pid, w := range to {
-		s += w - from[pid]
+		s = s.plus(w.minus(from[pid]))
 	}
 	return s
+}
+
+// perTurnus is the wait per turn, in microseconds; 0 without turns.
+func (a sched) perTurnus() float64 {
+	if a.turns <= 0 {
+		return 0
+	}
+	return a.wait * 1e6 / float64(a.turns)
 }

@@ -340,8 +340,8 @@ func machineDescription(ownServer bool) string {
 // has used: its processes alive now and those it has reaped. Zero with a
 // given database, whose processes are not the bench's to read.
 // walsenders is the part of it the walsenders alive now have used, and
-// waits what each of those has waited for a CPU (see runDelay), by PID.
-func (e *env) postgresCPU() (all, walsenders float64, waits map[int]float64) {
+// waits what each of those has waited for a CPU (see sched), by PID.
+func (e *env) postgresCPU() (all, walsenders float64, waits map[int]sched) {
 	if e.cluster == nil {
 		return 0, 0, nil
 	}
@@ -371,45 +371,57 @@ func (e *env) postgresCPU() (all, walsenders float64, waits map[int]float64) {
 			if title, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline")); bytes.HasPrefix(title, []byte("postgres: walsender")) {
 				walsenders += t
 				if waits == nil {
-					waits = map[int]float64{}
+					waits = map[int]sched{}
 				}
-				waits[child] = runDelay(child)
+				waits[child] = threadSched(child)
 			}
 		}
 	}
 	return total / clockTicks, walsenders / clockTicks, waits
 }
 
-// runDelay is the time, in seconds, a thread has spent runnable and
-// waiting for a CPU, by the scheduler's statistics (the second field of
-// /proc/PID/schedstat, in nanoseconds); 0 when it cannot be read.
-func runDelay(pid int) float64 {
-	return schedWait(fmt.Sprintf("/proc/%d/schedstat", pid))
+// sched is what the scheduler's statistics say of one or more threads:
+// the time they spent runnable and waiting for a CPU, in seconds, and the
+// turns they had on one.
+type sched struct {
+	wait  float64
+	turns int64
 }
 
-// procWait is what all of a process's threads alive now have waited for a
-// CPU, in seconds.
-func procWait(pid int) float64 {
+func (a sched) plus(b sched) sched  { return sched{a.wait + b.wait, a.turns + b.turns} }
+func (a sched) minus(b sched) sched { return sched{a.wait - b.wait, a.turns - b.turns} }
+
+// threadSched is a single-threaded process's sched (a PostgreSQL
+// backend's); zero when it cannot be read.
+func threadSched(pid int) sched {
+	return readSched(fmt.Sprintf("/proc/%d/schedstat", pid))
+}
+
+// procSched is what all of a process's threads alive now have waited, and
+// their turns.
+func procSched(pid int) sched {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	var s float64
+	var s sched
 	for _, t := range tasks {
-		s += schedWait(t)
+		s = s.plus(readSched(t))
 	}
 	return s
 }
 
-// schedWait reads the run delay, in seconds, from a schedstat file.
-func schedWait(path string) float64 {
+// readSched reads a schedstat file: the time on a CPU and the run delay,
+// in nanoseconds, and the number of turns.
+func readSched(path string) sched {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return 0
+		return sched{}
 	}
 	f := strings.Fields(string(data))
-	if len(f) < 2 {
-		return 0
+	if len(f) < 3 {
+		return sched{}
 	}
 	ns, _ := strconv.ParseFloat(f[1], 64)
-	return ns / 1e9
+	turns, _ := strconv.ParseInt(f[2], 10, 64)
+	return sched{wait: ns / 1e9, turns: turns}
 }
 
 // procCPU is a process's own CPU time in seconds (0 when it is gone).

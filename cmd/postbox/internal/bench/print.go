@@ -129,6 +129,6 @@ func (c *Costs) print(w io.Writer) {
 	if c.WalsenderWaitms == 0 && c.RelayWaitms == 0 {
 		return // not read: a given database's walsender, no relay
 	}
-	fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms, relay %.0f ms (its threads together)\n",
-		c.WalsenderWaitms, c.RelayWaitms)
+	fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms (%.0f µs a turn), relay %.0f ms (%.0f µs a turn, its threads together)\n",
+		c.WalsenderWaitms, c.WalsenderWaitPerTurnus, c.RelayWaitms, c.RelayWaitPerTurnus)
 }

@@ -50,10 +50,10 @@ type Costs struct {
 type meter struct {
 	pg, walsender float64 // CPU seconds: all of PostgreSQL, its walsenders
 	relay, bench  float64
-	// Waits for a CPU: of each walsender alive (by PID), and of the
-	// relay's threads.
+	// Waits for a CPU: of each walsender alive (by PID), and of each of
+	// the relay's threads (by thread id).
 	walsenderSched map[int]sched
-	relaySched     sched
+	relaySched     map[int]sched
 	wal            int64 // bytes since 0/0
 	written        written
 }
@@ -137,7 +137,7 @@ func (e *env) walRecordsBetween(ctx context.Context, from, to int64) (n int64, o
 // by then.
 func costs(from, to meter, w written, events int) *Costs {
 	per1000 := func(s float64) float64 { return s * 1e6 / float64(events) }
-	walsender, relay := schedBetween(from.walsenderSched, to.walsenderSched), to.relaySched.minus(from.relaySched)
+	walsender, relay := schedBetween(from.walsenderSched, to.walsenderSched), schedBetween(from.relaySched, to.relaySched)
 	return &Costs{
 		Events:                 events,
 		PostgresCPUms:          per1000(to.pg - from.pg),
@@ -163,8 +163,9 @@ func selfCPU() float64 {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
-// schedBetween is what the walsenders alive at to waited between the two
-// readings: all of it for one that started since from.
+// schedBetween is what the walsenders (or threads) alive at to waited
+// between the two readings: all of it for one that started since from,
+// nothing for one that ended.
 func schedBetween(from, to map[int]sched) sched {
 	var s sched
 	for pid, w := range to {

@@ -38,7 +38,7 @@ func TestProcWaitCountsThreadsKeptFromACPU(t *testing.T) {
 	}
 	ready.Wait()
 	spun.Wait()
-	waited := procSched(os.Getpid()).minus(before)
+	waited := schedBetween(before, procSched(os.Getpid()))
 	close(release)
 	// n threads runnable for 300 ms on n/2 CPUs wait about 0.3 s × n/2 in
 	// all (0.6 s on two CPUs); a third of that allows for the scheduler's

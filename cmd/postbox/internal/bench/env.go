@@ -397,15 +397,17 @@ func threadSched(pid int) sched {
 	return readSched(fmt.Sprintf("/proc/%d/schedstat", pid))
 }
 
-// procSched is what all of a process's threads alive now have waited, and
-// their turns.
-func procSched(pid int) sched {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	var s sched
+// procSched is the sched of each of a process's threads alive now, by
+// thread id.
+func procSched(pid int) map[int]sched {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	out := make(map[int]sched, len(tasks))
 	for _, t := range tasks {
-		s = s.plus(readSched(t))
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			out[tid] = readSched(fmt.Sprintf("/proc/%d/task/%d/schedstat", pid, tid))
+		}
 	}
-	return s
+	return out
 }
 
 // readSched reads a schedstat file: the time on a CPU and the run delay,

@@ -219,7 +219,8 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	results := make([]state.Result, 0, len(batch))
 	recorded := make([]*dispatch.Job, 0, len(batch))
 	for _, o := range batch {
-		if tx := o.Job.Ingest; tx != nil {
+		tx := o.Job.Ingest
+		if tx != nil {
 			select {
 			case <-tx.Done():
 			default:
@@ -233,6 +234,12 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 				r.disp.Recorded(o.Job) // stopping, and the ingest never finished
 				continue
 			}
+		}
+		// An event under way is named by its event and range (final once
+		// its ingest, if any, has finished, as it has here): its delivery
+		// is written with this outcome.
+		o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
+		if tx != nil {
 			// An ingest that failed either rolled back (its delivery does
 			// not exist, and the write below changes nothing; the stream
 			// brings the event again) or committed unbeknownst to us (the
@@ -244,21 +251,15 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			// has none when the insert never returned (the ingest failed:
 			// the stream brings the event again) or found the event
 			// ingested before (its event_id repeated): its attempt, made
-			// meanwhile with the same webhook-id, is not recorded.
-			// One whose event was written under way has its event and
-			// range instead (below).
-			o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
+			// meanwhile with the same webhook-id, is not recorded. One
+			// whose event was written under way has its event and range
+			// instead.
 			if o.Result.DeliveryID = o.Job.ID(); o.Result.DeliveryID == 0 && o.Result.Range == 0 {
 				r.disp.Recorded(o.Job)
 				continue
 			}
 			o.Result.Written = o.Job.Written()
-		} else {
-			o.Result.EventPK, o.Result.Range = o.Job.UnderWay()
 		}
-		// An event under way is named by its event and range (final once
-		// its ingest, if any, has finished, and read after it above): its
-		// delivery is written with this outcome.
 		results = append(results, o.Result)
 		recorded = append(recorded, o.Job)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
@@ -61,8 +62,10 @@ func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 func backendEnded(t testing.TB, q store.Querier, pid uint32) func() bool {
 	return func() bool {
 		var n int
-		require.NoError(t, q.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
-		return n == 0
+		// assert, not require: Eventually calls this on a goroutine of
+		// its own, where FailNow must not be called.
+		err := q.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n)
+		return assert.NoError(t, err) && n == 0
 	}
 }
 

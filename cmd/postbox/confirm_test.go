@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -219,4 +220,105 @@ func (s *confirmSampler) finish() {
 		close(s.stop)
 	}
 	<-s.done
+}
+
+// TestServerCrashBeforeTheIngestIsFlushed crashes PostgreSQL while an
+// ingest has committed but its commit is not yet in the server's flushed
+// WAL: the ingest commits without waiting for its flush, and the WAL
+// writer is made slow (wal_writer_delay = 10 s) so that nothing flushes it
+// for a while. The slot must not be confirmed past the event's
+// transaction meanwhile; the crash undoes the ingest, and the event comes
+// through the stream again and is delivered.
+//
+// A round counts when the crash did undo the ingest (the event's row is
+// gone, or written again by a later ingest): it was unflushed then, and
+// so at every sample before. Something else may flush it first (another
+// session's commit, the relay's heartbeat); such a round is tried again.
+func TestServerCrashBeforeTheIngestIsFlushed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{"wal_writer_delay": "10s"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	dbURL, err := cluster.CreateDatabase(ctx, "unflushed")
+	require.NoError(t, err)
+	pool := newPool(t, dbURL)
+	rc := newCounter(t)
+	// The receiver holds every request until released: a first attempt
+	// that ended would have its outcome written, by a commit that flushes.
+	hold := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release)
+	rc.onRecv = func(int) { <-hold }
+	// Few writes of the relay's own besides the ingest: its heartbeat
+	// each second, and the lease's renewal every 20 s.
+	streamingRelay(t, dbURL, pool, "leader_lease: 60s\nendpoints:\n  p:\n    url: "+rc.URL+"\n    timeout: 120s\n")
+
+	lsnOf := func(sql string, args ...any) (pglogrepl.LSN, error) {
+		var text string
+		if err := pool.QueryRow(ctx, sql, args...).Scan(&text); err != nil {
+			return 0, err
+		}
+		return pglogrepl.ParseLSN(text)
+	}
+	var sent []string
+	exercised := 0
+	for round := 1; round <= 8 && exercised == 0; round++ {
+		// Start just after the relay's heartbeat, whose commit flushes
+		// the WAL once a second: the event's ingest and the crash fall
+		// before the next.
+		var last time.Time
+		waitForT(t, 30*time.Second, "the relay's heartbeat", func() bool {
+			var beat time.Time
+			if pool.QueryRow(ctx, `SELECT max(heartbeat_at) FROM postbox.instances`).Scan(&beat) != nil {
+				return false
+			}
+			seen := !last.IsZero() && beat.After(last)
+			last = beat
+			return seen
+		})
+		id := outbox.NewEventID()
+		_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, 'p')`, id)
+		require.NoError(t, err)
+		sent = append(sent, id)
+		var commit pglogrepl.LSN
+		var ingestedAt time.Time
+		waitForT(t, 30*time.Second, "the event to be ingested", func() bool {
+			var text string
+			err := pool.QueryRow(ctx, `SELECT commit_lsn::text, ingested_at FROM postbox.events WHERE event_id = $1`, id).Scan(&text, &ingestedAt)
+			if err != nil {
+				return false
+			}
+			commit, err = pglogrepl.ParseLSN(text)
+			return err == nil
+		})
+		// A relay that confirmed what it ingested at once would do so
+		// within a status update (50-100 ms).
+		var confirmed pglogrepl.LSN
+		for range 15 {
+			conf, err := lsnOf(`SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE database = current_database()`)
+			require.NoError(t, err)
+			confirmed = max(confirmed, conf)
+			time.Sleep(20 * time.Millisecond)
+		}
+		require.NoError(t, cluster.Kill(pgtest.Immediate))
+		require.NoError(t, cluster.StartAgain(ctx))
+		var again time.Time
+		waitForT(t, 60*time.Second, "the event to be ingested after the crash", func() bool {
+			return pool.QueryRow(ctx, `SELECT ingested_at FROM postbox.events WHERE event_id = $1`, id).Scan(&again) == nil
+		})
+		undone := !again.Equal(ingestedAt)
+		t.Logf("round %d: event's commit at %s, slot confirmed up to %s before the crash; ingest undone by the crash: %v",
+			round, commit, confirmed, undone)
+		if undone {
+			exercised++
+			require.LessOrEqual(t, confirmed, commit,
+				"the slot was confirmed past a transaction whose ingest the server had not flushed")
+		}
+	}
+	require.Positive(t, exercised, "no round crashed the server before the ingest was flushed")
+	release()
+	res := waitAllDelivered(t, pool, sent, rc)
+	t.Logf("sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
 }

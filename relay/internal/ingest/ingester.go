@@ -77,6 +77,10 @@ type ingester struct {
 	systemID string
 	timeline int32
 
+	// gate holds the durable position back behind commits the server
+	// has not flushed.
+	gate flushGate
+
 	conn    *store.IngestConn
 	open    bool               // a database transaction is open
 	handles []*dispatch.Ingest // of the chunks written in it (their first attempts)
@@ -108,11 +112,15 @@ type keptDelivery struct {
 var _ wal.Acker = (*ingester)(nil)
 
 func newIngester(s *Supervisor, in *wal.Queue, lead store.Leadership, fail context.CancelFunc) *ingester {
-	return &ingester{s: s, in: in, drained: make(chan struct{}), fail: fail, lead: lead}
+	return &ingester{s: s, in: in, drained: make(chan struct{}), fail: fail, lead: lead,
+		gate: flushGate{durable: s.durable}}
 }
 
-func (ing *ingester) Durable() pglogrepl.LSN   { return ing.s.durable.Get() }
-func (ing *ingester) Drained() <-chan struct{} { return ing.drained }
+// Durable returns the position up to which every transaction is ingested
+// by a commit the server has flushed, given that its WAL is flushed at
+// least to flushed.
+func (ing *ingester) Durable(flushed pglogrepl.LSN) pglogrepl.LSN { return ing.gate.flushedTo(flushed) }
+func (ing *ingester) Drained() <-chan struct{}                    { return ing.drained }
 
 // run ingests until the stream closes the queue. After a failure it keeps
 // taking (and dropping) what arrives, so the stream is never blocked on a
@@ -146,6 +154,16 @@ func (ing *ingester) run(ctx context.Context) {
 		ing.finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
 	}
 	ing.keep(false)
+	if ing.gate.pending() {
+		// So the stream's final status confirms all that was ingested.
+		// Should this fail, the next session starts from the checkpoint
+		// all the same, and confirms it then.
+		if flushed, err := ing.s.env.Store.FlushWAL(ctx); err != nil {
+			ing.s.log.Debug().Err(err).Msg("could not flush the last ingest at the session's end")
+		} else {
+			ing.gate.flushedTo(flushed)
+		}
+	}
 }
 
 // linger adds to a batch of one transaction (the ingest keeps pace) what
@@ -336,11 +354,11 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	}
 	end := chunks[len(chunks)-1].EndLSN
 	if !ing.open {
-		s.durable.Advance(end) // empty transactions: nothing to write
+		ing.gate.committed(end, 0) // empty transactions: nothing to write
 		return nil
 	}
 	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
-	err := ing.conn.Commit(ctx, end, ing.queued)
+	flushBy, err := ing.conn.CommitUnflushed(ctx, end, ing.queued)
 	queued, rows, kept := ing.queued, ing.rows, len(ing.kept) > 0
 	ing.finish(err)
 	ing.keep(err == nil)
@@ -353,7 +371,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	if rows >= LargeTransactionRows {
 		s.log.Debug().Int("rows", rows).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
-	s.durable.Advance(end)
+	ing.gate.committed(end, flushBy)
 	if queued {
 		s.deps.Queued()
 	} else if kept {

@@ -376,6 +376,12 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 	if err != nil {
 		return cp, err
 	}
+	// The checkpoint may be an ingest's that the server has not flushed
+	// (the last session could not flush it at its end): a crash would
+	// undo it, and the session must not confirm it to the slot before.
+	if _, err := s.env.Store.FlushWAL(ctx); err != nil {
+		return cp, err
+	}
 	if cp.ReconcilePending {
 		// Owed by a leader that did not finish it (it died, or lost the
 		// lease): this one does.

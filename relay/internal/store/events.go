@@ -534,9 +534,28 @@ SELECT postbox.checkpoint_fenced($1, $3) WHERE NOT EXISTS (SELECT FROM saved)`
 // claimer as it commits (rows were queued). Without an open transaction it
 // stores only the checkpoint.
 func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, notify bool) error {
+	_, err := ic.commit(ctx, lsn, notify, false)
+	return err
+}
+
+// CommitUnflushed commits as Commit does, but without waiting for the
+// server to flush the commit to its WAL (synchronous_commit = off), which
+// a crash of the server (not of postbox) would then undo. It returns a WAL
+// position at or past the commit's record: once the server has flushed
+// that far, the commit is durable. It returns 0 when the commit was
+// flushed before it returned (there was no open transaction: the
+// checkpoint alone is written, and waits for its flush).
+func (ic *IngestConn) CommitUnflushed(ctx context.Context, lsn pglogrepl.LSN, notify bool) (pglogrepl.LSN, error) {
+	return ic.commit(ctx, lsn, notify, ic.inTx)
+}
+
+func (ic *IngestConn) commit(ctx context.Context, lsn pglogrepl.LSN, notify, unflushed bool) (pglogrepl.LSN, error) {
 	b := &pgx.Batch{}
 	if !ic.inTx && lsn == 0 {
-		return nil
+		return 0, nil
+	}
+	if unflushed {
+		b.Queue("SET LOCAL synchronous_commit = off")
 	}
 	if notify {
 		b.Queue(`SELECT pg_notify($1, '')`, WakeChannel)
@@ -547,19 +566,75 @@ func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, notify bool
 	if ic.inTx {
 		b.Queue("COMMIT")
 	}
-	err := ic.conn.SendBatch(ctx, b).Close()
+	if unflushed {
+		// The insert position once the commit has returned lies past its
+		// commit record.
+		b.Queue("SELECT pg_current_wal_insert_lsn()::text")
+	}
+	var flushBy pglogrepl.LSN
+	br := ic.conn.SendBatch(ctx, b)
+	var err error
+	for i := range b.Len() {
+		if unflushed && i == b.Len()-1 {
+			var text string
+			if err = br.QueryRow().Scan(&text); err == nil {
+				flushBy, err = pglogrepl.ParseLSN(text)
+			}
+			break
+		}
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil && ic.inTx {
 		// A failed statement left the transaction aborted: end it.
 		_, _ = ic.conn.Exec(context.Background(), "ROLLBACK")
 	}
 	ic.inTx = false
 	if IsFenced(err) {
-		return fmt.Errorf("commit ingest: %w", ErrFenced)
+		return 0, fmt.Errorf("commit ingest: %w", ErrFenced)
 	}
 	if err != nil {
-		return fmt.Errorf("commit ingest: %w", err)
+		return 0, fmt.Errorf("commit ingest: %w", err)
 	}
-	return nil
+	return flushBy, nil
+}
+
+// FlushWAL makes everything committed before it durable, also what was
+// committed without waiting for its flush (IngestConn.CommitUnflushed):
+// it commits a transaction of its own that waits for its WAL flush
+// whatever the server's synchronous_commit, and returns how far the
+// server's WAL is then flushed. The transaction writes the slot's
+// checkpoint row unchanged: a commit waits for its flush only when the
+// transaction wrote to the WAL before it.
+func (s *Store) FlushWAL(ctx context.Context) (pglogrepl.LSN, error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL synchronous_commit = local")
+	b.Queue("UPDATE postbox.checkpoints SET lsn = lsn WHERE slot = $1", s.Slot)
+	b.Queue("COMMIT")
+	b.Queue("SELECT pg_current_wal_flush_lsn()::text")
+	var text string
+	br := s.Pool.SendBatch(ctx, b)
+	var err error
+	for range b.Len() - 1 {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&text)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("flush the WAL: %w", err)
+	}
+	return pglogrepl.ParseLSN(text)
 }
 
 // Rollback abandons the open transaction, if any.

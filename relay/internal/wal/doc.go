@@ -13,7 +13,10 @@
 //
 // The flushed position reported to the server is the consumer's durable
 // LSN (Acker.Durable), never more, except when nothing is in progress: then
-// it follows the server's WAL end, so a quiet outbox never pins WAL.
+// it follows the server's WAL end, so a quiet outbox never pins WAL. The
+// consumer is told how far the server's WAL is flushed: the walsender
+// decodes only flushed WAL, so the WAL end in its keepalives and the
+// position of each message are flushed positions.
 // Keepalives that ask for a reply are answered at once; a status update
 // goes out at least every StatusInterval and asks the server to reply, so a
 // connection that silently stopped carrying data is noticed after
@@ -26,6 +29,10 @@
 //	                     │        events + checkpoint             the server may now
 //	                     │        in one transaction              recycle WAL below it
 //	                     │
+//	durable: committed, and flushed in the server's WAL; the ingest commits
+//	without waiting for its flush, so its commit is durable once the server
+//	reports a position past it (Acker.Durable is given the furthest)
+//
 //	crash before durable: nothing was confirmed; the next session starts from
 //	the checkpoint and the server sends the transaction again; (event_id,
 //	endpoint) is unique, so what was ingested is not ingested twice

@@ -63,8 +63,13 @@ type Chunk struct {
 
 // Acker is the consumer's side of the stream: how far everything is
 // durably ingested, and when it has finished with all it was sent.
+//
+// Durable is given how far the server's WAL is known to be flushed, for a
+// consumer whose own commits do not wait for their flush: the walsender
+// decodes only flushed WAL, so each position it reports (a keepalive's
+// WAL end, a message's position) is flushed.
 type Acker interface {
-	Durable() pglogrepl.LSN
+	Durable(flushed pglogrepl.LSN) pglogrepl.LSN
 	Drained() <-chan struct{}
 }
 
@@ -181,7 +186,7 @@ type Plan func(s Session) (start, skipBefore pglogrepl.LSN, err error)
 // where to start, starts replication, and puts each committed
 // transaction's outbox rows on out, dropping those plan says were
 // ingested already. It answers
-// keepalives, reports ack.Durable() as flushed, and, when nothing is in
+// keepalives, reports ack.Durable as flushed, and, when nothing is in
 // progress, lets the flushed position follow the server's WAL end so a
 // quiet outbox never pins WAL.
 //
@@ -239,8 +244,10 @@ type session struct {
 	cur  Chunk
 	sent time.Time // when the server sent the last XLogData message (its clock)
 
-	sentEnd    pglogrepl.LSN // end of the last transaction sent
-	serverEnd  pglogrepl.LSN // server's WAL end from the last keepalive
+	sentEnd pglogrepl.LSN // end of the last transaction sent
+	// serverEnd is the furthest position the server reported, in a
+	// keepalive's WAL end or a message's: its WAL is flushed that far.
+	serverEnd  pglogrepl.LSN
 	lastFlush  pglogrepl.LSN // last flushed position reported
 	lastStatus time.Time
 	lastRecv   time.Time
@@ -349,7 +356,7 @@ func (ss *session) nextWake() time.Time {
 // A periodic (due) update asks the server to reply, which is how a stalled
 // connection is detected.
 func (ss *session) sendStatus(force bool) error {
-	durable := ss.ack.Durable()
+	durable := ss.ack.Durable(ss.serverEnd)
 	flush := durable
 	if !ss.inTx && durable >= ss.sentEnd && ss.serverEnd > flush {
 		flush = ss.serverEnd // nothing in progress: follow the server
@@ -403,6 +410,7 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
 		ss.sent = xld.ServerTime
+		ss.serverEnd = max(ss.serverEnd, xld.WALStart)
 		return ss.logical(ctx, xld.WALData)
 	}
 	return nil

@@ -416,3 +416,50 @@ func TestSplitCountsBetweenReadings(t *testing.T) {
 
 	require.InDelta(t, 0.4, shareOver([]float64{1, 20, 50, 51, 90}, 50), 1e-9, "50 itself is not over")
 }
+
+// The costs count the WAL's flushes: each commit that waits for its flush
+// makes one (with fsync on), and commits that do not wait make few. A
+// server of its own, as the bench starts (fsync on), where nothing else
+// runs.
+func TestCostsCountTheWALFlushes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgtest.Start(ctx, pgtest.Options{Fsync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	url, err := cluster.CreateDatabase(ctx, "flushes")
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	e := &env{pool: pool, log: t.Output()}
+	_, err = pool.Exec(ctx, `CREATE TABLE probe (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+
+	// A backend reports its statistics at the latest when it exits.
+	commits := func(settings string) float64 {
+		conn, err := pgx.Connect(ctx, url)
+		require.NoError(t, err)
+		var pid int
+		_, err = conn.Exec(ctx, settings)
+		require.NoError(t, err)
+		require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+		from := meter{written: e.written(ctx)}
+		for i := range 20 {
+			_, err := conn.Exec(ctx, `INSERT INTO probe VALUES ($1) ON CONFLICT (id) DO UPDATE SET id = excluded.id`, i)
+			require.NoError(t, err)
+		}
+		require.NoError(t, conn.Close(ctx))
+		require.NoError(t, waitFor(ctx, 10*time.Second, 10*time.Millisecond, func() (bool, error) {
+			var gone bool
+			err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone)
+			return gone, err
+		}))
+		return costs(from, from, e.written(ctx), 20).WALFlushesPerEvent
+	}
+	waited := commits("SET synchronous_commit = on")
+	require.GreaterOrEqual(t, waited, 1.0, "each commit flushed")
+	unwaited := commits("SET synchronous_commit = off")
+	require.Less(t, unwaited, 0.5, "the WAL writer flushes a few commits together")
+	t.Logf("WAL flushes per commit: %.2f waiting for the flush, %.2f not", waited, unwaited)
+}

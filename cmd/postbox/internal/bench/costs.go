@@ -11,7 +11,9 @@ import (
 // and where the scenario produces while it measures, its producers too),
 // and what PostgreSQL wrote for them: rows inserted, updated or deleted in
 // postbox's tables (the outbox's inserts left out: the application's), WAL
-// records and WAL bytes (everything, the application's inserts included).
+// records and WAL bytes (everything, the application's inserts included),
+// and the WAL's flushes (fsync calls, of every process: commits that
+// waited for their flush, and the WAL writer's; none with fsync off).
 // The WAL's records are counted in the run's WAL itself (see
 // walRecordsBetween); rows come from the statistics.
 //
@@ -44,6 +46,7 @@ type Costs struct {
 	RowsPerEvent           float64 `json:"rows_written_per_event"`
 	WALRecordsPerEvent     float64 `json:"wal_records_per_event"`
 	WALPerEvent            float64 `json:"wal_bytes_per_event"`
+	WALFlushesPerEvent     float64 `json:"wal_flushes_per_event"`
 }
 
 // meter is a reading of the counters Costs are the differences of.
@@ -62,6 +65,7 @@ type meter struct {
 type written struct {
 	rows       int64 // of postbox's tables, the outbox's inserts left out
 	walRecords int64
+	walSyncs   int64 // the WAL's fsync calls
 }
 
 // read takes the counters now. The relay must be running (its CPU time is
@@ -80,14 +84,15 @@ func (e *env) read(ctx context.Context) meter {
 }
 
 // written is the rows postbox's tables have had inserted, updated and
-// deleted, the outbox's inserts left out, and the WAL records written.
+// deleted, the outbox's inserts left out, and the WAL records written and
+// flushes made.
 // Backends report both at the end of a busy second or when they exit.
 func (e *env) written(ctx context.Context) written {
 	var w written
 	_ = e.pool.QueryRow(ctx, `
 		SELECT (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del - CASE WHEN relname = 'outbox' THEN n_tup_ins ELSE 0 END), 0)::int8
 		        FROM pg_stat_user_tables WHERE schemaname = 'postbox'),
-		       (SELECT wal_records FROM pg_stat_wal)`).Scan(&w.rows, &w.walRecords)
+		       (SELECT wal_records FROM pg_stat_wal), (SELECT wal_sync FROM pg_stat_wal)`).Scan(&w.rows, &w.walRecords, &w.walSyncs)
 	return w
 }
 
@@ -151,6 +156,7 @@ func costs(from, to meter, w written, events int) *Costs {
 		RowsPerEvent:           float64(w.rows-from.written.rows) / float64(events),
 		WALRecordsPerEvent:     float64(w.walRecords-from.written.walRecords) / float64(events),
 		WALPerEvent:            float64(to.wal-from.wal) / float64(events),
+		WALFlushesPerEvent:     float64(w.walSyncs-from.written.walSyncs) / float64(events),
 	}
 }
 

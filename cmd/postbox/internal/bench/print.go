@@ -124,8 +124,8 @@ func (c *Costs) print(w io.Writer) {
 	if c == nil {
 		return
 	}
-	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL (%.0f of it walsender), %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.1f WAL records, %.0f WAL bytes\n",
-		c.PostgresCPUms, c.WalsenderCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALRecordsPerEvent, c.WALPerEvent)
+	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL (%.0f of it walsender), %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.1f WAL records, %.0f WAL bytes, %.2f WAL flushes\n",
+		c.PostgresCPUms, c.WalsenderCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALRecordsPerEvent, c.WALPerEvent, c.WALFlushesPerEvent)
 	if c.WalsenderWaitms == 0 && c.RelayWaitms == 0 {
 		return // not read: a given database's walsender, no relay
 	}

@@ -372,12 +372,7 @@ func TestCostsCountTheRunsOwnWALRecords(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO probe SELECT generate_series(1, 10)`)
 	require.NoError(t, err)
 	// The earlier backend exits during the run, and reports.
-	require.NoError(t, before.Close(ctx))
-	require.NoError(t, waitFor(ctx, 10*time.Second, 10*time.Millisecond, func() (bool, error) {
-		var gone bool
-		err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone)
-		return gone, err
-	}))
+	closeAndWaitGone(t, pool, before, pid)
 	to := read()
 
 	byStats := float64(e.written(ctx).walRecords-from.written.walRecords) / 10
@@ -449,12 +444,7 @@ func TestCostsCountTheWALFlushes(t *testing.T) {
 			_, err := conn.Exec(ctx, `INSERT INTO probe VALUES ($1) ON CONFLICT (id) DO UPDATE SET id = excluded.id`, i)
 			require.NoError(t, err)
 		}
-		require.NoError(t, conn.Close(ctx))
-		require.NoError(t, waitFor(ctx, 10*time.Second, 10*time.Millisecond, func() (bool, error) {
-			var gone bool
-			err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone)
-			return gone, err
-		}))
+		closeAndWaitGone(t, pool, conn, pid)
 		return costs(from, from, e.written(ctx), 20).WALFlushesPerEvent
 	}
 	waited := commits("SET synchronous_commit = on")
@@ -462,4 +452,17 @@ func TestCostsCountTheWALFlushes(t *testing.T) {
 	unwaited := commits("SET synchronous_commit = off")
 	require.Less(t, unwaited, 0.5, "the WAL writer flushes a few commits together")
 	t.Logf("WAL flushes per commit: %.2f waiting for the flush, %.2f not", waited, unwaited)
+}
+
+// closeAndWaitGone closes conn and waits until its backend, pid, has
+// exited: it has then reported its statistics.
+func closeAndWaitGone(t *testing.T, pool *pgxpool.Pool, conn *pgx.Conn, pid int) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, conn.Close(ctx))
+	require.NoError(t, waitFor(ctx, 10*time.Second, 10*time.Millisecond, func() (bool, error) {
+		var gone bool
+		err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone)
+		return gone, err
+	}))
 }

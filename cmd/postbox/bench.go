@@ -20,6 +20,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.Rate, "rate", 0, fmt.Sprintf("latency, chaos, soak: events per second (default %d, chaos %d)", bench.RateDefault, bench.ChaosRateDefault))
 	fs.IntVar(&o.Endpoints, "endpoints", bench.EndpointsDefault, "number of endpoints")
 	fs.DurationVar(&o.Duration, "duration", bench.DurationDefault, "latency, load, chaos, soak: how long to produce")
+	fs.DurationVar(&o.Warmup, "warmup", bench.WarmupDefault, "latency, hanging, floor: how long to produce before measuring (negative: no warm-up)")
 	fs.IntVar(&o.Backlog, "backlog", bench.BacklogDefault, "catchup: events queued while the relay is down")
 	fs.IntVar(&o.Producers, "producers", bench.ProducersDefault, "load: concurrent producers inserting as fast as they can")
 	fs.Uint64Var(&o.Seed, "seed", 0, "chaos: seed of the faults and their moments (default random, printed)")

@@ -26,6 +26,9 @@ const (
 	RateDefault      = 200
 	EndpointsDefault = 10
 	DurationDefault  = 20 * time.Second
+	// WarmupDefault is how long the latency scenarios produce before they
+	// measure (Options.Warmup).
+	WarmupDefault    = 2 * time.Second
 	BacklogDefault   = 100000
 	ProducersDefault = 8
 )
@@ -57,6 +60,10 @@ type Options struct {
 	Endpoints int
 	// Duration is how long the latency and load scenarios produce.
 	Duration time.Duration
+	// Warmup is how long the latency scenarios (latency, hanging, floor)
+	// produce at their rate before they measure; negative for none. See
+	// env.warmUp.
+	Warmup time.Duration
 	// Backlog is the number of events the catchup scenario queues while
 	// the relay is down.
 	Backlog int
@@ -100,6 +107,7 @@ func (o Options) WithDefaults() Options {
 	o.Rate = cmp.Or(o.Rate, RateDefault)
 	o.Endpoints = cmp.Or(o.Endpoints, EndpointsDefault)
 	o.Duration = cmp.Or(o.Duration, DurationDefault)
+	o.Warmup = cmp.Or(o.Warmup, WarmupDefault)
 	o.Backlog = cmp.Or(o.Backlog, BacklogDefault)
 	o.Producers = cmp.Or(o.Producers, ProducersDefault)
 	o.Relays = cmp.Or(o.Relays, ChaosRelays)
@@ -223,7 +231,11 @@ type LatencyResult struct {
 	P90ms          float64 `json:"p90_ms"`
 	P99ms          float64 `json:"p99_ms"`
 	Maxms          float64 `json:"max_ms"`
-	RSSMB          float64 `json:"relay_peak_rss_mb"`
+	// The warm-up before the measured run (env.warmUp): its events are
+	// in no other figure but Lost, Dups and BadSignatures.
+	WarmupSeconds float64 `json:"warmup_s"`
+	WarmupSent    int     `json:"warmup_sent"`
+	RSSMB         float64 `json:"relay_peak_rss_mb"`
 	// Costs are from the first insert until the last arrival.
 	Costs *Costs `json:"costs,omitempty"`
 	Split *Split `json:"split,omitempty"`

@@ -120,6 +120,7 @@ func TestOptions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"latency", "catchup"}, names)
 	require.Equal(t, RateDefault, o.Rate)
+	require.Equal(t, WarmupDefault, o.Warmup)
 
 	_, err = Options{Scenarios: "latency,nope"}.WithDefaults().validate()
 	require.ErrorContains(t, err, `"nope"`)
@@ -142,6 +143,7 @@ func TestRun(t *testing.T) {
 		Rate:        50,
 		Endpoints:   3,
 		Duration:    2 * time.Second,
+		Warmup:      time.Second,
 		Backlog:     300,
 		RelayBinary: buildPostbox(t),
 		DatabaseURL: pgtest.NewDatabase(t),
@@ -153,6 +155,13 @@ func TestRun(t *testing.T) {
 
 	requireEachOnce(t, "latency", res.Latency)
 	requireEachOnce(t, "floor", res.Floor)
+	// The warm-up's events are delivered and checked, and measured in no
+	// other figure: 50 of them, then the run's 100.
+	for _, l := range []*LatencyResult{res.Latency, res.Floor} {
+		require.Equal(t, 50, l.WarmupSent)
+		require.Equal(t, 100, l.Sent)
+		require.LessOrEqual(t, l.Split.Streamed, l.Sent)
+	}
 	// The relay's histograms were read: its ingest observed the rows it
 	// streamed (the last ones may be observed after they arrived).
 	sp := res.Latency.Split

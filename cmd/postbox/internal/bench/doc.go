@@ -14,7 +14,10 @@
 //     each event its own single-row transaction, spread over
 //     Options.Endpoints endpoints. Measures commit → first arrival at the
 //     receiver (p50, p90, p99, max), from postbox.events.committed_at, once
-//     the relay has caught up with the WAL.
+//     the relay has caught up with the WAL and after a warm-up: the same
+//     stream for Options.Warmup, whose events are checked for loss but
+//     not measured (env.warmUp). The floor and hanging scenarios warm up
+//     the same way.
 //   - floor: the latency scenario without postbox. A bare logical
 //     replication client in the bench process sends each row to the
 //     receiver, signed, as soon as its transaction's Commit arrives: no

@@ -51,12 +51,14 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 	defer func() {
 		_, _ = e.pool.Exec(context.WithoutCancel(ctx), `DROP PUBLICATION `+floorPublication+`; DROP TABLE `+floorTable)
 	}()
-	led := e.recv.reset()
 	var fw *forwarder
 	fw, err = startForwarder(ctx, e.dbURL, e.slot+"_floor", e.recv.URL, e.secret)
 	if err != nil {
 		return nil, fmt.Errorf("start the bare logical client: %w", err)
 	}
+	warm := e.warmUp(ctx, o, floorTable, false)
+	fw.forgetTimings()
+	led := e.recv.reset()
 	fmt.Fprintf(e.log, "bench: floor, %d events/s over %d endpoints for %s, no relay: a bare logical client forwards each row\n", o.Rate, o.Endpoints, o.Duration)
 	from := e.read(ctx)
 	e.pace(ctx, o, floorTable, led, false)
@@ -77,6 +79,7 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		Costs: e.costs(ctx, from, to, t.sent), Split: fw.split(),
 	}
+	warm.add(res)
 	// Then the disk under the cluster alone, at the same pace, for as many
 	// flushes as there were commits (10 s of them at most).
 	if e.cluster != nil && !e.cluster.External() {
@@ -188,6 +191,14 @@ func (fw *forwarder) split() *Split {
 		SentOver50ms:         shareOver(fw.toSend, 50),
 		StreamToAttemptP50ms: quantile(fw.toPost, 0.50), StreamToAttemptP99ms: quantile(fw.toPost, 0.99),
 	}
+}
+
+// forgetTimings drops the timings taken so far (a warm-up's) from the
+// split.
+func (fw *forwarder) forgetTimings() {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	fw.toSend, fw.toStream, fw.toPost = fw.toSend[:0], fw.toStream[:0], fw.toPost[:0]
 }
 
 // ms is d in milliseconds.

@@ -26,7 +26,7 @@ func (r *Result) Print(w io.Writer) {
 		case l.Hanging:
 			fmt.Fprintf(w, "\ncommit → receiver latency of the %d healthy endpoints at %d events/s, one of %d endpoints hanging:\n", l.Endpoints-1, l.Rate, l.Endpoints)
 		default:
-			fmt.Fprintf(w, "\ncommit → receiver latency at %d events/s over %d endpoints:\n", l.Rate, l.Endpoints)
+			fmt.Fprintf(w, "\ncommit → receiver latency at %d events/s over %d endpoints%s:\n", l.Rate, l.Endpoints, l.warmedUp())
 		}
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
@@ -34,7 +34,7 @@ func (r *Result) Print(w io.Writer) {
 		l.Costs.print(w)
 	}
 	if l := r.Floor; l != nil {
-		fmt.Fprintf(w, "\nthe floor: commit → receiver latency at %d events/s over %d endpoints with no relay, a bare logical client forwarding each row at its Commit:\n", l.Rate, l.Endpoints)
+		fmt.Fprintf(w, "\nthe floor: commit → receiver latency at %d events/s over %d endpoints with no relay, a bare logical client forwarding each row at its Commit%s:\n", l.Rate, l.Endpoints, l.warmedUp())
 		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
 		l.Split.printExact(w)
@@ -131,4 +131,12 @@ func (c *Costs) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms (%.0f µs a turn), relay %.0f ms (%.0f µs a turn, its threads together)\n",
 		c.WalsenderWaitms, c.WalsenderWaitPerTurnus, c.RelayWaitms, c.RelayWaitPerTurnus)
+}
+
+// warmedUp says, for a latency heading, what warm-up came before the run.
+func (l *LatencyResult) warmedUp() string {
+	if l.WarmupSent == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (after a %.0f s warm-up at that rate: %d events, in no figure but lost, duplicates and bad signatures)", l.WarmupSeconds, l.WarmupSent)
 }

@@ -155,6 +155,13 @@ func TestRun(t *testing.T) {
 
 	requireEachOnce(t, "latency", res.Latency)
 	requireEachOnce(t, "floor", res.Floor)
+	// Each scenario leaves the tables empty for the next.
+	pool, err := pgxpool.New(ctx, opts.DatabaseURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM postbox.events) + (SELECT count(*) FROM postbox.deliveries) + (SELECT count(*) FROM postbox.outbox)`).Scan(&left))
+	require.Zero(t, left, "rows left after the last scenario")
 	// The warm-up's events are delivered and checked, and measured in no
 	// other figure: 50 of them, then the run's 100.
 	for _, l := range []*LatencyResult{res.Latency, res.Floor} {

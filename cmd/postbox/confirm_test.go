@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -224,20 +225,23 @@ func (s *confirmSampler) finish() {
 
 // TestServerCrashBeforeTheIngestIsFlushed crashes PostgreSQL while an
 // ingest has committed but its commit is not yet in the server's flushed
-// WAL: the ingest commits without waiting for its flush, and the WAL
-// writer is made slow (wal_writer_delay = 10 s) so that nothing flushes it
-// for a while. The slot must not be confirmed past the event's
-// transaction meanwhile; the crash undoes the ingest, and the event comes
-// through the stream again and is delivered.
+// WAL: the ingest commits without waiting for its flush. The server's own
+// commits do not wait either (synchronous_commit = off, which the relay
+// must be safe on), and its WAL writer flushes only every 10 s: nothing
+// but the test's own insert, which waits, and the relay's flush at the
+// start of a session flush the WAL in between. The slot must not be
+// confirmed past the event's transaction meanwhile; the crash undoes the
+// ingest, and the event comes through the stream again and is delivered.
 //
 // A round counts when the crash did undo the ingest (the event's row is
 // gone, or written again by a later ingest): it was unflushed then, and
-// so at every sample before. Something else may flush it first (another
-// session's commit, the relay's heartbeat); such a round is tried again.
+// so at every sample before. The WAL writer may have written it (not
+// flushed: a crash of the server alone keeps what was written) or flushed
+// it first; such a round is tried again.
 func TestServerCrashBeforeTheIngestIsFlushed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cluster, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{"wal_writer_delay": "10s"}})
+	cluster, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{"wal_writer_delay": "10s", "synchronous_commit": "off"}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cluster.Stop() })
 	dbURL, err := cluster.CreateDatabase(ctx, "unflushed")
@@ -251,8 +255,6 @@ func TestServerCrashBeforeTheIngestIsFlushed(t *testing.T) {
 	release := func() { once.Do(func() { close(hold) }) }
 	t.Cleanup(release)
 	rc.onRecv = func(int) { <-hold }
-	// Few writes of the relay's own besides the ingest: its heartbeat
-	// each second, and the lease's renewal every 20 s.
 	streamingRelay(t, dbURL, pool, "leader_lease: 60s\nendpoints:\n  p:\n    url: "+rc.URL+"\n    timeout: 120s\n")
 
 	lsnOf := func(sql string, args ...any) (pglogrepl.LSN, error) {
@@ -265,22 +267,32 @@ func TestServerCrashBeforeTheIngestIsFlushed(t *testing.T) {
 	var sent []string
 	exercised := 0
 	for round := 1; round <= 8 && exercised == 0; round++ {
-		// Start just after the relay's heartbeat, whose commit flushes
-		// the WAL once a second: the event's ingest and the crash fall
-		// before the next.
-		var last time.Time
-		waitForT(t, 30*time.Second, "the relay's heartbeat", func() bool {
-			var beat time.Time
-			if pool.QueryRow(ctx, `SELECT max(heartbeat_at) FROM postbox.instances`).Scan(&beat) != nil {
+		// Start just after the WAL writer's turn, which flushes what
+		// the commits before left: the next comes 10 s later. (The
+		// pool may hold connections the last crash broke: each fails
+		// once.)
+		var tick pglogrepl.LSN
+		waitForT(t, 60*time.Second, "the WAL writer's turn", func() bool {
+			if tick == 0 {
+				if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS tick (at timestamptz); INSERT INTO tick VALUES (now())`); err != nil {
+					return false
+				}
+				tick, _ = lsnOf(`SELECT pg_current_wal_insert_lsn()::text`)
 				return false
 			}
-			seen := !last.IsZero() && beat.After(last)
-			last = beat
-			return seen
+			flushed, err := lsnOf(`SELECT pg_current_wal_flush_lsn()::text`)
+			return err == nil && flushed >= tick
 		})
 		id := outbox.NewEventID()
-		_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, 'p')`, id)
-		require.NoError(t, err)
+		// The event's commit waits for its flush, or the walsender
+		// would not see it before the WAL writer's next turn.
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO postbox.outbox (event_id, endpoint) VALUES ($1, 'p')`, id)
+			return err
+		}))
 		sent = append(sent, id)
 		var commit pglogrepl.LSN
 		var ingestedAt time.Time

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +56,10 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 		return nil, err
 	}
 	warm := e.warmUp(ctx, o, "postbox.outbox", hanging)
+	// The relay counts a row in its histograms as it ingests it, which
+	// can be after the row's delivery: none of the warm-up's may fall in
+	// the run's split.
+	e.waitIngested(ctx, warm.ids)
 	led := e.recv.reset()
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
 	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
@@ -86,6 +92,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 type warmup struct {
 	seconds                     float64
 	sent, lost, dups, signature int
+	ids                         []string // of the events delivered
 }
 
 // warmUp produces at the scenario's rate for o.Warmup before it measures,
@@ -107,7 +114,21 @@ func (e *env) warmUp(ctx context.Context, o Options, table string, hanging bool)
 	e.pace(ctx, w, table, led, hanging)
 	_ = waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	t := led.tally()
-	return warmup{seconds: o.Warmup.Seconds(), sent: t.sent, lost: t.lost, dups: t.dups, signature: e.recv.scenarioBad()}
+	return warmup{seconds: o.Warmup.Seconds(), sent: t.sent, lost: t.lost, dups: t.dups, signature: e.recv.scenarioBad(),
+		ids: slices.Collect(maps.Keys(t.first))}
+}
+
+// waitIngested waits (up to 10 s) until the relay has ingested the events
+// ids.
+func (e *env) waitIngested(ctx context.Context, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	_ = waitFor(ctx, 10*time.Second, 20*time.Millisecond, func() (bool, error) {
+		var n int
+		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events WHERE event_id = ANY($1::uuid[])`, ids).Scan(&n)
+		return n == len(ids), err
+	})
 }
 
 // add counts the warm-up into a result.

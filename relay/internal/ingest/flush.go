@@ -13,14 +13,15 @@ import (
 //
 // The ingest commits without waiting for that flush
 // (store.IngestConn.CommitUnflushed): a producer's commit that arrives
-// during the relay's flush waits for it, and the relay's commits, about one
-// for every eight events at 200 events/s, lengthened the tail of every
-// delivery's latency. A commit not yet flushed is visible, so its
-// deliveries go ahead, but a crash of the server would undo it; so the
-// stream may confirm the transactions it ingested to the slot only once
-// the server's WAL is flushed past the commit. How far that is, the
-// stream learns for nothing: the walsender decodes only flushed WAL, so
-// every position it reports is flushed (wal.Acker).
+// during the relay's flush waits for it, and at 200 events/s the ingest's
+// commits were about one in twenty of the WAL's flushes. A commit not yet
+// flushed is visible, so its deliveries go ahead, but a crash of the
+// server would undo it; so the stream may confirm the transactions it
+// ingested to the slot only once the server's WAL is flushed past the
+// commit. How far that is, the stream learns for nothing: the walsender
+// decodes only flushed WAL, so every position it reports is flushed
+// (wal.Acker). On a server whose own synchronous_commit is off, this is
+// what keeps the slot from being confirmed past an ingest a crash undoes.
 type flushGate struct {
 	durable *watermark.Watermark[pglogrepl.LSN]
 

@@ -542,11 +542,11 @@ func (ic *IngestConn) Commit(ctx context.Context, lsn pglogrepl.LSN, notify bool
 // server to flush the commit to its WAL (synchronous_commit = off), which
 // a crash of the server (not of postbox) would then undo. It returns a WAL
 // position at or past the commit's record: once the server has flushed
-// that far, the commit is durable. It returns 0 when the commit was
-// flushed before it returned (there was no open transaction: the
-// checkpoint alone is written, and waits for its flush).
+// that far, the commit is durable. (That holds as well for the checkpoint
+// alone, written without an open transaction, which follows the server's
+// synchronous_commit.) It returns 0 when there was nothing to write.
 func (ic *IngestConn) CommitUnflushed(ctx context.Context, lsn pglogrepl.LSN, notify bool) (pglogrepl.LSN, error) {
-	return ic.commit(ctx, lsn, notify, ic.inTx)
+	return ic.commit(ctx, lsn, notify, true)
 }
 
 func (ic *IngestConn) commit(ctx context.Context, lsn pglogrepl.LSN, notify, unflushed bool) (pglogrepl.LSN, error) {
@@ -554,7 +554,7 @@ func (ic *IngestConn) commit(ctx context.Context, lsn pglogrepl.LSN, notify, unf
 	if !ic.inTx && lsn == 0 {
 		return 0, nil
 	}
-	if unflushed {
+	if unflushed && ic.inTx {
 		b.Queue("SET LOCAL synchronous_commit = off")
 	}
 	if notify {

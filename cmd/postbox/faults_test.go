@@ -900,10 +900,24 @@ func TestDoctor(t *testing.T) {
 	require.Contains(t, out, "WARN  max_slot_wal_keep_size")
 	require.Contains(t, out, "clock_skew")
 	require.Contains(t, out, "outbox_mode")
+	require.Contains(t, out, "OK    synchronous_commit")
 
+	// A database whose commits do not wait for their flush: the relay's
+	// records could be undone by a crash of the server.
 	ctx := context.Background()
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db))
+	_, err := pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET synchronous_commit = off`)
+	require.NoError(t, err)
+	code, out, errOut = postbox(t, "doctor", "--config", cfg)
+	require.Equal(t, exitOK, code, out+errOut)
+	require.Contains(t, out, "WARN  synchronous_commit")
+	require.Contains(t, out, "SET synchronous_commit = on")
+	_, err = pool.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` RESET synchronous_commit`)
+	require.NoError(t, err)
+
 	role := pgtest.UniqueName("norepl")
-	_, err := pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
+	_, err = pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP ROLE `+role) })
 	u, err := url.Parse(dbURL)

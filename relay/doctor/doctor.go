@@ -54,9 +54,10 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		       current_user,
 		       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
 		       clock_timestamp(),
-		       to_regclass($1) IS NOT NULL`, cfg.Table.String()).
+		       to_regclass($1) IS NOT NULL,
+		       current_setting('synchronous_commit'), current_database()`, cfg.Table.String()).
 		Scan(&s.versionNum, &s.version, &s.walLevel, &s.maxSlots, &s.slotsUsed, &s.maxSenders, &s.sendersUsed,
-			&s.keepSize, &s.senderTimeout, &s.role, &s.canReplicate, &s.dbNow, &s.tableExists)
+			&s.keepSize, &s.senderTimeout, &s.role, &s.canReplicate, &s.dbNow, &s.tableExists, &s.syncCommit, &s.database)
 	if err != nil {
 		return nil, fmt.Errorf("doctor: %w", err)
 	}
@@ -121,6 +122,17 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		add("wal_sender_timeout", OK, timeout.String(), "")
 	}
 
+	// As postbox's sessions have it (the server's, the database's or the
+	// role's setting). Its ingest does not rely on it (the slot is
+	// confirmed only past what the server has flushed), its other writes do.
+	if s.syncCommit == "off" {
+		add("synchronous_commit", Warn, "off: a crash of PostgreSQL can undo commits that had returned, postbox's records of attempts and results among them (its ingest and the slot's position stay safe)",
+			fmt.Sprintf("ALTER DATABASE %s SET synchronous_commit = on (or ALTER ROLE %s SET synchronous_commit = on)",
+				pgx.Identifier{s.database}.Sanitize(), pgx.Identifier{s.role}.Sanitize()))
+	} else {
+		add("synchronous_commit", OK, s.syncCommit, "")
+	}
+
 	if !s.tableExists {
 		add("outbox_table", Warn, cfg.Table.String()+" does not exist", "postbox migrate (or postbox run) creates it; or apply outbox/schema.sql")
 	} else {
@@ -162,7 +174,7 @@ type settings struct {
 	versionNum                                   int
 	version, walLevel, keepSize, senderTimeout   string
 	maxSlots, slotsUsed, maxSenders, sendersUsed int
-	role                                         string
+	role, syncCommit, database                   string
 	canReplicate, tableExists                    bool
 	dbNow                                        time.Time
 }

@@ -574,17 +574,8 @@ func (ic *IngestConn) commit(ctx context.Context, lsn pglogrepl.LSN, notify, unf
 	var flushBy pglogrepl.LSN
 	br := ic.conn.SendBatch(ctx, b)
 	var err error
-	for i := range b.Len() {
-		if unflushed && i == b.Len()-1 {
-			var text string
-			if err = br.QueryRow().Scan(&text); err == nil {
-				flushBy, err = pglogrepl.ParseLSN(text)
-			}
-			break
-		}
-		if _, err = br.Exec(); err != nil {
-			break
-		}
+	if unflushed {
+		flushBy, err = lastLSN(br, b.Len())
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -617,22 +608,28 @@ func (s *Store) FlushWAL(ctx context.Context) (pglogrepl.LSN, error) {
 	b.Queue("UPDATE postbox.checkpoints SET lsn = lsn WHERE slot = $1", s.Slot)
 	b.Queue("COMMIT")
 	b.Queue("SELECT pg_current_wal_flush_lsn()::text")
-	var text string
 	br := s.Pool.SendBatch(ctx, b)
-	var err error
-	for range b.Len() - 1 {
-		if _, err = br.Exec(); err != nil {
-			break
-		}
-	}
-	if err == nil {
-		err = br.QueryRow().Scan(&text)
-	}
+	flushed, err := lastLSN(br, b.Len())
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return 0, fmt.Errorf("flush the WAL: %w", err)
+	}
+	return flushed, nil
+}
+
+// lastLSN reads the results of a batch of n statements whose last returns
+// a WAL position as text, and returns that position.
+func lastLSN(br pgx.BatchResults, n int) (pglogrepl.LSN, error) {
+	for range n - 1 {
+		if _, err := br.Exec(); err != nil {
+			return 0, err
+		}
+	}
+	var text string
+	if err := br.QueryRow().Scan(&text); err != nil {
+		return 0, err
 	}
 	return pglogrepl.ParseLSN(text)
 }

@@ -241,12 +241,7 @@ func (s *confirmSampler) finish() {
 func TestServerCrashBeforeTheIngestIsFlushed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cluster, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{"wal_writer_delay": "10s", "synchronous_commit": "off"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cluster.Stop() })
-	dbURL, err := cluster.CreateDatabase(ctx, "unflushed")
-	require.NoError(t, err)
-	pool := newPool(t, dbURL)
+	cluster, dbURL, pool := ownServer(t, map[string]string{"wal_writer_delay": "10s", "synchronous_commit": "off"}, "unflushed")
 	rc := newCounter(t)
 	// The receiver holds every request until released: a first attempt
 	// that ended would have its outcome written, by a commit that flushes.

@@ -266,18 +266,27 @@ func TestStreamerKilledStandbyTakesOver(t *testing.T) {
 	require.Less(t, takeover, takeoverWithin(leaderLease), "the standby takes over within the leader lease and the stated margin, not after wal_sender_timeout")
 }
 
+// ownServer starts a PostgreSQL server of the test's own with settings,
+// stopped at cleanup, and returns it with a database named after prefix
+// and a pool on it.
+func ownServer(t *testing.T, settings map[string]string, prefix string) (*pgtest.Cluster, string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	cluster, err := pgtest.Start(ctx, pgtest.Options{Settings: settings})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	dbURL, err := cluster.CreateDatabase(ctx, prefix)
+	require.NoError(t, err)
+	return cluster, dbURL, newPool(t, dbURL)
+}
+
 // TestPostgresRestart restarts PostgreSQL mid-stream, fast and then
 // immediate (a crash), with two instances running: both reconnect with
 // backoff and nothing committed is lost.
 func TestPostgresRestart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cluster, err := pgtest.Start(ctx, pgtest.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cluster.Stop() })
-	dbURL, err := cluster.CreateDatabase(ctx, "restart")
-	require.NoError(t, err)
-	pool := newPool(t, dbURL)
+	cluster, dbURL, pool := ownServer(t, nil, "restart")
 	rc := newCounter(t)
 	a, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	b := startPostbox(t, nil, "run", "--config", cfg)
@@ -334,12 +343,7 @@ func TestSlotDroppedByAnOperator(t *testing.T) {
 func TestSlotInvalidated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cluster, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{"max_slot_wal_keep_size": "1MB", "max_wal_size": "32MB", "min_wal_size": "32MB"}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cluster.Stop() })
-	dbURL, err := cluster.CreateDatabase(ctx, "invalidated")
-	require.NoError(t, err)
-	pool := newPool(t, dbURL)
+	_, dbURL, pool := ownServer(t, map[string]string{"max_slot_wal_keep_size": "1MB", "max_wal_size": "32MB", "min_wal_size": "32MB"}, "invalidated")
 	rc := newCounter(t)
 	first, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    url: "+rc.URL+"\n")
 	var sent []string

@@ -373,7 +373,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		return nil, errors.New("chaos restarts PostgreSQL: it needs its own server, not a given database")
 	}
 	log := &syncWriter{w: progress}
-	env := &env{log: log, relayBinary: opts.RelayBinary, slot: "postbox"}
+	env := &env{log: log, relayBinary: opts.RelayBinary, slot: "postbox", watch: watchHost()}
+	defer env.watch.stopWatch()
 	if opts.DatabaseURL != "" {
 		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")
 	} else {

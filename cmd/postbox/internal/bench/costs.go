@@ -47,10 +47,15 @@ type Costs struct {
 	WALRecordsPerEvent     float64 `json:"wal_records_per_event"`
 	WALPerEvent            float64 `json:"wal_bytes_per_event"`
 	WALFlushesPerEvent     float64 `json:"wal_flushes_per_event"`
+	// HostPauses is no cost of the events but the machine's own: the
+	// times it stood still during the run (see hostWatch), which every
+	// event committed just before waited out. Nil where not watched.
+	HostPauses *HostPauses `json:"host_pauses,omitempty"`
 }
 
 // meter is a reading of the counters Costs are the differences of.
 type meter struct {
+	at            time.Time
 	pg, walsender float64 // CPU seconds: all of PostgreSQL, its walsenders
 	relay, bench  float64
 	// Waits for a CPU: of each walsender alive (by PID), and of each of
@@ -72,7 +77,7 @@ type written struct {
 // read from /proc). Rows come from the statistics, which a backend reports
 // at the end of a busy second or when it exits: see settle.
 func (e *env) read(ctx context.Context) meter {
-	m := meter{bench: selfCPU()}
+	m := meter{at: time.Now(), bench: selfCPU()}
 	m.pg, m.walsender, m.walsenderSched = e.postgresCPU()
 	if e.relay != nil && e.relay.Process != nil {
 		m.relay = procCPU(e.relay.Process.Pid)
@@ -116,7 +121,9 @@ func (e *env) costs(ctx context.Context, from, to meter, events int) *Costs {
 	if n, ok := e.walRecordsBetween(ctx, from.wal, to.wal); ok {
 		w.walRecords = from.written.walRecords + n
 	}
-	return costs(from, to, w, events)
+	c := costs(from, to, w, events)
+	c.HostPauses = e.watch.between(from.at, to.at)
+	return c
 }
 
 // walRecordsBetween counts the WAL records between the LSNs from and to

@@ -52,6 +52,9 @@
 // The floor splits its own the same way, from its exact timings: each
 // transaction's commit, the server's send of its Commit message (the time
 // in the message's header) and its receipt, and each row's request.
+// Every scenario with costs also says how often the machine itself stood
+// still for 40 ms or more meanwhile (hostWatch): a VM its host throttles
+// stops as a whole, and every event committed just before waits it out.
 //   - chaos: ChaosRelays relays against one PostgreSQL (always the bench's
 //     own: it is restarted) under a paced stream (Options.Rate, default
 //     ChaosRateDefault, events/s for Options.Duration) over

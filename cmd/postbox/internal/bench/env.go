@@ -36,6 +36,7 @@ type env struct {
 	relay       *exec.Cmd
 	done        chan struct{}
 	log         io.Writer
+	watch       *hostWatch // the machine's pauses, while the bench runs
 }
 
 // config is the relay's configuration file: the bench's endpoints on the

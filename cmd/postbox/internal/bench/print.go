@@ -126,11 +126,18 @@ func (c *Costs) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL (%.0f of it walsender), %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.1f WAL records, %.0f WAL bytes, %.2f WAL flushes\n",
 		c.PostgresCPUms, c.WalsenderCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALRecordsPerEvent, c.WALPerEvent, c.WALFlushesPerEvent)
-	if c.WalsenderWaitms == 0 && c.RelayWaitms == 0 {
-		return // not read: a given database's walsender, no relay
+	if c.WalsenderWaitms != 0 || c.RelayWaitms != 0 { // else not read: a given database's walsender, no relay
+		fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms (%.0f µs a turn), relay %.0f ms (%.0f µs a turn, its threads together)\n",
+			c.WalsenderWaitms, c.WalsenderWaitPerTurnus, c.RelayWaitms, c.RelayWaitPerTurnus)
 	}
-	fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms (%.0f µs a turn), relay %.0f ms (%.0f µs a turn, its threads together)\n",
-		c.WalsenderWaitms, c.WalsenderWaitPerTurnus, c.RelayWaitms, c.RelayWaitPerTurnus)
+	switch p := c.HostPauses; {
+	case p == nil:
+	case p.Count == 0:
+		fmt.Fprintln(w, "  the machine never stood still for 40 ms or more")
+	default:
+		fmt.Fprintf(w, "  the machine stood still %d times for 40 ms or more, longest %.0f ms, %.0f ms in all (the bench's watch thread neither asleep nor waiting for a CPU, as when a host throttles its VM)\n",
+			p.Count, p.LongestMS, p.TotalMS)
+	}
 }
 
 // warmedUp says, for a latency heading, what warm-up came before the run.

@@ -35,9 +35,10 @@ func TestHostWatchChild(t *testing.T) {
 // TestHostWatchSeesTheMachineStandStill stops a process with SIGSTOP, as
 // a throttled VM's host stops its vCPUs: none of its threads runs or
 // waits for a CPU meanwhile. Its watch must count that stop as a pause
-// about as long. (The machine itself may stand still meanwhile too, when
-// the tests around keep both CPUs busy on a throttled VM: those pauses,
-// about 100 ms, are not counted against it.)
+// at least about as long. The machine itself may stand still too, when
+// the tests around keep both CPUs busy on a throttled VM: such a pause,
+// about 100 ms, adds to the stop when it falls just before or after it,
+// and counts on its own elsewhere; none comes near the stop's length.
 func TestHostWatchSeesTheMachineStandStill(t *testing.T) {
 	if _, err := os.Stat("/proc/thread-self/schedstat"); err != nil {
 		t.Skip("no scheduler statistics per thread here")
@@ -73,8 +74,11 @@ func TestHostWatchSeesTheMachineStandStill(t *testing.T) {
 	require.NotNil(t, got, "the child printed its pauses")
 	t.Logf("stopped for %s: %+v", stopped, *got)
 	require.GreaterOrEqual(t, got.Count, 1, "the stop")
-	// The signals' own delivery and the watch's tick blur the edges.
-	require.InDelta(t, float64(stopped.Milliseconds()), got.LongestMS, 60, "as long as the stop")
+	// The signals' own delivery and the watch's tick blur the edges by a
+	// few milliseconds; the machine's own pauses can lengthen it.
+	stop := float64(stopped.Milliseconds())
+	require.GreaterOrEqual(t, got.LongestMS, stop-60, "as long as the stop")
+	require.LessOrEqual(t, got.LongestMS, stop+250, "the stop, with at most a pause of the machine on either side")
 	require.GreaterOrEqual(t, got.TotalMS, got.LongestMS)
 }
 

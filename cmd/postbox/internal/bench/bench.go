@@ -267,12 +267,14 @@ type CatchupResult struct {
 // see where each spends.
 var statementsFile = os.Getenv("POSTBOX_BENCH_STATEMENTS")
 
-// dumpStatements writes the 25 statements with the most execution time.
+// dumpStatements writes the 25 statements that took the most time,
+// planning and execution together: a statement planned each time it runs
+// can cost the server more to plan than to run.
 func (e *env) dumpStatements(ctx context.Context, path string) {
 	rows, err := e.pool.Query(ctx, `
 		SELECT calls, rows, round(total_exec_time::numeric, 1), round(total_plan_time::numeric, 1), round((total_exec_time / greatest(calls, 1))::numeric, 3),
 		       round(max_exec_time::numeric, 1), shared_blks_dirtied, wal_records, wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 160)
-		FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25`)
+		FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25`)
 	if err != nil {
 		fmt.Fprintf(e.log, "bench: pg_stat_statements: %v\n", err)
 		return

@@ -23,6 +23,13 @@ const (
 	NoTableScan      = noTableScan
 )
 
+// The statements every heartbeat runs, which TestHeartbeatStatementsKeepTheirPlans
+// checks.
+var (
+	DeadOwnersSQL     = deadOwnersSQL
+	AliveInstancesSQL = aliveInstancesSQL
+)
+
 // PurgeOutboxSQL is PurgeIngestedOutbox's statement, whose plan
 // TestPurgeIngestedOutboxReadsOnlyItsWindow checks.
 var PurgeOutboxSQL = purgeOutboxSQL

@@ -577,3 +577,61 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 	require.Equal(t, n, delivered)
 	require.Zero(t, reads()-before, "deliveries rows read other than by primary key")
 }
+
+// TestHeartbeatStatementsKeepTheirPlans: the statements that judge which
+// instances are alive run at every heartbeat of every instance, and their
+// views of locks and backends cost milliseconds to plan where running
+// them takes a tenth of one. They take no parameter, so a pool session
+// keeps one plan for each, despite its plan_cache_mode (see
+// TestSessionSettings); one with a parameter is planned at every run,
+// which the last statement shows.
+func TestHeartbeatStatementsKeepTheirPlans(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	c, err := s.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	// plans prepares sql as name, runs it three times with execute's
+	// arguments, and counts the plans the session made for it.
+	plans := func(name, sql, arguments string) (generic, custom int64) {
+		t.Helper()
+		_, err := c.Exec(ctx, "PREPARE "+name+" AS "+sql)
+		require.NoError(t, err)
+		defer c.Exec(ctx, "DEALLOCATE "+name)
+		for range 3 {
+			_, err := c.Exec(ctx, "EXECUTE "+name+arguments)
+			require.NoError(t, err)
+		}
+		require.NoError(t, c.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1`, name).Scan(&generic, &custom))
+		return generic, custom
+	}
+	for name, sql := range map[string]string{"dead_owners": store.DeadOwnersSQL, "alive_instances": store.AliveInstancesSQL} {
+		generic, custom := plans(name, sql, "")
+		require.Zero(t, custom, "%s: planned at each run", name)
+		require.Positive(t, generic, "%s: one plan kept", name)
+	}
+	_, custom := plans("with_parameter", `SELECT count(*) FROM postbox.instances WHERE id <> $1`, "('me')")
+	require.EqualValues(t, 3, custom, "a statement with a parameter is planned at each run")
+
+	// The plan kept is made at the first run, perhaps on an empty table
+	// (see Configure): it must still read the deliveries by index once
+	// they are many.
+	_, err = c.Exec(ctx, "PREPARE dead_owners AS "+store.DeadOwnersSQL)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, "EXECUTE dead_owners")
+	require.NoError(t, err)
+	_, err = s.Pool.Exec(ctx, `INSERT INTO postbox.deliveries (event_pk, endpoint, status, lease_owner)
+		SELECT g, 'ep', 'in_flight', 'owner-' || g % 3 FROM generate_series(1, 50000) AS g`)
+	require.NoError(t, err)
+	rows, err := c.Query(ctx, "EXPLAIN EXECUTE dead_owners")
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.Contains(t, plan, "Index Only Scan using deliveries_lease_owner", plan)
+	require.NotContains(t, plan, "Seq Scan on deliveries", plan)
+	owners, err := s.DeadOwners(ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"owner-0", "owner-1", "owner-2"}, owners, "owners no instance has registered")
+}

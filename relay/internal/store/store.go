@@ -65,7 +65,9 @@ func Configure(cfg *pgxpool.Config) {
 	// of a catch-up, faster than autovacuum re-analyses them: a generic
 	// plan cached while a table was tiny (a sequential scan inside a
 	// nested loop) would turn a 1 ms statement into seconds. Plan each
-	// execution for the table as it is.
+	// execution for the table as it is. (A statement without parameters
+	// keeps one plan all the same; those that run every second are made so
+	// on purpose, see aliveSQL.)
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	// The same stale statistics can put a claim's estimate past
 	// jit_above_cost, and compiling it then costs 40 ms of a 5 ms query, on

@@ -67,12 +67,13 @@ func (w *hostWatch) run() {
 	w.watching = true
 	w.mu.Unlock()
 	buf := make([]byte, 128)
-	delay := func() time.Duration {
+	delay := func() (time.Duration, bool) {
 		n, _ := f.ReadAt(buf, 0) // a seq_file: each read from 0 is fresh
 		return runDelay(buf[:n])
 	}
 	tick := syscall.NsecToTimespec(int64(pauseTick))
-	prev, prevDelay := time.Now(), delay()
+	prev := time.Now()
+	prevDelay, known := delay()
 	for {
 		select {
 		case <-w.stop:
@@ -80,13 +81,19 @@ func (w *hostWatch) run() {
 		default:
 		}
 		_ = syscall.Nanosleep(&tick, nil)
-		now, d := time.Now(), delay()
-		if stood := standingStill(now.Sub(prev), pauseTick, d-prevDelay); stood >= pauseMin {
-			w.mu.Lock()
-			w.pauses = append(w.pauses, hostPause{at: prev, d: stood})
-			w.mu.Unlock()
+		now := time.Now()
+		d, read := delay()
+		// A gap is judged only between two readings of the run delay: a
+		// reading that failed would count the thread's whole wait so far
+		// as the machine's.
+		if known && read {
+			if stood := standingStill(now.Sub(prev), pauseTick, d-prevDelay); stood >= pauseMin {
+				w.mu.Lock()
+				w.pauses = append(w.pauses, hostPause{at: prev, d: stood})
+				w.mu.Unlock()
+			}
 		}
-		prev, prevDelay = now, d
+		prev, prevDelay, known = now, d, read
 	}
 }
 
@@ -97,14 +104,17 @@ func standingStill(gap, slept, waited time.Duration) time.Duration {
 }
 
 // runDelay is the second field of a schedstat line, the time runnable
-// without a CPU (0 when it cannot be read).
-func runDelay(line []byte) time.Duration {
+// without a CPU; ok is false when it cannot be read.
+func runDelay(line []byte) (d time.Duration, ok bool) {
 	f := strings.Fields(string(line))
 	if len(f) < 2 {
-		return 0
+		return 0, false
 	}
-	ns, _ := strconv.ParseInt(f[1], 10, 64)
-	return time.Duration(ns)
+	ns, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ns), true
 }
 
 func (w *hostWatch) stopWatch() {

@@ -88,8 +88,13 @@ func TestStandingStillIsWhatSleepAndWaitDoNotExplain(t *testing.T) {
 	require.Equal(t, 95*ms, standingStill(105*ms, 5*ms, 5*ms), "a late wake the run delay does not explain")
 	require.Zero(t, standingStill(105*ms, 5*ms, 100*ms), "a thread kept from a CPU by others")
 	require.Zero(t, standingStill(4*ms, 5*ms, 0), "an early wake")
-	require.Equal(t, 350*time.Millisecond, runDelay([]byte("1200000000 350000000 4242\n")))
-	require.Zero(t, runDelay([]byte("12\n")), "a short line")
+	d, ok := runDelay([]byte("1200000000 350000000 4242\n"))
+	require.True(t, ok)
+	require.Equal(t, 350*time.Millisecond, d)
+	_, ok = runDelay([]byte("12\n"))
+	require.False(t, ok, "a short line")
+	_, ok = runDelay(nil)
+	require.False(t, ok, "a failed read")
 
 	t0 := time.Now()
 	w := &hostWatch{watching: true, pauses: []hostPause{{t0, 50 * ms}, {t0.Add(time.Second), 120 * ms}, {t0.Add(2 * time.Second), 60 * ms}}}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -99,8 +100,27 @@ func Cause(err error) string {
 		}
 		return ""
 	}
+	var connectErr *pgconn.ConnectError
+	if !errors.As(err, &connectErr) && connectionEnded(err) {
+		return "a connection of postbox's ended without a word from the server that postbox could read " +
+			"(a restart, pg_terminate_backend, a network fault, or a timeout such as idle_in_transaction_session_timeout while the process was frozen)"
+	}
 	if Transient(err) || errors.Is(err, context.DeadlineExceeded) {
 		return "the database is unreachable or does not answer"
 	}
 	return ""
+}
+
+// connectionEnded reports whether err is an established connection's
+// end: a write refused for the reset the server sent (it had closed), a
+// read that found the stream closed, or a use of the connection pgx had
+// closed on such a failure. The server's last message may have been in
+// the socket, unread: pgx's COPY writes its data before it reads the
+// answer to its query, and a write that fails closes the connection,
+// buffered error and all.
+func connectionEnded(err error) bool {
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, pgconn.ErrConnClosed) ||
+		strings.Contains(err.Error(), "conn closed")
 }

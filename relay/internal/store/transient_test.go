@@ -2,7 +2,10 @@ package store_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,4 +126,71 @@ func TestIdleTransactionsAreBounded(t *testing.T) {
 	require.True(t, store.Transient(err), "%v", err)
 	require.NotEmpty(t, store.Cause(err))
 	t.Logf("after the timeout: %v (cause: %q)", err, store.Cause(err))
+}
+
+// TestCauseOfASessionTheServerEnded: a COPY on a session the server has
+// ended writes its data before it reads the server's last word, and the
+// write's broken pipe can come first and close the connection. Either
+// way the cause names the server's side, not an unreachable database.
+func TestCauseOfASessionTheServerEnded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabase(t)
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(ctx) })
+	_, err = admin.Exec(ctx, `CREATE TABLE copied (i int)`)
+	require.NoError(t, err)
+
+	outcomes := map[string]int{}
+	for range 20 {
+		victim, err := pgx.Connect(ctx, dbURL)
+		require.NoError(t, err)
+		rows := pgx.CopyFromRows([][]any{{int32(1)}})
+		// The first COPY describes the table; the second writes at once.
+		_, err = victim.CopyFrom(ctx, pgx.Identifier{"copied"}, []string{"i"}, rows)
+		require.NoError(t, err)
+		_, err = admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, victim.PgConn().PID())
+		require.NoError(t, err)
+		require.Eventually(t, backendEnded(t, admin, victim.PgConn().PID()), 10*time.Second, 5*time.Millisecond)
+		_, err = victim.CopyFrom(ctx, pgx.Identifier{"copied"}, []string{"i"}, pgx.CopyFromRows([][]any{{int32(2)}}))
+		require.Error(t, err)
+		require.True(t, store.Transient(err), "%v", err)
+		cause := store.Cause(err)
+		require.NotEmpty(t, cause, "%v", err)
+		require.NotContains(t, cause, "unreachable", "%v", err)
+		outcomes[cause]++
+		_ = victim.Close(ctx)
+	}
+	t.Logf("COPY on an ended session, 20 times: %v", outcomes)
+
+	// The write that wins that race: the second write to a session the
+	// server ended (the first drew the server's reset).
+	victim, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer func() { _ = victim.Close(ctx) }()
+	_, err = admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, victim.PgConn().PID())
+	require.NoError(t, err)
+	require.Eventually(t, backendEnded(t, admin, victim.PgConn().PID()), 10*time.Second, 5*time.Millisecond)
+	var writeErr error
+	for range 100 {
+		if _, writeErr = victim.PgConn().Conn().Write([]byte{'S', 0, 0, 0, 4}); writeErr != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Error(t, writeErr)
+	require.True(t, errors.Is(writeErr, syscall.EPIPE) || errors.Is(writeErr, syscall.ECONNRESET), "%v", writeErr)
+	require.Contains(t, store.Cause(fmt.Errorf("write failed: %w", writeErr)), "ended without a word from the server")
+
+	// A connection refused is the unreachable database, as before.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = pgx.Connect(cctx, "postgres://postbox@"+addr+"/postbox?sslmode=disable")
+	require.Error(t, err)
+	require.Contains(t, store.Cause(err), "unreachable", "%v", err)
 }

@@ -150,7 +150,12 @@ func (ing *ingester) run(ctx context.Context) {
 	// The stream stopped. A transaction cut off mid-way is abandoned; the
 	// server sends it again next session, since it was never confirmed.
 	if ing.open {
-		conn.Rollback(ctx)
+		if err := conn.Rollback(ctx); err != nil {
+			// The session's own end (a lost lease, the stream's error)
+			// is what the supervisor hears; what became of the open
+			// transaction is a fault of its own when the server ended it.
+			ing.s.env.Faults.Observe("ingest", err)
+		}
 		ing.finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
 	}
 	ing.keep(false)

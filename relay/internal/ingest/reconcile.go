@@ -74,7 +74,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 			err = conn.Commit(ctx, 0, len(got) > 0)
 		}
 		if err != nil {
-			conn.Rollback(ctx)
+			_ = conn.Rollback(ctx) // err says why; the rollback's is the same or less
 			return err
 		}
 		total += int64(len(got))

@@ -634,12 +634,18 @@ func lastLSN(br pgx.BatchResults, n int) (pglogrepl.LSN, error) {
 	return pglogrepl.ParseLSN(text)
 }
 
-// Rollback abandons the open transaction, if any.
-func (ic *IngestConn) Rollback(ctx context.Context) {
-	if ic.inTx {
-		_, _ = ic.conn.Exec(ctx, "ROLLBACK")
-		ic.inTx = false
+// Rollback abandons the open transaction, if any. Its error is the
+// server's word on the transaction when it ended the session first (an
+// idle_in_transaction_session_timeout, a terminated backend).
+func (ic *IngestConn) Rollback(ctx context.Context) error {
+	if !ic.inTx {
+		return nil
 	}
+	ic.inTx = false
+	if _, err := ic.conn.Exec(ctx, "ROLLBACK"); err != nil {
+		return fmt.Errorf("roll back the ingest: %w", err)
+	}
+	return nil
 }
 
 // Release returns the connection to the pool (closing it when a

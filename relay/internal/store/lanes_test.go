@@ -363,7 +363,7 @@ func TestIngestsSkipWhatIsIngested(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "23505", pgErr.Code)
-	alone.Rollback(ctx)
+	require.NoError(t, alone.Rollback(ctx))
 	require.Equal(t, 1, events(e))
 	require.Zero(t, events(f))
 }

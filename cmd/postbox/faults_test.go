@@ -884,8 +884,15 @@ func TestFrozenTransactionIsEnded(t *testing.T) {
 		t.Fatal("the instance exited")
 	default:
 	}
-	// The server's last word on the session was read before its reset.
-	require.Contains(t, frozen.out.String(), "DATABASE FAULT: a session of postbox's was ended by idle_in_transaction_session_timeout")
+	// The fault names the server's side: its last word on the session,
+	// where that was read before the connection closed, or the session's
+	// end. (Resumed in the middle of an ingest's COPY, pgx writes the copy
+	// data before it reads the server's answer; a write that meets the
+	// server's reset first closes the connection, and the word with it.)
+	out := frozen.out.String()
+	require.True(t, strings.Contains(out, "DATABASE FAULT: a session of postbox's was ended by idle_in_transaction_session_timeout") ||
+		strings.Contains(out, "DATABASE FAULT: a connection of postbox's ended without a word from the server"),
+		"the fault names the ended session")
 	t.Logf("frozen mid-ingest: its session ended %s after its transaction was seen idle; sent %d, received %d distinct, %d duplicated (attempted before the rollback)",
 		ended.Round(100*time.Millisecond), res.sent, res.received, res.duplicated)
 }

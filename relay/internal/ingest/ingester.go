@@ -376,6 +376,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	if rows >= LargeTransactionRows {
 		s.log.Debug().Int("rows", rows).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
+	s.commits.Add(1)
 	ing.gate.committed(end, flushBy)
 	if queued {
 		s.deps.Queued()

@@ -7,10 +7,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
-
-	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/state"
-	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // An ingest committed unflushed returns a WAL position past its commit
@@ -29,12 +25,7 @@ func TestCommitUnflushedGivesWhereItIsDurable(t *testing.T) {
 	_, ok, _, err := s.AcquireLeadership(ctx, "me", time.Minute) // the checkpoint row
 	require.NoError(t, err)
 	require.True(t, ok)
-	ic, err := s.AcquireIngest(ctx, "me")
-	require.NoError(t, err)
-	defer ic.Release()
-	_, err = ic.Insert(ctx, []store.NewEvent{{EventID: outbox.NewEventID(), Endpoint: "e", Payload: []byte(`{}`),
-		CreatedAt: time.Now(), Status: state.Pending}}, false)
-	require.NoError(t, err)
+	ic := ingestOne(t, s)
 	before := lsn(`SELECT pg_current_wal_insert_lsn()::text`)
 	by, err := ic.CommitUnflushed(ctx, 0, false)
 	require.NoError(t, err)

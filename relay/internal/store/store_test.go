@@ -59,6 +59,21 @@ func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 // ended backend pid (watched through q, another connection). The server
 // ends a backend after its client has gone or its session timed out, not
 // at once.
+// ingestOne opens an ingest on s and inserts one pending event in its
+// transaction, which it leaves open.
+func ingestOne(t *testing.T, s *store.Store) *store.IngestConn {
+	t.Helper()
+	ctx := context.Background()
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	t.Cleanup(ic.Release)
+	_, err = ic.Insert(ctx, []store.NewEvent{{EventID: outbox.NewEventID(), Endpoint: "e", Payload: []byte(`{}`),
+		CreatedAt: time.Now(), Status: state.Pending}}, false)
+	require.NoError(t, err)
+	require.True(t, ic.InTx())
+	return ic
+}
+
 func backendEnded(t testing.TB, q store.Querier, pid uint32) func() bool {
 	return func() bool {
 		var n int

@@ -13,8 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
@@ -194,17 +192,11 @@ func TestRollbackSaysWhatEndedTheTransaction(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
-	ic, err := s.AcquireIngest(ctx, "me")
-	require.NoError(t, err)
-	defer ic.Release()
-	_, err = ic.Insert(ctx, []store.NewEvent{{EventID: outbox.NewEventID(), Endpoint: "e", Payload: []byte(`{}`),
-		CreatedAt: time.Now(), Status: state.Pending}}, false)
-	require.NoError(t, err)
-	require.True(t, ic.InTx())
+	ic := ingestOne(t, s)
 	var pid uint32
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
 		WHERE datname = current_database() AND state = 'idle in transaction' AND backend_xid IS NOT NULL`).Scan(&pid))
-	_, err = s.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	_, err := s.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
 	require.NoError(t, err)
 	require.Eventually(t, backendEnded(t, s.Pool, pid), 10*time.Second, 5*time.Millisecond)
 

@@ -8,8 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
 // lockHealth begins a transaction that holds endpoint's health row
@@ -182,4 +184,35 @@ func TestWrittenResultsOnlyRecordHealth(t *testing.T) {
 	var counted int64
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT coalesce(sum(count), 0) FROM postbox.latency_histogram WHERE endpoint = 'ep'`).Scan(&counted))
 	require.EqualValues(t, 3, counted, "each attempt counted once, in memory")
+}
+
+// TestWrittenResultsKeepTheRecordersPlans: a batch whose results the
+// ingest all wrote updates no delivery, as most batches at live rates do.
+// It reads the endpoints' health under the recorder's kept plans
+// (recordPlans) all the same: one plan for the session, not one per
+// batch.
+func TestWrittenResultsKeepTheRecordersPlans(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// One session, so every statement of the recorder's runs on it.
+	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 1)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	table, _ := outbox.ParseTable(outbox.DefaultTable)
+	require.NoError(t, store.Migrate(ctx, pool, table))
+	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
+	keep := func(cur store.Health, _ []state.Result) store.Health { return cur }
+	const batches = 3
+	for i := range batches {
+		_, err := s.RecordResults(ctx, "me", []state.Result{{DeliveryID: int64(i + 1), Endpoint: "ep",
+			Status: state.Delivered, Signal: state.SignalSuccess, StatusCode: 200, Attempted: true, Sampled: true,
+			Attempt: 1, ResponseMS: 1, At: time.Now(), CommitToDeliveryMS: 2, Written: true}}, keep, nil)
+		require.NoError(t, err)
+	}
+	var generic, custom int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
+		FROM pg_prepared_statements
+		WHERE statement LIKE '%FROM postbox.endpoint_health%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&generic, &custom))
+	require.Zero(t, custom, "planned for each batch")
+	require.GreaterOrEqual(t, generic, batches, "each batch read the health")
 }

@@ -532,10 +532,14 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 					}
 				}
 			}
+			// Pinned for every batch, also one that updates no delivery
+			// (its results all written by the ingest, as at live rates
+			// most are): its reads of the endpoints' health were otherwise
+			// planned at every run, 0.14 ms each to run in 0.05.
 			b := &pgx.Batch{}
+			b.Queue(recordPlans)
 			var onRow map[int64]bool // the inline attempts the update kept
 			if len(ids) > 0 {
-				b.Queue(recordPlans)
 				b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner,
 					inlines, targets).Query(func(rows pgx.Rows) error {
 					got, err := pgx.CollectRows(rows, pgx.RowTo[int64])

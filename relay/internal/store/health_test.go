@@ -8,10 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
-	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
 // lockHealth begins a transaction that holds endpoint's health row
@@ -194,13 +192,7 @@ func TestWrittenResultsOnlyRecordHealth(t *testing.T) {
 func TestWrittenResultsKeepTheRecordersPlans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	// One session, so every statement of the recorder's runs on it.
-	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 1)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	table, _ := outbox.ParseTable(outbox.DefaultTable)
-	require.NoError(t, store.Migrate(ctx, pool, table))
-	s := &store.Store{Pool: pool, Table: table, Slot: "test"}
+	s := setupConns(t, 1) // one session: every statement of the recorder's runs on it
 	keep := func(cur store.Health, _ []state.Result) store.Health { return cur }
 	const batches = 3
 	for i := range batches {
@@ -210,7 +202,7 @@ func TestWrittenResultsKeepTheRecordersPlans(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var generic, custom int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)
 		FROM pg_prepared_statements
 		WHERE statement LIKE '%FROM postbox.endpoint_health%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&generic, &custom))
 	require.Zero(t, custom, "planned for each batch")

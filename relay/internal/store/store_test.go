@@ -27,8 +27,14 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 func setup(t testing.TB) *store.Store {
 	t.Helper()
+	return setupConns(t, 4)
+}
+
+// setupConns is setup with a pool of conns sessions.
+func setupConns(t testing.TB, conns int32) *store.Store {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := store.Open(ctx, pgtest.NewDatabase(t), 4)
+	pool, err := store.Open(ctx, pgtest.NewDatabase(t), conns)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	table, _ := outbox.ParseTable(outbox.DefaultTable)

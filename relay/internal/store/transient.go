@@ -41,10 +41,8 @@ func Transient(err error) bool {
 	}
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error
-	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
-		strings.Contains(err.Error(), "conn closed")
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) || connectionEnded(err) ||
+		pgconn.SafeToRetry(err) || pgconn.Timeout(err)
 }
 
 // Answered reports whether err is the server's answer to a statement (an
@@ -117,10 +115,10 @@ func Cause(err error) string {
 // closed on such a failure. The server's last message may have been in
 // the socket, unread: pgx's COPY writes its data before it reads the
 // answer to its query, and a write that fails closes the connection,
-// buffered error and all.
+// buffered error and all. (pgx's error for a use of a connection it
+// closed is unexported; it says "conn closed", as ErrConnClosed does.)
 func connectionEnded(err error) bool {
 	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, pgconn.ErrConnClosed) ||
-		strings.Contains(err.Error(), "conn closed")
+		errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "conn closed")
 }

@@ -359,7 +359,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	}
 	end := chunks[len(chunks)-1].EndLSN
 	if !ing.open {
-		ing.gate.committed(end, 0) // empty transactions: nothing to write
+		ing.ended(end, 0) // empty transactions: nothing to write
 		return nil
 	}
 	ing.conn.SetSession(ing.lead, ing.systemID, ing.timeline)
@@ -376,14 +376,20 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 	if rows >= LargeTransactionRows {
 		s.log.Debug().Int("rows", rows).Stringer("lsn", end).Msg("ingested a large transaction")
 	}
-	s.commits.Add(1)
-	ing.gate.committed(end, flushBy)
+	ing.ended(end, flushBy)
 	if queued {
 		s.deps.Queued()
 	} else if kept {
 		s.deps.Kept()
 	}
 	return nil
+}
+
+// ended records that the transactions up to end are ingested, durable
+// once the server's WAL is flushed to flushBy (see flushGate).
+func (ing *ingester) ended(end, flushBy pglogrepl.LSN) {
+	ing.s.ingested.Add(1)
+	ing.gate.committed(end, flushBy)
 }
 
 // writeDelivered writes the deliveries whose first attempts have

@@ -100,7 +100,7 @@ type Supervisor struct {
 	hard  context.Context // Start's: ingest writes finish under it after Stop
 
 	durable        *watermark.Watermark[pglogrepl.LSN]
-	commits        atomic.Int64 // ingest transactions committed, over the process's life
+	ingested       atomic.Int64 // transactions ingested (or, empty, passed), over the process's life
 	streamingSince atomic.Int64 // Unix ns when the session began streaming; 0 while it does not
 	reconciled     atomic.Bool
 	reconMu        sync.Mutex
@@ -163,7 +163,7 @@ func (s *Supervisor) loop(ctx context.Context) {
 	failures := 0
 	standby := false
 	for ctx.Err() == nil {
-		before, commits := s.durable.Get(), s.commits.Load()
+		ingested := s.ingested.Load()
 		err := s.session(ctx)
 		streamed := s.streamedFor()
 		s.setStreaming(false)
@@ -199,13 +199,13 @@ func (s *Supervisor) loop(ctx context.Context) {
 			continue
 		default:
 			standby = false
-			if s.commits.Load() != commits || s.durable.Get() != before || streamed >= service.RetryCapDefault {
+			if s.ingested.Load() != ingested || streamed >= service.RetryCapDefault {
 				// The session worked (it ingested, or streamed for a
 				// while) until this failure: a new incident, retried as
-				// soon as the first of one. (A commit counts as ingested
-				// before the server reports its flush, which moves the
-				// durable position: a fault can end the session between
-				// the two.)
+				// soon as the first of one. (Ingested as committed, not
+				// as durable: the durable position waits for the server
+				// to report the commit flushed, and a fault can end the
+				// session between the two.)
 				failures = 0
 			}
 			failures++

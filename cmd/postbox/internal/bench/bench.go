@@ -34,7 +34,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "load", "chaos", "soak", "dead", "scale"}
+var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "load", "load-floor", "chaos", "soak", "dead", "scale"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -50,8 +50,8 @@ const maxRate = 100000
 // Options say what to measure. Zero values take the …Default constants.
 type Options struct {
 	// Scenarios is a comma-separated list of latency, floor, hanging,
-	// failing, catchup, load, chaos, soak, dead and scale, run in the order
-	// given.
+	// failing, catchup, load, load-floor, chaos, soak, dead and scale, run
+	// in the order given.
 	Scenarios string
 	// Rate is the latency and chaos scenarios' events per second; zero
 	// means RateDefault, and ChaosRateDefault for chaos.
@@ -149,8 +149,8 @@ func (o Options) validate() ([]string, error) {
 		return nil, fmt.Errorf("producers: want at least 1, got %d", o.Producers)
 	case slices.Contains(names, "chaos") && o.Endpoints < 2:
 		return nil, fmt.Errorf("endpoints: chaos wants at least 2 (one of them flaps), got %d", o.Endpoints)
-	case slices.Contains(names, "floor") && o.Emit:
-		return nil, errors.New("floor: reads outbox rows only, not outbox.Emit's messages")
+	case (slices.Contains(names, "floor") || slices.Contains(names, "load-floor")) && o.Emit:
+		return nil, errors.New("floor, load-floor: the bare client reads outbox rows only, not outbox.Emit's messages")
 	case o.Relays < 0 || o.Relays > 16:
 		return nil, fmt.Errorf("relays: want 1 to 16, got %d", o.Relays)
 	}
@@ -170,10 +170,12 @@ type Result struct {
 	Failing *FailingResult `json:"failing_endpoint,omitempty"`
 	Catchup *CatchupResult `json:"catchup,omitempty"`
 	Load    *LoadResult    `json:"load,omitempty"`
-	Chaos   *ChaosResult   `json:"chaos,omitempty"`
-	Soak    *SoakResult    `json:"soak,omitempty"`
-	Dead    *DeadResult    `json:"dead_endpoints,omitempty"`
-	Scale   *ScaleResult   `json:"scale,omitempty"`
+	// LoadFloor is the load scenario without the relay (see loadFloor).
+	LoadFloor *LoadResult  `json:"load_floor_without_relay,omitempty"`
+	Chaos     *ChaosResult `json:"chaos,omitempty"`
+	Soak      *SoakResult  `json:"soak,omitempty"`
+	Dead      *DeadResult  `json:"dead_endpoints,omitempty"`
+	Scale     *ScaleResult `json:"scale,omitempty"`
 	// Emit says the events were written with outbox.Emit, not as rows.
 	Emit bool `json:"emit,omitempty"`
 }
@@ -204,6 +206,8 @@ type LoadResult struct {
 	// producers' work is in the bench's CPU and the WAL.
 	Costs *Costs `json:"costs,omitempty"`
 	Split *Split `json:"split,omitempty"`
+
+	loadEnd time.Time // when the producers stopped
 }
 
 // FailingResult is the failing scenario's.
@@ -447,6 +451,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			res.Catchup, err = env.catchup(ctx, opts)
 		case "load":
 			res.Load, err = env.load(ctx, opts)
+		case "load-floor":
+			res.LoadFloor, err = env.loadFloor(ctx, opts)
 		case "chaos":
 			res.Chaos, err = env.chaos(ctx, opts, chaosRate)
 		case "soak":

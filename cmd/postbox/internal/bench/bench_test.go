@@ -129,17 +129,18 @@ func TestOptions(t *testing.T) {
 }
 
 // TestRun runs a small latency scenario and catch-up end to end, with the
-// relay as its own process: nothing lost, every signature good. The floor
-// runs first, before the relay has made its schema, and none of its events
-// reaches the relay. (The load scenario adds a baseline run and a drain;
-// it is left to `postbox bench`.)
+// relay as its own process: nothing lost, every signature good. The floors
+// run first, before the relay has made its schema, and none of their
+// events reaches the relay. (The load scenario adds a baseline run and a
+// drain; it is left to `postbox bench`. Its floor, with no relay, is
+// short.)
 func TestRun(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts the relay process three times")
 	}
 	opts := Options{
-		Scenarios:   "floor,latency,catchup",
+		Scenarios:   "load-floor,floor,latency,catchup",
 		Rate:        50,
 		Endpoints:   3,
 		Duration:    2 * time.Second,
@@ -186,6 +187,21 @@ func TestRun(t *testing.T) {
 	require.LessOrEqual(t, fs.CommitToSendP50ms, fs.CommitToStreamP50ms)
 	require.Positive(t, fs.StreamToAttemptP99ms)
 
+	// The floor under load: every event the producers committed arrived
+	// once, its latency split by the bare client's own timings.
+	lf := res.LoadFloor
+	require.NotNil(t, lf)
+	require.Positive(t, lf.Sent)
+	require.Zero(t, lf.Lost)
+	require.Zero(t, lf.Dups)
+	require.Zero(t, lf.BadSignatures)
+	require.Positive(t, lf.P50ms)
+	require.GreaterOrEqual(t, lf.P99ms, lf.P50ms)
+	require.InDelta(t, float64(lf.Sent)/lf.Seconds, lf.InsertsPerS, lf.InsertsPerS/2)
+	require.NotNil(t, lf.Split)
+	require.LessOrEqual(t, lf.Split.CommitToSendP50ms, lf.Split.CommitToStreamP50ms)
+	require.NotNil(t, lf.Costs)
+
 	c := res.Catchup
 	require.NotNil(t, c)
 	require.Equal(t, 300, c.Backlog)
@@ -207,6 +223,7 @@ func TestRun(t *testing.T) {
 	var out strings.Builder
 	res.Print(&out)
 	require.Contains(t, out.String(), "lost 0, duplicates 0, bad signatures 0")
+	require.Contains(t, out.String(), "the floor under load")
 }
 
 // requireEachOnce: a latency-shaped scenario ran, and every event it sent

@@ -42,6 +42,13 @@
 //     unpublished copy of the outbox (the machine's rate without the
 //     relay), then with the relay running; samples the lag (committed, not
 //     yet received) every second and measures how long it takes to drain.
+//   - load-floor: the load scenario without postbox, as floor is the
+//     latency scenario's: the same producers insert into the floor's table
+//     and the bare logical client forwards each row. On a small machine
+//     the walsender waits for a CPU beside the producers' backends; this
+//     is what that wait and one HTTP request cost with nothing else
+//     competing. Run beside load (`--scenario load,load-floor`), the
+//     difference is postbox's share of the tail.
 //
 // The latency and load scenarios also split the latency before the
 // request left at the stream's receipt of the row, from the relay's own

@@ -37,25 +37,11 @@ const (
 // scheduling cost: the floor under any relay's latency here. Read beside
 // the latency scenario's, the difference is what postbox adds.
 func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
-	// The copy is of the relay's outbox, its indexes and defaults.
-	if err := e.ensureSchema(ctx); err != nil {
+	fw, drop, err := e.startFloor(ctx)
+	if err != nil {
 		return nil, err
 	}
-	_, err := e.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+floorPublication+`;
-		DROP TABLE IF EXISTS `+floorTable+`;
-		CREATE TABLE `+floorTable+` (LIKE postbox.outbox INCLUDING ALL);
-		CREATE PUBLICATION `+floorPublication+` FOR TABLE `+floorTable+` WITH (publish = 'insert')`)
-	if err != nil {
-		return nil, fmt.Errorf("create the floor's table: %w", err)
-	}
-	defer func() {
-		_, _ = e.pool.Exec(context.WithoutCancel(ctx), `DROP PUBLICATION `+floorPublication+`; DROP TABLE `+floorTable)
-	}()
-	var fw *forwarder
-	fw, err = startForwarder(ctx, e.dbURL, e.slot+"_floor", e.recv.URL, e.secret)
-	if err != nil {
-		return nil, fmt.Errorf("start the bare logical client: %w", err)
-	}
+	defer drop()
 	warm := e.warmUp(ctx, o, floorTable, false)
 	fw.forgetTimings()
 	led := e.recv.reset()
@@ -88,6 +74,67 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 			return nil, fmt.Errorf("time the disk's flushes: %w", err)
 		}
 	}
+	return res, nil
+}
+
+// startFloor creates the floor's table and publication and starts the bare
+// logical client on them. drop removes both; call it after the client's
+// stop.
+func (e *env) startFloor(ctx context.Context) (fw *forwarder, drop func(), err error) {
+	// The copy is of the relay's outbox, its indexes and defaults.
+	if err := e.ensureSchema(ctx); err != nil {
+		return nil, nil, err
+	}
+	_, err = e.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+floorPublication+`;
+		DROP TABLE IF EXISTS `+floorTable+`;
+		CREATE TABLE `+floorTable+` (LIKE postbox.outbox INCLUDING ALL);
+		CREATE PUBLICATION `+floorPublication+` FOR TABLE `+floorTable+` WITH (publish = 'insert')`)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create the floor's table: %w", err)
+	}
+	drop = func() {
+		_, _ = e.pool.Exec(context.WithoutCancel(ctx), `DROP PUBLICATION `+floorPublication+`; DROP TABLE `+floorTable)
+	}
+	fw, err = startForwarder(ctx, e.dbURL, e.slot+"_floor", e.recv.URL, e.secret)
+	if err != nil {
+		drop()
+		return nil, nil, fmt.Errorf("start the bare logical client: %w", err)
+	}
+	return fw, drop, nil
+}
+
+// loadFloor is the load scenario without postbox: the same producers, as
+// fast as they commit, into the floor's table, and the bare logical client
+// forwarding each row at its Commit. Under full insert load on a small
+// machine the walsender waits for a CPU beside the producers' backends;
+// what it and one HTTP request cost then, with no relay competing for the
+// CPUs, is the floor under the load scenario's latency.
+func (e *env) loadFloor(ctx context.Context, o Options) (*LoadResult, error) {
+	fw, drop, err := e.startFloor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	led := e.recv.reset()
+	res := &LoadResult{Producers: o.Producers, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
+	fmt.Fprintf(e.log, "bench: load floor, %d producers inserting for %s, no relay: a bare logical client forwards each row\n", o.Producers, o.Duration)
+	from := e.read(ctx)
+	e.produceFlat(ctx, o, floorTable, led, res)
+	err = waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	res.DrainSeconds = time.Since(res.loadEnd).Seconds()
+	to := e.read(ctx)
+	committed, ferr := fw.stop()
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return nil, err
+	}
+	t := led.tally()
+	lat := latenciesFrom(t.first, committed)
+	res.P50ms, res.P99ms, res.Over50ms = quantile(lat, 0.50), quantile(lat, 0.99), shareOver(lat, 50)
+	res.Lost, res.Dups, res.BadSignatures = t.lost, t.dups, e.recv.scenarioBad()
+	res.Costs, res.Split = e.costs(ctx, from, to, res.Sent), fw.split()
 	return res, nil
 }
 

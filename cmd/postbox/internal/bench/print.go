@@ -53,6 +53,14 @@ func (r *Result) Print(w io.Writer) {
 		l.Split.print(w)
 		l.Costs.print(w)
 	}
+	if l := r.LoadFloor; l != nil {
+		fmt.Fprintf(w, "\nthe floor under load: %d producers inserting single-row transactions as fast as they commit, for %.0f s, over %d endpoints, with no relay, a bare logical client forwarding each row at its Commit:\n", l.Producers, l.Seconds, l.Endpoints)
+		fmt.Fprintf(w, "  inserts %.0f/s; deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.DeliveriesPerS)
+		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
+		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms); sent %d, lost %d, duplicates %d%s\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Sent, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
+		l.Split.printExact(w)
+		l.Costs.print(w)
+	}
 	if c := r.Catchup; c != nil {
 		fmt.Fprintf(w, "\ncatch-up of a %d-event backlog over %d endpoints:\n", c.Backlog, c.Endpoints)
 		fmt.Fprintf(w, "  %.0f deliveries/s from relay start (%.1f s); %.0f/s first to last delivery (%.1f s)\n", c.Rate, c.Seconds, c.DrainRate, c.DrainSeconds)

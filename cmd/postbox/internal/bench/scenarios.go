@@ -199,6 +199,30 @@ func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Du
 	return int(sent.Load())
 }
 
+// produceFlat inserts into table as fast as o.Producers producers can for
+// o.Duration, each committed id into led, and samples the lag (committed,
+// not yet received) every second meanwhile. It sets res's Sent, rates and
+// lags, and the moment the load ended.
+func (e *env) produceFlat(ctx context.Context, o Options, table string, led *ledger, res *LoadResult) {
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for range int(o.Duration / time.Second) {
+			<-tick.C
+			res.MaxLag = max(res.MaxLag, led.pending())
+		}
+	}()
+	start := time.Now()
+	res.Sent = e.insertFlat(ctx, o, table, o.Duration, func(id string) { led.commit(id) })
+	res.loadEnd = time.Now()
+	<-sampled
+	res.LagAtEnd = led.pending()
+	res.InsertsPerS = float64(res.Sent) / res.loadEnd.Sub(start).Seconds()
+	res.DeliveriesPerS = float64(led.received()) / res.loadEnd.Sub(start).Seconds()
+}
+
 // load inserts as fast as o.Producers producers can while the relay runs,
 // and samples the lag (committed but not yet received) every second: it
 // must stay bounded. A run into an unpublished copy of the outbox first
@@ -222,27 +246,11 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 		e.stopRelay()
 		return nil, err
 	}
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for range int(o.Duration / time.Second) {
-			<-tick.C
-			res.MaxLag = max(res.MaxLag, led.pending())
-		}
-	}()
 	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
-	start := time.Now()
-	sent := e.insertFlat(ctx, o, "postbox.outbox", o.Duration, func(id string) { led.commit(id) })
-	loadEnd := time.Now()
-	<-sampled
-	res.Sent = sent
-	res.LagAtEnd = led.pending()
-	res.InsertsPerS = float64(sent) / loadEnd.Sub(start).Seconds()
-	res.DeliveriesPerS = float64(led.received()) / loadEnd.Sub(start).Seconds()
+	e.produceFlat(ctx, o, "postbox.outbox", led, res)
+	sent := res.Sent
 	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
-	res.DrainSeconds = time.Since(loadEnd).Seconds()
+	res.DrainSeconds = time.Since(res.loadEnd).Seconds()
 	res.Split = splitBetween(fromSplit, scrapeSplit(ctx, e.admin))
 	to, rss, err := e.endRun(ctx, err)
 	if err != nil {

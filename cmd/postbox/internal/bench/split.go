@@ -196,8 +196,8 @@ func (s *Split) printExact(w io.Writer) {
 	if s == nil {
 		return
 	}
-	fmt.Fprintf(w, "  before the request (the bare client's timings): commit → stream p50 %.2f ms, p99 %.2f ms (the server's send p50 %.2f ms, p99 %.2f ms); stream → request p50 %.2f ms, p99 %.2f ms\n",
-		s.CommitToStreamP50ms, s.CommitToStreamP99ms, s.CommitToSendP50ms, s.CommitToSendP99ms, s.StreamToAttemptP50ms, s.StreamToAttemptP99ms)
+	fmt.Fprintf(w, "  before the request (the bare client's timings): commit → stream p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms) (the server's send p50 %.2f ms, p99 %.2f ms, %.1f%% over 50 ms); stream → request p50 %.2f ms, p99 %.2f ms\n",
+		s.CommitToStreamP50ms, s.CommitToStreamP99ms, 100*s.StreamedOver50ms, s.CommitToSendP50ms, s.CommitToSendP99ms, 100*s.SentOver50ms, s.StreamToAttemptP50ms, s.StreamToAttemptP99ms)
 }
 
 func msBound(ms float64) string {

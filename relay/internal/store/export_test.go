@@ -18,6 +18,8 @@ const (
 	RecordResultsSQL = recordResultsSQL
 	SweepEventsSQL   = sweepEventsSQL
 	PlanUnderWaySQL  = planUnderWaySQL
+	LoadUnderWaySQL  = loadUnderWaySQL
+	KeyPlans         = keyPlans
 	LoadOwnedSQL     = loadOwnedSQL
 	RecordPlans      = recordPlans
 	NoTableScan      = noTableScan

@@ -163,12 +163,16 @@ func sweepUnderWay(ctx context.Context, tx pgx.Tx, lane LaneFunc, del string, ar
 // FOR SHARE (so a sweep deleting it waits for this transaction, or this
 // statement waits for the sweep's and then finds the range gone), and they
 // have no delivery. It numbers their deliveries and gives the database's
-// time, for the copy that writes them.
+// time, for the copy that writes them. Its ranges are found by key and
+// then checked for their owner (a range's id is never another owner's):
+// with the owner in the same condition, a plan kept under keyPlans, made
+// while postbox.under_way was empty, read all of the owner's ranges
+// through its index instead.
 const planUnderWaySQL = `
-WITH mine AS (SELECT id FROM postbox.under_way WHERE id = ANY($2) AND owner = $1 FOR SHARE)
+WITH mine AS (SELECT id, owner FROM postbox.under_way WHERE id = ANY($2) FOR SHARE)
 SELECT r.ord, nextval('postbox.deliveries_id_seq'), now()
 FROM unnest($2::int8[], $3::int8[]) WITH ORDINALITY AS r(range_id, event_pk, ord)
-WHERE r.range_id IN (SELECT id FROM mine)
+WHERE r.range_id IN (SELECT id FROM mine WHERE owner = $1)
   AND NOT EXISTS (SELECT 1 FROM postbox.deliveries d WHERE d.event_pk = r.event_pk)`
 
 // underWayColumns are the columns RecordUnderWay copies.
@@ -188,6 +192,7 @@ type UnderWayResult struct {
 type Copier interface {
 	Querier
 	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // RecordUnderWay writes the deliveries of events under way once, in the
@@ -204,32 +209,34 @@ func RecordUnderWay(ctx context.Context, q Copier, owner string, rs []UnderWayRe
 	for i := range rs {
 		ranges[i], events[i] = rs[i].Result.Range, rs[i].Result.EventPK
 	}
-	rows, err := q.Query(ctx, planUnderWaySQL, owner, ranges, events)
-	if err != nil {
-		return nil, fmt.Errorf("record under way: %w", err)
-	}
 	ids := make(map[int64]int64, n)
 	var picked []int
 	var now time.Time
-	for rows.Next() {
-		var ord, id int64
-		if err := rows.Scan(&ord, &id, &now); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("record under way: %w", err)
+	// In a transaction (the recorder's) keyPlans holds until recordPlans;
+	// outside one, for the batch's implicit transaction.
+	b := &pgx.Batch{}
+	b.Queue(keyPlans)
+	b.Queue(planUnderWaySQL, owner, ranges, events).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var ord, id int64
+			if err := rows.Scan(&ord, &id, &now); err != nil {
+				return err
+			}
+			if _, twice := ids[events[ord-1]]; twice {
+				continue // one delivery per event, whatever the batch says
+			}
+			picked = append(picked, int(ord-1))
+			ids[events[ord-1]] = id
 		}
-		if _, twice := ids[events[ord-1]]; twice {
-			continue // one delivery per event, whatever the batch says
-		}
-		picked = append(picked, int(ord-1))
-		ids[events[ord-1]] = id
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("record under way: %w", err)
 	}
 	if len(picked) == 0 {
 		return ids, nil
 	}
-	_, err = q.CopyFrom(ctx, pgx.Identifier{"postbox", "deliveries"}, underWayColumns,
+	_, err := q.CopyFrom(ctx, pgx.Identifier{"postbox", "deliveries"}, underWayColumns,
 		pgx.CopyFromSlice(len(picked), func(k int) ([]any, error) {
 			u := &rs[picked[k]]
 			r := u.Result
@@ -269,12 +276,15 @@ func RecordUnderWay(ctx context.Context, q Copier, owner string, rs []UnderWayRe
 }
 
 // loadUnderWaySQL reads kept events by id, as a claim returns deliveries,
-// while they have no delivery and their range is still owner's.
+// while they have no delivery and their range is still owner's. The
+// ranges are found by key, then checked for their owner, as in
+// planUnderWaySQL.
 const loadUnderWaySQL = `
+WITH ranges AS MATERIALIZED (SELECT id, owner FROM postbox.under_way WHERE id = ANY($2))
 SELECT 0::int8, e.endpoint, '', 0, e.event_id::text, coalesce(e.url, ''), e.event_type,
        e.payload::text, e.headers::text, e.created_at, e.committed_at, e.id, r.range_id
 FROM unnest($1::int8[], $2::int8[]) AS r(event_pk, range_id)
-JOIN postbox.under_way u ON u.id = r.range_id AND u.owner = $3
+JOIN ranges u ON u.id = r.range_id AND u.owner = $3
 JOIN postbox.events e ON e.id = r.event_pk
 WHERE NOT EXISTS (SELECT 1 FROM postbox.deliveries d WHERE d.event_pk = e.id)
 ORDER BY e.id`
@@ -284,20 +294,20 @@ ORDER BY e.id`
 // ranges no longer owner's (swept, owner thought dead) or with a delivery
 // already are left out.
 func (s *Store) LoadUnderWay(ctx context.Context, owner string, events, ranges []int64) ([]Claimed, error) {
-	rows, err := s.Pool.Query(ctx, loadUnderWaySQL, events, ranges, owner)
-	if err != nil {
-		return nil, fmt.Errorf("load under way: %w", err)
-	}
-	defer rows.Close()
 	var out []Claimed
-	for rows.Next() {
-		c, err := scanClaimedWith(rows, true)
-		if err != nil {
-			return nil, fmt.Errorf("load under way: %w", err)
+	b := &pgx.Batch{}
+	b.Queue(keyPlans)
+	b.Queue(loadUnderWaySQL, events, ranges, owner).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			c, err := scanClaimedWith(rows, true)
+			if err != nil {
+				return err
+			}
+			out = append(out, c)
 		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	if err := s.Pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("load under way: %w", err)
 	}
 	return out, nil

@@ -427,3 +427,75 @@ func TestAnUnderWayAttemptIsCountedOnce(t *testing.T) {
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT coalesce(sum(count), 0) FROM postbox.latency_histogram WHERE endpoint = 'ep'`).Scan(&counted))
 	require.EqualValues(t, 2, counted, "each attempt counted once")
 }
+
+// TestKeyPlansAreKeptAndProbeByKey: the recorder's look-up of events under
+// way and the load of kept events are planned once per session (keyPlans)
+// where the session plans every other statement at each run, and the plan
+// kept, made perhaps while the tables were empty, reaches every table
+// through an index from the statement's arrays, whatever their size later.
+func TestKeyPlansAreKeptAndProbeByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := setupConns(t, 1) // one session: the statements' plans are its
+	func() {
+		c, err := s.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer c.Release()
+		tx, err := c.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, store.KeyPlans)
+		require.NoError(t, err)
+		for name, sql := range map[string]string{"plan_under_way": store.PlanUnderWaySQL, "load_under_way": store.LoadUnderWaySQL} {
+			_, err = tx.Exec(ctx, "PREPARE "+name+" AS "+sql)
+			require.NoError(t, err)
+		}
+		explain := func(sql string) string {
+			rows, err := tx.Query(ctx, "EXPLAIN (COSTS OFF) "+sql)
+			require.NoError(t, err)
+			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			return strings.Join(plan, "\n")
+		}
+		for _, sql := range []string{`EXECUTE plan_under_way('me', '{1,1,2}', '{10,11,12}')`, `EXECUTE load_under_way('{10,11,12}', '{1,1,2}', 'me')`} {
+			plan := explain(sql) // on empty tables
+			for _, scan := range []string{"Seq Scan", "Hash Join", "Hash Semi Join", "Hash Anti Join", "Hash Right", "Merge", "under_way_owner"} {
+				require.NotContains(t, plan, scan, plan)
+			}
+			require.Contains(t, plan, "deliveries_event", plan)
+			require.Contains(t, plan, "under_way_pkey", plan)
+		}
+		require.Contains(t, explain(`EXECUTE load_under_way('{10}', '{1}', 'me')`), "events_pkey")
+		require.NoError(t, tx.Rollback(ctx))
+		_, err = c.Exec(ctx, "DEALLOCATE plan_under_way; DEALLOCATE load_under_way")
+		require.NoError(t, err)
+	}()
+
+	// Called as the relay calls them, three times each: planned once.
+	ids := eventsWithoutDeliveries(t, s, 6)
+	rng, err := store.AddUnderWay(ctx, s.Pool, "me", ids[0], ids[5])
+	require.NoError(t, err)
+	for i := range 3 {
+		loaded, err := s.LoadUnderWay(ctx, "me", []int64{ids[2*i], ids[2*i+1]}, []int64{rng, rng})
+		require.NoError(t, err)
+		require.Len(t, loaded, 2)
+		n, err := recordDelivered(ctx, s.Pool, "me", rng, ids[2*i], ids[2*i+1])
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+	}
+	rows, err := s.Pool.Query(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = ANY($1)`,
+		[]string{store.PlanUnderWaySQL, store.LoadUnderWaySQL})
+	require.NoError(t, err)
+	counts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]int64, error) {
+		var c [2]int64
+		return c, r.Scan(&c[0], &c[1])
+	})
+	require.NoError(t, err)
+	require.Len(t, counts, 2, "the look-up and the load")
+	for _, c := range counts {
+		require.EqualValues(t, 3, c[0], "one plan, run three times")
+		require.Zero(t, c[1], "planned at each run")
+	}
+	require.Equal(t, map[int64][]string{ids[0]: {"delivered"}, ids[1]: {"delivered"}, ids[2]: {"delivered"},
+		ids[3]: {"delivered"}, ids[4]: {"delivered"}, ids[5]: {"delivered"}}, deliveriesOf(t, s, ids))
+}

@@ -83,14 +83,19 @@ func (s *Store) StaleUnderWay(ctx context.Context, owner string, age time.Durati
 
 // sweepEventsSQL reads the events without a delivery of ranges, range by
 // range, each through the primary key (the lateral subquery's OFFSET keeps
-// the planner from joining all events with all deliveries).
+// the planner from joining all events with all deliveries). The range
+// repeated on the deliveries lets the planner read each range's
+// deliveries in one pass beside its events (a merge anti join), where it
+// looked up each event's: over 200 ranges of 40 events, all delivered,
+// it read 17 times fewer pages and took a third less time.
 const sweepEventsSQL = `
 SELECT e.id, e.endpoint, e.url
 FROM unnest($1::int8[], $2::int8[]) AS r(first_event, last_event)
 CROSS JOIN LATERAL (
   SELECT e.id, e.endpoint, coalesce(e.url, '') AS url FROM postbox.events e
   WHERE e.id BETWEEN r.first_event AND r.last_event
-    AND NOT EXISTS (SELECT 1 FROM postbox.deliveries d WHERE d.event_pk = e.id)
+    AND NOT EXISTS (SELECT 1 FROM postbox.deliveries d
+                    WHERE d.event_pk = e.id AND d.event_pk BETWEEN r.first_event AND r.last_event)
   OFFSET 0
 ) e`
 

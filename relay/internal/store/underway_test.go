@@ -388,6 +388,9 @@ func TestSweepReadsRangesByPrimaryKey(t *testing.T) {
 	text := explain(store.SweepEventsSQL, []int64{100, 5000}, []int64{400, 5300})
 	require.NotContains(t, text, "Seq Scan on events", text)
 	require.NotContains(t, text, "Seq Scan on deliveries", text)
+	// Each range's deliveries are read in one pass beside its events, not
+	// looked up event by event.
+	require.Contains(t, text, "Merge Anti Join", text)
 
 	// The recorder's look-up of a batch's events under way, likewise.
 	ranges, events := make([]int64, 300), make([]int64, 300)

@@ -48,17 +48,10 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 	fmt.Fprintf(e.log, "bench: floor, %d events/s over %d endpoints for %s, no relay: a bare logical client forwards each row\n", o.Rate, o.Endpoints, o.Duration)
 	from := e.read(ctx)
 	e.pace(ctx, o, floorTable, led, false)
-	err = waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
-	to := e.read(ctx)
-	committed, ferr := fw.stop()
-	if err == nil {
-		err = ferr
-	}
+	t, lat, to, err := e.endFloor(ctx, fw, led, 30*time.Second, 50*time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
-	t := led.tally()
-	lat := latenciesFrom(t.first, committed)
 	res := &LatencyResult{
 		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),
@@ -120,22 +113,33 @@ func (e *env) loadFloor(ctx context.Context, o Options) (*LoadResult, error) {
 	fmt.Fprintf(e.log, "bench: load floor, %d producers inserting for %s, no relay: a bare logical client forwards each row\n", o.Producers, o.Duration)
 	from := e.read(ctx)
 	e.produceFlat(ctx, o, floorTable, led, res)
-	err = waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
-	res.DrainSeconds = time.Since(res.loadEnd).Seconds()
+	t, lat, to, err := e.endFloor(ctx, fw, led, 5*time.Minute, 20*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	res.DrainSeconds = to.at.Sub(res.loadEnd).Seconds()
+	res.P50ms, res.P99ms, res.Over50ms = quantile(lat, 0.50), quantile(lat, 0.99), shareOver(lat, 50)
+	res.Lost, res.Dups, res.BadSignatures = t.lost, t.dups, e.recv.scenarioBad()
+	res.Costs, res.Split = e.costs(ctx, from, to, res.Sent), fw.split()
+	return res, nil
+}
+
+// endFloor waits (for at most wait, looking every poll, as the scenario
+// with the relay does) until every event committed into led has arrived,
+// reads the costs' counters, stops the bare client and returns the
+// ledger's tally and the arrivals' latencies, sorted.
+func (e *env) endFloor(ctx context.Context, fw *forwarder, led *ledger, wait, poll time.Duration) (tally, []float64, meter, error) {
+	err := waitFor(ctx, wait, poll, func() (bool, error) { return led.pending() == 0, nil })
 	to := e.read(ctx)
 	committed, ferr := fw.stop()
 	if err == nil {
 		err = ferr
 	}
 	if err != nil {
-		return nil, err
+		return tally{}, nil, meter{}, err
 	}
 	t := led.tally()
-	lat := latenciesFrom(t.first, committed)
-	res.P50ms, res.P99ms, res.Over50ms = quantile(lat, 0.50), quantile(lat, 0.99), shareOver(lat, 50)
-	res.Lost, res.Dups, res.BadSignatures = t.lost, t.dups, e.recv.scenarioBad()
-	res.Costs, res.Split = e.costs(ctx, from, to, res.Sent), fw.split()
-	return res, nil
+	return t, latenciesFrom(t.first, committed), to, nil
 }
 
 // forwarder is the floor scenario's bare logical client.

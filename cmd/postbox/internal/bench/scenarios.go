@@ -210,7 +210,11 @@ func (e *env) produceFlat(ctx context.Context, o Options, table string, led *led
 		tick := time.NewTicker(time.Second)
 		defer tick.Stop()
 		for range int(o.Duration / time.Second) {
-			<-tick.C
+			select {
+			case <-tick.C:
+			case <-ctx.Done(): // the producers stop too
+				return
+			}
 			res.MaxLag = max(res.MaxLag, led.pending())
 		}
 	}()

@@ -88,6 +88,14 @@ type Options struct {
 	// Emit has the producers write events with outbox.Emit (WAL messages)
 	// instead of outbox rows: latency, catchup, load and scale.
 	Emit bool
+	// WalsenderNice, when not zero, is the scheduling weight the load and
+	// load-floor scenarios give the walsender that streams to the relay
+	// (or to the bare client), as a nice value from -20 to 19: under a
+	// load that keeps every CPU busy, the walsender waits its turn beside
+	// each backend and the relay, and that wait is the tail of the load
+	// scenario's latency. See weighWalsender. The walsender must run on
+	// this machine.
+	WalsenderNice int
 
 	// RelayBinary is the postbox binary run as the relay. Empty means this
 	// executable, which is what `postbox bench` wants; tests build one.
@@ -153,6 +161,8 @@ func (o Options) validate() ([]string, error) {
 		return nil, errors.New("floor, load-floor: the bare client reads outbox rows only, not outbox.Emit's messages")
 	case o.Relays < 0 || o.Relays > 16:
 		return nil, fmt.Errorf("relays: want 1 to 16, got %d", o.Relays)
+	case o.WalsenderNice < -20 || o.WalsenderNice > 19:
+		return nil, fmt.Errorf("walsender-nice: want -20 to 19, got %d", o.WalsenderNice)
 	}
 	if _, err := o.faultKinds(); err != nil {
 		return nil, err
@@ -206,6 +216,9 @@ type LoadResult struct {
 	// producers' work is in the bench's CPU and the WAL.
 	Costs *Costs `json:"costs,omitempty"`
 	Split *Split `json:"split,omitempty"`
+	// WalsenderNice is the scheduling weight the walsender was given
+	// (Options.WalsenderNice); zero when it was left as it was.
+	WalsenderNice int `json:"walsender_nice,omitempty"`
 
 	loadEnd time.Time // when the producers stopped
 }

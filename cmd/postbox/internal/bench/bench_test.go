@@ -148,6 +148,8 @@ func TestRun(t *testing.T) {
 		Backlog:     300,
 		RelayBinary: buildPostbox(t),
 		DatabaseURL: pgtest.NewDatabase(t),
+		// Weighs the floor's walsender (load-floor alone takes it).
+		WalsenderNice: 3,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -191,6 +193,7 @@ func TestRun(t *testing.T) {
 	// once, its latency split by the bare client's own timings.
 	lf := res.LoadFloor
 	require.NotNil(t, lf)
+	require.Equal(t, 3, lf.WalsenderNice, "the walsender found by its slot and weighed")
 	require.Positive(t, lf.Sent)
 	require.Zero(t, lf.Lost)
 	require.Zero(t, lf.Dups)

@@ -48,7 +48,9 @@
 //     the walsender waits for a CPU beside the producers' backends; this
 //     is what that wait and one HTTP request cost with nothing else
 //     competing. Run beside load (`--scenario load,load-floor`), the
-//     difference is postbox's share of the tail.
+//     difference is postbox's share of the tail. Options.WalsenderNice
+//     (--walsender-nice) gives the walsender of either a scheduling weight
+//     (weighWalsender): with it the walsender keeps up under that load.
 //
 // The latency and load scenarios also split the latency before the
 // request left at the stream's receipt of the row, from the relay's own

@@ -110,6 +110,13 @@ func (e *env) loadFloor(ctx context.Context, o Options) (*LoadResult, error) {
 	defer drop()
 	led := e.recv.reset()
 	res := &LoadResult{Producers: o.Producers, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
+	if o.WalsenderNice != 0 {
+		if err := e.weighWalsender(ctx, fw.slot, o.WalsenderNice); err != nil {
+			_, _ = fw.stop()
+			return nil, err
+		}
+		res.WalsenderNice = o.WalsenderNice
+	}
 	fmt.Fprintf(e.log, "bench: load floor, %d producers inserting for %s, no relay: a bare logical client forwards each row\n", o.Producers, o.Duration)
 	from := e.read(ctx)
 	e.produceFlat(ctx, o, floorTable, led, res)
@@ -145,6 +152,7 @@ func (e *env) endFloor(ctx context.Context, fw *forwarder, led *ledger, wait, po
 // forwarder is the floor scenario's bare logical client.
 type forwarder struct {
 	conn    *pgconn.PgConn
+	slot    string
 	client  *http.Client
 	target  string
 	secrets []outbox.Secret
@@ -197,7 +205,7 @@ func startForwarder(ctx context.Context, dbURL, slot, target, secret string) (*f
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	fw := &forwarder{
-		conn: conn, target: target, secrets: []outbox.Secret{key}, cancel: cancel, done: make(chan error, 1),
+		conn: conn, slot: slot, target: target, secrets: []outbox.Secret{key}, cancel: cancel, done: make(chan error, 1),
 		client:    &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 10 * time.Second},
 		committed: map[string]time.Time{}, columns: map[uint32][]string{},
 	}

@@ -50,6 +50,7 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  inserts %.0f/s with the relay running (%.0f/s without it); deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.BaselinePerS, l.DeliveriesPerS)
 		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
 		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms); sent %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Sent, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+		l.printWeight(w)
 		l.Split.print(w)
 		l.Costs.print(w)
 	}
@@ -58,6 +59,7 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  inserts %.0f/s; deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.DeliveriesPerS)
 		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
 		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms); sent %d, lost %d, duplicates %d%s\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Sent, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
+		l.printWeight(w)
 		l.Split.printExact(w)
 		l.Costs.print(w)
 	}
@@ -154,4 +156,11 @@ func (l *LatencyResult) warmedUp() string {
 		return ""
 	}
 	return fmt.Sprintf(" (after a %.0f s warm-up at that rate: %d events, in no figure but lost, duplicates and bad signatures)", l.WarmupSeconds, l.WarmupSent)
+}
+
+// printWeight says when the walsender was given a weight (--walsender-nice).
+func (l *LoadResult) printWeight(w io.Writer) {
+	if l.WalsenderNice != 0 {
+		fmt.Fprintf(w, "  the walsender at nice %d (--walsender-nice), its scheduling group's too\n", l.WalsenderNice)
+	}
 }

@@ -250,6 +250,13 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 		e.stopRelay()
 		return nil, err
 	}
+	if o.WalsenderNice != 0 {
+		if err := e.weighWalsender(ctx, e.slot, o.WalsenderNice); err != nil {
+			e.stopRelay()
+			return nil, err
+		}
+		res.WalsenderNice = o.WalsenderNice
+	}
 	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
 	e.produceFlat(ctx, o, "postbox.outbox", led, res)
 	sent := res.Sent

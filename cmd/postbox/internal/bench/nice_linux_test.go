@@ -1,0 +1,48 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSetNiceWeighsTheProcessAndItsAutogroup: a process that leads a
+// session of its own, as a PostgreSQL backend does, gets the nice value
+// as its own and, where the kernel groups sessions, as its autogroup's.
+func TestSetNiceWeighsTheProcessAndItsAutogroup(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	require.Equal(t, 0, niceOf(t, pid), "started at the default")
+
+	require.NoError(t, setNice(pid, 7))
+	require.Equal(t, 7, niceOf(t, pid))
+	if on, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); err == nil && strings.TrimSpace(string(on)) == "1" {
+		group, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", pid))
+		require.NoError(t, err)
+		require.True(t, strings.HasSuffix(strings.TrimSpace(string(group)), "nice 7"), "autogroup: %s", group)
+	}
+
+	require.Error(t, setNice(1<<22+1, 7), "no such process")
+}
+
+// niceOf is pid's nice value, field 19 of /proc/pid/stat.
+func niceOf(t *testing.T, pid int) int {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	// The fields after the command's closing parenthesis start at field 3.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	n, err := strconv.Atoi(fields[19-3])
+	require.NoError(t, err)
+	return n
+}

@@ -45,6 +45,7 @@ type Config struct {
 	SweepInterval  time.Duration
 	StatusInterval time.Duration
 	StallTimeout   time.Duration
+	WalsenderNice  int
 	LeaderLease    time.Duration
 	MaxConcurrency int
 	// MetricsEndpointLabels caps the endpoint label of metrics.
@@ -215,7 +216,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		OutboxRetention: c.OutboxRetention.D(), EventRetention: c.EventRetention.D(), DeliveryRetention: c.DeliveryRetention.D(),
 		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys,
 		MaxBody: int64(c.MaxBody), ShutdownGrace: c.ShutdownGrace.D(), Lease: c.Lease.D(), SweepInterval: c.SweepInterval.D(),
-		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), LeaderLease: c.LeaderLease.D(),
+		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), WalsenderNice: c.WalsenderNice, LeaderLease: c.LeaderLease.D(),
 		MaxConcurrency: c.MaxConcurrency, MetricsEndpointLabels: c.MetricsEndpointLabels,
 		Alerts:      c.Alerts.resolve(),
 		SecretFiles: c.secretFiles(),
@@ -271,6 +272,9 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 	}
 	if c.StallTimeout.D() <= c.StatusInterval.D() {
 		return nil, keyErr("stall_timeout", "must be longer than status_interval (%s)", c.StatusInterval.D())
+	}
+	if c.WalsenderNice < -20 || c.WalsenderNice > 19 {
+		return nil, keyErr("walsender_nice", "%d is not a nice value: -20 to 19, 0 to leave the walsender as it is", c.WalsenderNice)
 	}
 	if c.LeaderLease.D() < 300*time.Millisecond {
 		return nil, keyErr("leader_lease", "must be at least 300ms")

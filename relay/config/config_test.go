@@ -130,6 +130,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"signing:\n  per_endpoint: per-partner", "signing.per_endpoint"},
 		{"signing:\n  secrets: [whsec_c2hvcnQta2V5LW9mLTE5Ynl0ZXM=]", "signing.secrets[0]"}, // 20 bytes
 		{"admin_token: short", "admin_token"},
+		{"walsender_nice: -21", "walsender_nice"},
+		{"walsender_nice: high", "walsender_nice"},
 		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
 	} {
 		_, err := config.Parse([]byte(tc.yaml))

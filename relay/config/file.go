@@ -111,6 +111,12 @@ type File struct {
 	// StallTimeout ends a replication session that received nothing (not
 	// even the replies its status updates ask for) for this long.
 	StallTimeout Duration `yaml:"stall_timeout"`
+	// WalsenderNice, when not zero, is the nice value (-20 to 19) postbox
+	// gives the walsender of each of its replication sessions, where the
+	// server runs on the same machine and postbox may: for a database
+	// whose CPUs run saturated (docs/operations.md, "Giving the walsender
+	// its share").
+	WalsenderNice int `yaml:"walsender_nice"`
 	// LeaderLease is how long the streaming instance's leadership outlives
 	// its last renewal: a standby takes over that long after the leader
 	// dies or freezes.

@@ -293,6 +293,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 		Table:          cfg.Table,
 		StatusInterval: cfg.StatusInterval,
 		StallTimeout:   cfg.StallTimeout,
+		WalsenderNice:  cfg.WalsenderNice,
 		MaxBody:        func() int { return int(s.env.Config().MaxBody) },
 		Logger:         s.env.Logger("wal"),
 		Flushed:        func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },

@@ -109,6 +109,11 @@ type Options struct {
 	// queued, if need be beyond the queue's bounds when the session ends
 	// while it waits.
 	Prepare func(*Chunk)
+	// WalsenderNice, when not zero, is the nice value each session gives
+	// its walsender before it starts replication (weighWalsender): where
+	// the database's CPUs run saturated, the walsender otherwise waits its
+	// turn beside every backend, and the rows committed meanwhile with it.
+	WalsenderNice int
 }
 
 // Stream reads outbox inserts from a logical replication slot.
@@ -264,6 +269,9 @@ func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) er
 		return err
 	}
 	ss.skipBefore = skipBefore
+	if ss.opts.WalsenderNice != 0 {
+		ss.weighWalsender(ctx)
+	}
 	args := []string{
 		"proto_version '1'",
 		"publication_names '" + ss.opts.Publication + "'", // validated: [a-z0-9_]

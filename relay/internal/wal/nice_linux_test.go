@@ -1,0 +1,100 @@
+package wal
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/pgtest"
+)
+
+// drained is an Acker with nothing in flight.
+type drained struct{}
+
+func (drained) Durable(flushed pglogrepl.LSN) pglogrepl.LSN { return flushed }
+func (drained) Drained() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// TestWalsenderNiceWeighsTheSessionsWalsender: a session given
+// WalsenderNice gives its walsender that nice value, and the walsender's
+// autogroup too where the kernel groups sessions, before it streams. A
+// process that is not a walsender, or is not this session's, is refused.
+func TestWalsenderNiceWeighsTheSessionsWalsender(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	table, err := outbox.ParseTable(outbox.DefaultTable)
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, pool, table))
+	slot, pub := pgtest.UniqueName("slot"), pgtest.UniqueName("pub")
+	require.NoError(t, EnsurePublication(ctx, pool, pub, table))
+	_, err = CreateSlot(ctx, dbURL, slot)
+	require.NoError(t, err)
+
+	stream := NewStream(Options{ConnString: dbURL, Slot: slot, Publication: pub, Table: table, WalsenderNice: 3, Logger: zerolog.Nop()})
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	started, done := make(chan struct{}), make(chan error, 1)
+	plan := func(Session) (pglogrepl.LSN, pglogrepl.LSN, error) { return 0, 0, nil }
+	go func() {
+		done <- stream.Run(runCtx, plan, NewQueue(100, 1<<20), drained{}, func(Session) { close(started) })
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the session ended before it streamed: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the session did not start")
+	}
+	st, err := Slot(ctx, pool, slot)
+	require.NoError(t, err)
+	require.True(t, st.Active)
+	require.Equal(t, 3, niceOf(t, st.ActivePID), "the walsender's own nice")
+	if on, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); err == nil && strings.TrimSpace(string(on)) == "1" {
+		group, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", st.ActivePID))
+		require.NoError(t, err)
+		require.True(t, strings.HasSuffix(strings.TrimSpace(string(group)), "nice 3"), "its autogroup: %s", group)
+	}
+	require.ErrorContains(t, walsenderHere(st.ActivePID, &net.TCPAddr{Port: 1}), "not this session's")
+
+	sleep := exec.Command("sleep", "60")
+	require.NoError(t, sleep.Start())
+	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
+	require.ErrorContains(t, walsenderHere(sleep.Process.Pid, nil), "not a walsender")
+	require.Equal(t, 0, niceOf(t, sleep.Process.Pid), "left untouched")
+	require.ErrorContains(t, walsenderHere(1<<22+1, nil), "not on this machine")
+
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// niceOf is pid's nice value, field 19 of /proc/pid/stat.
+func niceOf(t *testing.T, pid int) int {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	// The fields after the command's closing parenthesis start at field 3.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	n, err := strconv.Atoi(fields[19-3])
+	require.NoError(t, err)
+	return n
+}

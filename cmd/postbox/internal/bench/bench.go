@@ -93,8 +93,9 @@ type Options struct {
 	// (or to the bare client), as a nice value from -20 to 19: under a
 	// load that keeps every CPU busy, the walsender waits its turn beside
 	// each backend and the relay, and that wait is the tail of the load
-	// scenario's latency. See weighWalsender. The walsender must run on
-	// this machine.
+	// scenario's latency. The relay is given walsender_nice; the bare
+	// client's walsender is weighed by the bench (weighWalsender). The
+	// walsender must run on this machine.
 	WalsenderNice int
 
 	// RelayBinary is the postbox binary run as the relay. Empty means this

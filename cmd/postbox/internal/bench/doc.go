@@ -50,7 +50,8 @@
 //     competing. Run beside load (`--scenario load,load-floor`), the
 //     difference is postbox's share of the tail. Options.WalsenderNice
 //     (--walsender-nice) gives the walsender of either a scheduling weight
-//     (weighWalsender): with it the walsender keeps up under that load.
+//     (the relay's through its walsender_nice, the bare client's through
+//     weighWalsender): with it the walsender keeps up under that load.
 //
 // The latency and load scenarios also split the latency before the
 // request left at the stream's receipt of the row, from the relay's own

@@ -54,8 +54,11 @@ func (e *env) config(endpoints int) string {
 }
 
 // startRelay starts `postbox run` and waits until its slot is streaming.
-func (e *env) startRelay(ctx context.Context) error {
-	cmd, done, err := e.spawnRelay(e.cfgPath)
+func (e *env) startRelay(ctx context.Context) error { return e.startRelayWith(ctx, e.cfgPath) }
+
+// startRelayWith is startRelay with the configuration file cfgPath.
+func (e *env) startRelayWith(ctx context.Context, cfgPath string) error {
+	cmd, done, err := e.spawnRelay(cfgPath)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,10 +21,14 @@ func TestSetNiceWeighsTheProcessAndItsAutogroup(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	pid := cmd.Process.Pid
-	require.Equal(t, 0, niceOf(t, pid), "started at the default")
+	n, err := niceOf(pid)
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "started at the default")
 
 	require.NoError(t, setNice(pid, 7))
-	require.Equal(t, 7, niceOf(t, pid))
+	n, err = niceOf(pid)
+	require.NoError(t, err)
+	require.Equal(t, 7, n)
 	if on, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); err == nil && strings.TrimSpace(string(on)) == "1" {
 		group, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", pid))
 		require.NoError(t, err)
@@ -33,16 +36,4 @@ func TestSetNiceWeighsTheProcessAndItsAutogroup(t *testing.T) {
 	}
 
 	require.Error(t, setNice(1<<22+1, 7), "no such process")
-}
-
-// niceOf is pid's nice value, field 19 of /proc/pid/stat.
-func niceOf(t *testing.T, pid int) int {
-	t.Helper()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	require.NoError(t, err)
-	// The fields after the command's closing parenthesis start at field 3.
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	n, err := strconv.Atoi(fields[19-3])
-	require.NoError(t, err)
-	return n
 }

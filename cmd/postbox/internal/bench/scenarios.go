@@ -243,7 +243,11 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	}
 	res.BaselinePerS = float64(e.insertFlat(ctx, o, "public.bench_baseline", o.Duration, nil)) / o.Duration.Seconds()
 	_, _ = e.pool.Exec(ctx, `DROP TABLE public.bench_baseline`)
-	if err := e.startRelay(ctx); err != nil {
+	cfg, err := e.weighedConfig(o.WalsenderNice)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.startRelayWith(ctx, cfg); err != nil {
 		return nil, err
 	}
 	if err := e.waitCaughtUp(ctx); err != nil {
@@ -251,7 +255,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 		return nil, err
 	}
 	if o.WalsenderNice != 0 {
-		if err := e.weighWalsender(ctx, e.slot, o.WalsenderNice); err != nil {
+		if err := e.checkWeighed(ctx, o.WalsenderNice); err != nil {
 			e.stopRelay()
 			return nil, err
 		}
@@ -260,7 +264,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
 	e.produceFlat(ctx, o, "postbox.outbox", led, res)
 	sent := res.Sent
-	err := waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	err = waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(res.loadEnd).Seconds()
 	res.Split = splitBetween(fromSplit, scrapeSplit(ctx, e.admin))
 	to, rss, err := e.endRun(ctx, err)

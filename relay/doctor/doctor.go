@@ -157,6 +157,13 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 	default:
 		add("slot", OK, fmt.Sprintf("%s streamed (wal_status %s, retains %s)", cfg.Slot, st.WALStatus, telemetry.FormatBytes(st.RetainedBytes)), "")
 	}
+	if st.Active && st.ActivePID != 0 {
+		c, err := walsenderCheck(ctx, q, st.ActivePID, WalsenderSample)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
 
 	skew := s.dbNow.Sub(t0.Add(rtt / 2))
 	switch {
@@ -261,6 +268,69 @@ func outboxModeCheck(ctx context.Context, q store.Querier, keepSize string) Chec
 			") invalidates the slot while postbox is down, they are lost, with no table to reconcile from. Size it for your longest outage, or use outbox rows"
 	}
 	return c
+}
+
+// WalsenderSample is how long the walsender check watches the slot's
+// walsender, where it runs on this machine.
+const WalsenderSample = time.Second
+
+// walsenderCheck watches the walsender streaming the slot (pid) for
+// sample, where it runs on this machine: under a load that keeps the
+// database's CPUs busy it waits its turn for one, and the rows committed
+// meanwhile with it (docs/operations.md, "The walsender's weight").
+func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.Duration) (Check, error) {
+	c := Check{Name: "walsender", Severity: OK}
+	var port *int32
+	err := q.QueryRow(ctx, `SELECT client_port FROM pg_stat_replication WHERE pid = $1`, pid).Scan(&port)
+	if errors.Is(err, pgx.ErrNoRows) {
+		c.Detail = fmt.Sprintf("pid %d has just ended", pid)
+		return c, nil
+	}
+	if err != nil {
+		return c, fmt.Errorf("doctor: look up walsender %d: %w", pid, err)
+	}
+	clientPort := 0
+	if port != nil {
+		clientPort = int(*port)
+	}
+	if err := wal.LocalWalsender(pid, clientPort); err != nil {
+		c.Detail = fmt.Sprintf("pid %d, not measured: %v", pid, err)
+		return c, nil
+	}
+	before, err := wal.ProcessCPU(pid)
+	if err == nil {
+		select {
+		case <-ctx.Done():
+			return c, ctx.Err()
+		case <-time.After(sample):
+		}
+		var after wal.CPU
+		if after, err = wal.ProcessCPU(pid); err == nil {
+			judgeWalsender(&c, pid, after.Nice, after.Ran-before.Ran, after.Waited-before.Waited, sample)
+			return c, nil
+		}
+	}
+	c.Detail = fmt.Sprintf("pid %d, not measured: %v", pid, err)
+	return c, nil
+}
+
+// judgeWalsender fills c from what the walsender did in sample: a
+// walsender that was busy (on a CPU at least 2% of it) and waited for a
+// CPU as long as it ran is behind the other processes of a saturated
+// machine.
+func judgeWalsender(c *Check, pid, nice int, ran, waited, sample time.Duration) {
+	c.Detail = fmt.Sprintf("pid %d on this machine, nice %d: in %s it ran %s and waited %s for a CPU", pid, nice, sample,
+		ran.Round(time.Microsecond), waited.Round(time.Microsecond))
+	if ran < sample/50 || waited < ran {
+		return
+	}
+	c.Severity = Warn
+	c.Detail += ": the database's CPUs are saturated, and the rows it streams wait with it"
+	if nice >= 0 {
+		c.Fix = "give the database more CPU, or the walsender a weight: walsender_nice: -10 where postbox runs on the database's machine (docs/operations.md, \"Giving the walsender its share\")"
+	} else {
+		c.Fix = "give the database more CPU: the walsender is weighed already"
+	}
 }
 
 // Failed reports whether any check is an error.

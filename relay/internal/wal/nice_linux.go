@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // walsenderHere checks that process pid on this machine is the walsender
@@ -44,4 +45,59 @@ func setNice(pid, nice int) error {
 		}
 	}
 	return err
+}
+
+// LocalWalsender checks that process pid on this machine is the walsender
+// whose client connected from clientPort (0 for a Unix socket), as
+// pg_stat_replication reports it: its title names the port ("[local]"
+// for a socket).
+func LocalWalsender(pid, clientPort int) error {
+	if clientPort == 0 {
+		if err := walsenderHere(pid, nil); err != nil {
+			return err
+		}
+		if title, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); !strings.Contains(string(title), "[local]") {
+			return fmt.Errorf("walsender %d here is not the one: it is not on a Unix socket", pid)
+		}
+		return nil
+	}
+	return walsenderHere(pid, &net.TCPAddr{Port: clientPort})
+}
+
+// CPU is a process's time on a CPU and waiting for one, from
+// /proc/PID/schedstat, and its nice value.
+type CPU struct {
+	Ran, Waited time.Duration
+	Nice        int
+}
+
+// ProcessCPU reads process pid's CPU.
+func ProcessCPU(pid int) (CPU, error) {
+	var c CPU
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		return c, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return c, fmt.Errorf("/proc/%d/schedstat: %q", pid, b)
+	}
+	ran, err1 := strconv.ParseInt(f[0], 10, 64)
+	waited, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return c, fmt.Errorf("/proc/%d/schedstat: %w", pid, err)
+	}
+	c.Ran, c.Waited = time.Duration(ran), time.Duration(waited)
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return c, err
+	}
+	// The fields after the command's closing parenthesis start at field 3;
+	// the nice value is field 19.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(fields) < 19-2 {
+		return c, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
+	}
+	c.Nice, err = strconv.Atoi(fields[19-3])
+	return c, err
 }

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -87,14 +86,10 @@ func TestWalsenderNiceWeighsTheSessionsWalsender(t *testing.T) {
 	require.NoError(t, <-done)
 }
 
-// niceOf is pid's nice value, field 19 of /proc/pid/stat.
+// niceOf is pid's nice value.
 func niceOf(t *testing.T, pid int) int {
 	t.Helper()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	c, err := ProcessCPU(pid)
 	require.NoError(t, err)
-	// The fields after the command's closing parenthesis start at field 3.
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	n, err := strconv.Atoi(fields[19-3])
-	require.NoError(t, err)
-	return n
+	return c.Nice
 }

@@ -10,7 +10,7 @@ var errUnexpectedPID = errors.New("pg_backend_pid() did not answer one value")
 
 // weighWalsender gives the session's walsender the nice value of
 // Options.WalsenderNice, where the server runs on this machine and postbox
-// may (root, or CAP_SYS_NICE for a negative value). It asks the server for
+// may (as root, or as PostgreSQL's OS user with CAP_SYS_NICE). It asks the server for
 // the walsender's pid and, before it touches the process of that pid
 // here, checks that it is this session's walsender (walsenderHere): a
 // server elsewhere numbers its processes on its own. Whatever stops it is

@@ -3,7 +3,6 @@ package wal
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -11,12 +10,12 @@ import (
 	"time"
 )
 
-// walsenderHere checks that process pid on this machine is the walsender
-// of the connection whose client end is local: PostgreSQL titles it
-// "postgres: walsender USER HOST(PORT) …" (update_process_title, on by
-// default), PORT being that end's. A connection over a Unix socket is
-// titled "[local]" and has no port to compare.
-func walsenderHere(pid int, local net.Addr) error {
+// LocalWalsender checks that process pid on this machine is the walsender
+// whose client connected from clientPort, or over a Unix socket when
+// clientPort is 0 (as pg_stat_replication reports it): PostgreSQL titles
+// it "postgres: walsender USER HOST(PORT) …", "[local]" for a socket
+// (update_process_title, on by default).
+func LocalWalsender(pid, clientPort int) error {
 	title, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
 		return fmt.Errorf("the walsender (pid %d) is not on this machine", pid)
@@ -25,8 +24,12 @@ func walsenderHere(pid int, local net.Addr) error {
 	if !strings.Contains(t, "walsender") {
 		return fmt.Errorf("process %d here is not a walsender: the server runs elsewhere, or its update_process_title is off", pid)
 	}
-	if tcp, ok := local.(*net.TCPAddr); ok && !strings.Contains(t, "("+strconv.Itoa(tcp.Port)+")") {
-		return fmt.Errorf("walsender %d here is not this session's: its title does not name port %d", pid, tcp.Port)
+	client := "[local]"
+	if clientPort != 0 {
+		client = "(" + strconv.Itoa(clientPort) + ")"
+	}
+	if !strings.Contains(t, client) {
+		return fmt.Errorf("walsender %d here is not this session's: its title does not name %s", pid, client)
 	}
 	return nil
 }
@@ -45,30 +48,6 @@ func setNice(pid, nice int) error {
 		}
 	}
 	return err
-}
-
-// LocalWalsender checks that process pid on this machine is the walsender
-// whose client connected from clientPort (0 for a Unix socket), as
-// pg_stat_replication reports it: its title names the port ("[local]"
-// for a socket).
-func LocalWalsender(pid, clientPort int) error {
-	if clientPort == 0 {
-		if err := walsenderHere(pid, nil); err != nil {
-			return err
-		}
-		if title, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); !strings.Contains(string(title), "[local]") {
-			return fmt.Errorf("walsender %d here is not the one: it is not on a Unix socket", pid)
-		}
-		return nil
-	}
-	return walsenderHere(pid, &net.TCPAddr{Port: clientPort})
-}
-
-// CPU is a process's time on a CPU and waiting for one, from
-// /proc/PID/schedstat, and its nice value.
-type CPU struct {
-	Ran, Waited time.Duration
-	Nice        int
 }
 
 // ProcessCPU reads process pid's CPU.

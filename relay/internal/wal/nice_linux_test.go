@@ -3,7 +3,6 @@ package wal
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -73,14 +72,14 @@ func TestWalsenderNiceWeighsTheSessionsWalsender(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, strings.HasSuffix(strings.TrimSpace(string(group)), "nice 3"), "its autogroup: %s", group)
 	}
-	require.ErrorContains(t, walsenderHere(st.ActivePID, &net.TCPAddr{Port: 1}), "not this session's")
+	require.ErrorContains(t, LocalWalsender(st.ActivePID, 1), "not this session's")
 
 	sleep := exec.Command("sleep", "60")
 	require.NoError(t, sleep.Start())
 	t.Cleanup(func() { _ = sleep.Process.Kill(); _ = sleep.Wait() })
-	require.ErrorContains(t, walsenderHere(sleep.Process.Pid, nil), "not a walsender")
+	require.ErrorContains(t, LocalWalsender(sleep.Process.Pid, 0), "not a walsender")
 	require.Equal(t, 0, niceOf(t, sleep.Process.Pid), "left untouched")
-	require.ErrorContains(t, walsenderHere(1<<22+1, nil), "not on this machine")
+	require.ErrorContains(t, LocalWalsender(1<<22+1, 0), "not on this machine")
 
 	cancel()
 	require.NoError(t, <-done)

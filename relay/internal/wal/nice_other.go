@@ -2,28 +2,14 @@
 
 package wal
 
-import (
-	"errors"
-	"net"
-	"time"
-)
+import "errors"
 
-// walsenderHere cannot tell a walsender from another process without
-// Linux's /proc: walsender_nice is for Linux.
-func walsenderHere(int, net.Addr) error {
-	return errors.New("walsender_nice works on Linux only")
-}
-
-func setNice(int, int) error { return errors.New("walsender_nice works on Linux only") }
+var errLinuxOnly = errors.New("telling a walsender here and weighing it need Linux's /proc")
 
 // LocalWalsender needs Linux's /proc.
-func LocalWalsender(int, int) error { return errors.New("telling a walsender here needs Linux") }
+func LocalWalsender(int, int) error { return errLinuxOnly }
 
-// CPU is a process's time on a CPU and waiting for one, and its nice value.
-type CPU struct {
-	Ran, Waited time.Duration
-	Nice        int
-}
+func setNice(int, int) error { return errLinuxOnly }
 
 // ProcessCPU needs Linux's /proc.
-func ProcessCPU(int) (CPU, error) { return CPU{}, errors.New("reading a process's CPU needs Linux") }
+func ProcessCPU(int) (CPU, error) { return CPU{}, errLinuxOnly }

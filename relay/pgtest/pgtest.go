@@ -377,10 +377,10 @@ func (c *Cluster) startServer(ctx context.Context) error {
 	started := make(chan error, 1)
 	exited := make(chan struct{})
 	go func() {
-		// Pdeathsig is delivered when the thread that started the child
-		// exits, so this goroutine keeps its thread until the server ends:
-		// if the test process dies, the server shuts down immediately
-		// rather than lingering.
+		// A parent-death signal (serverAttr, Linux) is delivered when the
+		// thread that started the child exits, so this goroutine keeps its
+		// thread until the server ends: if the test process dies, the
+		// server shuts down immediately rather than lingering.
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		defer close(exited)
@@ -388,7 +388,7 @@ func (c *Cluster) startServer(ctx context.Context) error {
 		cmd := exec.Command(filepath.Join(c.bindir, "postgres"), c.args()...)
 		cmd.Stdout, cmd.Stderr = logFile, logFile
 		cmd.Dir = c.dir
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+		cmd.SysProcAttr = serverAttr(c.cred)
 		if err := cmd.Start(); err != nil {
 			started <- fmt.Errorf("pgtest: start postgres: %w", err)
 			return

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -71,7 +70,6 @@ func (w *hostWatch) run() {
 		n, _ := f.ReadAt(buf, 0) // a seq_file: each read from 0 is fresh
 		return runDelay(buf[:n])
 	}
-	tick := syscall.NsecToTimespec(int64(pauseTick))
 	prev := time.Now()
 	prevDelay, known := delay()
 	for {
@@ -80,7 +78,7 @@ func (w *hostWatch) run() {
 			return
 		default:
 		}
-		_ = syscall.Nanosleep(&tick, nil)
+		threadSleep(pauseTick)
 		now := time.Now()
 		d, read := delay()
 		// A gap is judged only between two readings of the run delay: a

@@ -128,6 +128,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 		r.opts.Rand = rand.Float64
 	}
 	r.faults = service.NewFaults(opts.Logger.With().Str("component", "database").Logger(), r.opts.Now)
+	r.metrics.SetWalsender(r.walsenderCPU)
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
 	copts := opts.HTTP
@@ -489,6 +490,17 @@ func (r *Relay) InstanceID() string { return r.owner }
 func (r *Relay) Streaming() bool {
 	s := r.svc.Load()
 	return s != nil && s.ingest.Streaming()
+}
+
+// walsenderCPU is the CPU of the walsender streaming this instance's
+// session, where it runs on this machine (telemetry.Metrics.SetWalsender).
+func (r *Relay) walsenderCPU() (telemetry.WalsenderCPU, bool) {
+	s := r.svc.Load()
+	if s == nil {
+		return telemetry.WalsenderCPU{}, false
+	}
+	c, ok := s.ingest.WalsenderCPU()
+	return telemetry.WalsenderCPU{Ran: c.Ran, Waited: c.Waited, Nice: c.Nice}, ok
 }
 
 // Durable is the LSN up to which outbox transactions are ingested.

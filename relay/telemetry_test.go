@@ -73,6 +73,7 @@ func TestMetricsAndProbes(t *testing.T) {
 		"postbox_deliveries_total", "postbox_attempt_duration_seconds_bucket", "postbox_commit_to_delivery_seconds_bucket",
 		"postbox_queue_depth", "postbox_oldest_pending_age_seconds", "postbox_replication_slot_lag_bytes",
 		"postbox_ingested_events_total", "postbox_alert_firing", "postbox_streaming", "postbox_circuit_breaker_state",
+		"postbox_walsender_nice",
 	} {
 		require.Contains(t, body, name, "series %s", name)
 	}
@@ -92,6 +93,13 @@ func TestMetricsAndProbes(t *testing.T) {
 		require.NoError(t, err)
 		return v
 	}
+	// The walsender runs on this machine: its CPU is read at the scrape.
+	walsenderRan := regexp.MustCompile(`(?m)^postbox_walsender_cpu_seconds_total (\S+)$`).FindStringSubmatch(body)
+	require.NotNil(t, walsenderRan, "postbox_walsender_cpu_seconds_total")
+	ran, err := strconv.ParseFloat(walsenderRan[1], 64)
+	require.NoError(t, err)
+	require.Positive(t, ran, "the walsender streamed 10,003 events")
+	require.Regexp(t, `(?m)^postbox_walsender_cpu_wait_seconds_total \S+$`, body)
 	sent, streamed := sum("postbox_commit_to_send_seconds"), sum("postbox_commit_to_stream_seconds")
 	require.Positive(t, sent, "the server's commit time comes before its send")
 	require.LessOrEqual(t, sent, streamed, "the server sent each transaction before postbox had it (one host's clock)")

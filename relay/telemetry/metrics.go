@@ -33,6 +33,7 @@ type Metrics struct {
 	slotLag          prometheus.Gauge
 	alerts           *prometheus.GaugeVec
 	streaming        prometheus.Gauge
+	walsender        *walsenderCollector
 
 	labeled atomic.Pointer[map[string]bool]
 }
@@ -118,9 +119,10 @@ func NewMetrics() *Metrics {
 			Name: "postbox_streaming",
 			Help: "1 while this instance streams the replication slot.",
 		}),
+		walsender: newWalsenderCollector(),
 	}
 	reg.MustRegister(m.deliveries, m.deadLetters, m.attemptDuration, m.commitToDelivery, m.streamToAttempt, m.commitToStream, m.commitToSend, m.ingested, m.queueDepth,
-		m.oldestPending, m.breaker, m.endpointLatency, m.slotLag, m.alerts, m.streaming)
+		m.oldestPending, m.breaker, m.endpointLatency, m.slotLag, m.alerts, m.streaming, m.walsender)
 	m.SetLabeled(nil, 0)
 	return m
 }

@@ -100,8 +100,9 @@ type Supervisor struct {
 	hard  context.Context // Start's: ingest writes finish under it after Stop
 
 	durable        *watermark.Watermark[pglogrepl.LSN]
-	ingested       atomic.Int64 // transactions ingested (or, empty, passed), over the process's life
-	streamingSince atomic.Int64 // Unix ns when the session began streaming; 0 while it does not
+	ingested       atomic.Int64                  // transactions ingested (or, empty, passed), over the process's life
+	streamingSince atomic.Int64                  // Unix ns when the session began streaming; 0 while it does not
+	walsender      atomic.Pointer[wal.Walsender] // the streaming session's; nil while none streams
 	reconciled     atomic.Bool
 	reconMu        sync.Mutex
 	lease          *leaseClock // the lead the current session streams under
@@ -130,11 +131,24 @@ func (s *Supervisor) Streaming() bool { return s.streamingSince.Load() != 0 }
 // Durable is the LSN up to which outbox transactions are ingested.
 func (s *Supervisor) Durable() *watermark.Watermark[pglogrepl.LSN] { return s.durable }
 
+// WalsenderCPU reads the CPU of the walsender streaming this instance's
+// session, where it runs on this machine (wal.Walsender.CPU); ok is false
+// while no session streams, or its walsender is elsewhere.
+func (s *Supervisor) WalsenderCPU() (c wal.CPU, ok bool) {
+	w := s.walsender.Load()
+	if w == nil {
+		return c, false
+	}
+	c, err := w.CPU()
+	return c, err == nil
+}
+
 func (s *Supervisor) setStreaming(on bool) {
 	if on {
 		s.streamingSince.Store(time.Now().UnixNano())
 	} else {
 		s.streamingSince.Store(0)
+		s.walsender.Store(nil)
 	}
 	s.env.Metrics.Streaming(on)
 }
@@ -332,6 +346,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 	}
 	helpers.Go(func() { ing.run(s.hard) })
 	err = stream.Run(sessCtx, plan, queue, ing, func(ss wal.Session) {
+		s.walsender.Store(&ss.Walsender)
 		s.setStreaming(true)
 		s.env.Faults.Observe("ingest", nil)
 		s.log.Info().Str("slot", cfg.Slot).Stringer("from", s.durable.Get()).Str("system_id", ss.SystemID).

@@ -12,31 +12,67 @@ import (
 
 var errUnexpectedPID = errors.New("pg_backend_pid() did not answer one value")
 
-// weighWalsender gives the session's walsender the nice value of
-// Options.WalsenderNice, where the server runs on this machine and postbox
-// may (as root, or as PostgreSQL's OS user with CAP_SYS_NICE). It asks the server for
-// the walsender's pid and, before it touches the process of that pid
-// here, checks that it is this session's walsender (LocalWalsender): a
-// server elsewhere numbers its processes on its own. Whatever stops it is
-// logged once a session; the stream goes on.
-func (ss *session) weighWalsender(ctx context.Context) {
-	nice := ss.opts.WalsenderNice
+// Walsender is a session's server process: its pid, as the server gave
+// it (pg_backend_pid() on the replication connection; 0 when it did not),
+// and the port the session's connection comes from (0: a Unix socket),
+// by which a process on this machine is told to be it (LocalWalsender).
+type Walsender struct {
+	PID, ClientPort int
+}
+
+// CPU reads the walsender's CPU (ProcessCPU) once it has checked that the
+// process of its pid here is it: a server elsewhere numbers its processes
+// on its own, and the pid of one that ended may be another's now.
+func (w Walsender) CPU() (CPU, error) {
+	if w.PID == 0 {
+		return CPU{}, errNoPID
+	}
+	if err := LocalWalsender(w.PID, w.ClientPort); err != nil {
+		return CPU{}, err
+	}
+	return ProcessCPU(w.PID)
+}
+
+var errNoPID = errors.New("the server did not name the walsender")
+
+// walsender asks the server which process is the session's walsender.
+// Only what is learned from it (telemetry, weighWalsender) needs the
+// answer, so a failure is logged and the session goes on.
+func (ss *session) walsender(ctx context.Context) Walsender {
+	var w Walsender
+	if tcp, ok := ss.conn.Conn().LocalAddr().(*net.TCPAddr); ok {
+		w.ClientPort = tcp.Port
+	}
 	pid, err := backendPID(ctx, ss.conn)
-	if err == nil {
-		port := 0 // a Unix socket
-		if tcp, ok := ss.conn.Conn().LocalAddr().(*net.TCPAddr); ok {
-			port = tcp.Port
-		}
-		err = LocalWalsender(pid, port)
+	if err != nil {
+		ss.log.Debug().Err(err).Msg("could not ask for the walsender's pid")
+		return w
+	}
+	w.PID = pid
+	return w
+}
+
+// weighWalsender gives the session's walsender w the nice value of
+// Options.WalsenderNice, where the server runs on this machine and postbox
+// may (as root, or as PostgreSQL's OS user with CAP_SYS_NICE). Before it
+// touches the process of w's pid here, it checks that it is this
+// session's walsender (LocalWalsender): a server elsewhere numbers its
+// processes on its own. Whatever stops it is logged once a session; the
+// stream goes on.
+func (ss *session) weighWalsender(w Walsender) {
+	nice := ss.opts.WalsenderNice
+	err := errNoPID
+	if w.PID != 0 {
+		err = LocalWalsender(w.PID, w.ClientPort)
 	}
 	if err == nil {
-		err = setNice(pid, nice)
+		err = setNice(w.PID, nice)
 	}
 	if err != nil {
 		ss.log.Warn().Err(err).Int("walsender_nice", nice).Msg("could not weigh the walsender")
 		return
 	}
-	ss.log.Info().Int("pid", pid).Int("walsender_nice", nice).Msg("weighed the walsender")
+	ss.log.Info().Int("pid", w.PID).Int("walsender_nice", nice).Msg("weighed the walsender")
 }
 
 // backendPID is the pid of the session's server process, its walsender:

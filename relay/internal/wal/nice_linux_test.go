@@ -51,13 +51,14 @@ func TestWalsenderNiceWeighsTheSessionsWalsender(t *testing.T) {
 	stream := NewStream(Options{ConnString: dbURL, Slot: slot, Publication: pub, Table: table, WalsenderNice: 3, Logger: zerolog.Nop()})
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	started, done := make(chan struct{}), make(chan error, 1)
+	started, done := make(chan Session, 1), make(chan error, 1)
 	plan := func(Session) (pglogrepl.LSN, pglogrepl.LSN, error) { return 0, 0, nil }
 	go func() {
-		done <- stream.Run(runCtx, plan, NewQueue(100, 1<<20), drained{}, func(Session) { close(started) })
+		done <- stream.Run(runCtx, plan, NewQueue(100, 1<<20), drained{}, func(s Session) { started <- s })
 	}()
+	var sess Session
 	select {
-	case <-started:
+	case sess = <-started:
 	case err := <-done:
 		t.Fatalf("the session ended before it streamed: %v", err)
 	case <-time.After(30 * time.Second):
@@ -73,6 +74,18 @@ func TestWalsenderNiceWeighsTheSessionsWalsender(t *testing.T) {
 		require.True(t, strings.HasSuffix(strings.TrimSpace(string(group)), "nice 3"), "its autogroup: %s", group)
 	}
 	require.ErrorContains(t, LocalWalsender(st.ActivePID, 1), "not this session's")
+
+	// The session names its walsender, whose CPU is read only as its.
+	require.Equal(t, st.ActivePID, sess.Walsender.PID)
+	require.NotZero(t, sess.Walsender.ClientPort)
+	cpu, err := sess.Walsender.CPU()
+	require.NoError(t, err)
+	require.Equal(t, 3, cpu.Nice)
+	require.Positive(t, cpu.Ran, "it has run")
+	_, err = Walsender{PID: st.ActivePID, ClientPort: 1}.CPU()
+	require.ErrorContains(t, err, "not this session's")
+	_, err = Walsender{}.CPU()
+	require.ErrorIs(t, err, errNoPID)
 
 	sleep := exec.Command("sleep", "60")
 	require.NoError(t, sleep.Start())

@@ -180,6 +180,8 @@ type Session struct {
 	SystemID string
 	Timeline int32
 	XLogPos  pglogrepl.LSN
+	// Walsender is the server process that streams the session.
+	Walsender Walsender
 }
 
 // Plan decides, once the server has identified itself, where a session
@@ -263,14 +265,14 @@ func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) er
 	if err != nil {
 		return fmt.Errorf("identify system: %w", err)
 	}
-	info := Session{SystemID: sys.SystemID, Timeline: sys.Timeline, XLogPos: sys.XLogPos}
+	info := Session{SystemID: sys.SystemID, Timeline: sys.Timeline, XLogPos: sys.XLogPos, Walsender: ss.walsender(ctx)}
 	start, skipBefore, err := plan(info)
 	if err != nil {
 		return err
 	}
 	ss.skipBefore = skipBefore
 	if ss.opts.WalsenderNice != 0 {
-		ss.weighWalsender(ctx)
+		ss.weighWalsender(info.Walsender)
 	}
 	args := []string{
 		"proto_version '1'",

@@ -110,7 +110,7 @@
 // their mean and longest runs (pg_stat_statements); POSTBOX_BENCH_WALRECORDS
 // the WAL records per event by kind and relation (pg_walinspect);
 // POSTBOX_BENCH_LATENCIES each event's commit time and latency, in commit
-// order. POSTBOX_BENCH_PGSETTINGS ("name=value;name=value") adds settings to
+// order (the floor scenarios' to the same name with ".floor" added). POSTBOX_BENCH_PGSETTINGS ("name=value;name=value") adds settings to
 // the bench's own server, to log its slow statements, autovacuum and
 // checkpoints with their times beside those latencies, for instance.
 // POSTBOX_BENCH_RELAY_LOG sets the chaos relays' log level (error by

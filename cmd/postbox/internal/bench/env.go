@@ -213,7 +213,8 @@ func (e *env) latencies(ctx context.Context, first map[string]time.Time) ([]floa
 // commit: its arrival, the start of its ingest's transaction and the
 // start of its first attempt (-1 where unknown). To see when a run's slow
 // deliveries were committed, and whether they waited before postbox had
-// them (the ingest and the attempt late alike) or after.
+// them (the ingest and the attempt late alike) or after. The floor
+// scenarios write theirs to the same name with ".floor" added.
 var latenciesFile = os.Getenv("POSTBOX_BENCH_LATENCIES")
 
 func (e *env) dumpLatencies(ctx context.Context, path string, first, committed map[string]time.Time) {

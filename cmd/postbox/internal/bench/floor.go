@@ -146,6 +146,9 @@ func (e *env) endFloor(ctx context.Context, fw *forwarder, led *ledger, wait, po
 		return tally{}, nil, meter{}, err
 	}
 	t := led.tally()
+	if latenciesFile != "" {
+		e.dumpLatencies(ctx, latenciesFile+".floor", t.first, committed)
+	}
 	return t, latenciesFrom(t.first, committed), to, nil
 }
 

@@ -221,7 +221,8 @@ func (r *Relay) start(ctx context.Context) error {
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
 	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Kept: s.claimer.Wake, Alone: env.Alone,
 		Linger: r.opts.IngestLinger})
-	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload})
+	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload,
+		WalsenderCPU: s.ingest.WalsenderCPU})
 
 	// Each service's context is the relay's hard one: Stop ends them
 	// gracefully, a Stop that runs out of time cancels what is left.
@@ -499,7 +500,7 @@ func (r *Relay) walsenderCPU() (telemetry.WalsenderCPU, bool) {
 	if s == nil {
 		return telemetry.WalsenderCPU{}, false
 	}
-	c, ok := s.ingest.WalsenderCPU()
+	_, c, ok := s.ingest.WalsenderCPU()
 	return telemetry.WalsenderCPU{Ran: c.Ran, Waited: c.Waited, Nice: c.Nice}, ok
 }
 

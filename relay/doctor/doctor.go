@@ -321,7 +321,7 @@ func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.D
 func judgeWalsender(c *Check, pid, nice int, ran, waited, sample time.Duration) {
 	c.Detail = fmt.Sprintf("pid %d on this machine, nice %d: in %s it ran %s and waited %s for a CPU", pid, nice, sample,
 		ran.Round(time.Microsecond), waited.Round(time.Microsecond))
-	if ran < sample/50 || waited < ran {
+	if !wal.Starved(ran, waited, sample) {
 		return
 	}
 	c.Severity = Warn

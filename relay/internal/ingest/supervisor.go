@@ -132,15 +132,16 @@ func (s *Supervisor) Streaming() bool { return s.streamingSince.Load() != 0 }
 func (s *Supervisor) Durable() *watermark.Watermark[pglogrepl.LSN] { return s.durable }
 
 // WalsenderCPU reads the CPU of the walsender streaming this instance's
-// session, where it runs on this machine (wal.Walsender.CPU); ok is false
-// while no session streams, or its walsender is elsewhere.
-func (s *Supervisor) WalsenderCPU() (c wal.CPU, ok bool) {
+// session, and its pid, where it runs on this machine
+// (wal.Walsender.CPU); ok is false while no session streams, or its
+// walsender is elsewhere.
+func (s *Supervisor) WalsenderCPU() (pid int, c wal.CPU, ok bool) {
 	w := s.walsender.Load()
 	if w == nil {
-		return c, false
+		return 0, c, false
 	}
 	c, err := w.CPU()
-	return c, err == nil
+	return w.PID, c, err == nil
 }
 
 func (s *Supervisor) setStreaming(on bool) {

@@ -24,6 +24,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -69,6 +70,10 @@ type Deps struct {
 	Queued func()
 	// Reload swaps in a configuration (the secrets watcher's).
 	Reload func(*config.Config) error
+	// WalsenderCPU, when set, reads the CPU of the walsender streaming
+	// this instance's session where it runs on this machine (ok false
+	// otherwise), which the telemetry loop watches (walsenderWatch).
+	WalsenderCPU func() (pid int, c wal.CPU, ok bool)
 }
 
 // Maintainer runs the housekeeping loops. Start it, Stop it.
@@ -260,6 +265,7 @@ func (m *Maintainer) liveConn(ctx context.Context) *pgx.Conn {
 // instance holds the lock.
 func (m *Maintainer) telemetryLoop(ctx context.Context) {
 	var lastUpkeep time.Time
+	var walsender walsenderWatch
 	t := time.NewTimer(TelemetryFirstDefault)
 	defer t.Stop()
 	for {
@@ -269,6 +275,10 @@ func (m *Maintainer) telemetryLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		t.Reset(TelemetryIntervalDefault)
+		if m.deps.WalsenderCPU != nil {
+			pid, c, ok := m.deps.WalsenderCPU()
+			walsender.observe(m.log, pid, c, ok, time.Now())
+		}
 		s, eps, alerts, err := LoadState(ctx, m.env, false)
 		if err != nil {
 			if ctx.Err() == nil {

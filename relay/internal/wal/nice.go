@@ -88,6 +88,14 @@ func backendPID(ctx context.Context, conn *pgconn.PgConn) (int, error) {
 	return strconv.Atoi(string(res[0].Rows[0][0]))
 }
 
+// Starved reports whether a walsender that ran ran and waited waited for
+// a CPU over a span of over was starved: busy (on a CPU at least 2% of
+// the span) and waiting at least as long as it ran. The rows it streams
+// then wait with it.
+func Starved(ran, waited, over time.Duration) bool {
+	return ran >= over/50 && waited >= ran
+}
+
 // CPU is a process's time on a CPU and waiting for one, from
 // /proc/PID/schedstat, and its nice value (ProcessCPU).
 type CPU struct {

@@ -88,10 +88,10 @@ func backendPID(ctx context.Context, conn *pgconn.PgConn) (int, error) {
 	return strconv.Atoi(string(res[0].Rows[0][0]))
 }
 
-// Starved reports whether a walsender that ran ran and waited waited for
-// a CPU over a span of over was starved: busy (on a CPU at least 2% of
-// the span) and waiting at least as long as it ran. The rows it streams
-// then wait with it.
+// Starved reports whether a walsender was starved over a span of length
+// over in which it ran for ran and waited for a CPU for waited: it was
+// busy (on a CPU at least 2% of the span) and waited at least as long as
+// it ran. The rows it streams then wait with it.
 func Starved(ran, waited, over time.Duration) bool {
 	return ran >= over/50 && waited >= ran
 }

@@ -254,7 +254,12 @@ func streamingRelay(t *testing.T, dbURL string, pool *pgxpool.Pool, body string)
 
 func waitStreaming(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	waitForT(t, 60*time.Second, "postbox to stream", func() bool {
+	// A new slot waits for every transaction running anywhere in the
+	// cluster to end (PostgreSQL's snapshot builder), and this package's
+	// tests share one cluster: one of them freezing a relay inside a
+	// transaction, or the load of the others, held a slot's creation for
+	// 31 s in CI, and the walsender caught up after it.
+	waitForT(t, 3*time.Minute, "postbox to stream", func() bool {
 		var n int
 		_ = pool.QueryRow(context.Background(), `
 			SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
@@ -297,15 +298,15 @@ func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.D
 		c.Detail = fmt.Sprintf("pid %d, not measured: %v", pid, err)
 		return c, nil
 	}
-	before, err := wal.ProcessCPU(pid)
+	before, err := proc.ReadCPU(pid)
 	if err == nil {
 		select {
 		case <-ctx.Done():
 			return c, ctx.Err()
 		case <-time.After(sample):
 		}
-		var after wal.CPU
-		if after, err = wal.ProcessCPU(pid); err == nil {
+		var after proc.CPU
+		if after, err = proc.ReadCPU(pid); err == nil {
 			judgeWalsender(&c, pid, after.Nice, after.Ran-before.Ran, after.Waited-before.Waited, sample)
 			return c, nil
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/store"
@@ -135,7 +136,7 @@ func (s *Supervisor) Durable() *watermark.Watermark[pglogrepl.LSN] { return s.du
 // session, and its pid, where it runs on this machine
 // (wal.Walsender.CPU); ok is false while no session streams, or its
 // walsender is elsewhere.
-func (s *Supervisor) WalsenderCPU() (pid int, c wal.CPU, ok bool) {
+func (s *Supervisor) WalsenderCPU() (pid int, c proc.CPU, ok bool) {
 	w := s.walsender.Load()
 	if w == nil {
 		return 0, c, false

@@ -21,10 +21,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/store"
-	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -73,7 +73,7 @@ type Deps struct {
 	// WalsenderCPU, when set, reads the CPU of the walsender streaming
 	// this instance's session where it runs on this machine (ok false
 	// otherwise), which the telemetry loop watches (walsenderWatch).
-	WalsenderCPU func() (pid int, c wal.CPU, ok bool)
+	WalsenderCPU func() (pid int, c proc.CPU, ok bool)
 }
 
 // Maintainer runs the housekeeping loops. Start it, Stop it.

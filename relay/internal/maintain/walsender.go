@@ -5,6 +5,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
 
@@ -27,7 +28,7 @@ const (
 // again when the walsender keeps up. It is the telemetry loop's alone.
 type walsenderWatch struct {
 	pid      int
-	prev     wal.CPU
+	prev     proc.CPU
 	prevAt   time.Time
 	starved  int // readings in a row that found it starved
 	warnedAt time.Time
@@ -46,7 +47,7 @@ const (
 // read takes a reading made at now (ok false: there is no walsender here
 // to read) and says what it calls for, with the span it judged and what
 // the walsender ran and waited in it.
-func (w *walsenderWatch) read(pid int, c wal.CPU, ok bool, now time.Time) (v walsenderVerdict, over, ran, waited time.Duration) {
+func (w *walsenderWatch) read(pid int, c proc.CPU, ok bool, now time.Time) (v walsenderVerdict, over, ran, waited time.Duration) {
 	if !ok {
 		w.pid, w.starved = 0, 0
 		return walsenderQuiet, 0, 0, 0
@@ -76,7 +77,7 @@ func (w *walsenderWatch) read(pid int, c wal.CPU, ok bool, now time.Time) (v wal
 }
 
 // observe reads and logs what the reading calls for.
-func (w *walsenderWatch) observe(log zerolog.Logger, pid int, c wal.CPU, ok bool, now time.Time) {
+func (w *walsenderWatch) observe(log zerolog.Logger, pid int, c proc.CPU, ok bool, now time.Time) {
 	v, over, ran, waited := w.read(pid, c, ok, now)
 	switch v {
 	case walsenderWarn:

@@ -9,7 +9,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/internal/proc"
 )
 
 // The watch warns after a minute of readings that found the walsender
@@ -19,7 +19,7 @@ func TestWalsenderWatch(t *testing.T) {
 	t.Parallel()
 	var w walsenderWatch
 	now := time.Unix(1_800_000_000, 0)
-	c := wal.CPU{}
+	c := proc.CPU{}
 	step := 15 * time.Second
 	// next advances 15 s in which the walsender ran ran and waited waited.
 	next := func(pid int, ran, waited time.Duration) walsenderVerdict {
@@ -60,7 +60,7 @@ func TestWalsenderWatch(t *testing.T) {
 		require.Equal(t, walsenderQuiet, starved(7))
 	}
 	require.Equal(t, walsenderQuiet, starved(8), "a new pid: a first reading")
-	v, _, _, _ := w.read(0, wal.CPU{}, false, now)
+	v, _, _, _ := w.read(0, proc.CPU{}, false, now)
 	require.Equal(t, walsenderQuiet, v, "none here")
 	for range walsenderStarvedReadings {
 		require.Equal(t, walsenderQuiet, starved(8), "after none, a first reading and three")
@@ -68,7 +68,7 @@ func TestWalsenderWatch(t *testing.T) {
 	require.Equal(t, walsenderWarn, starved(8))
 
 	// The same pid with less CPU than before is another process.
-	c = wal.CPU{}
+	c = proc.CPU{}
 	require.Equal(t, walsenderQuiet, starved(8), "the counters went back: a first reading")
 }
 
@@ -84,7 +84,7 @@ func TestWalsenderWatchLogsTheFix(t *testing.T) {
 		log := zerolog.New(&buf)
 		var w walsenderWatch
 		now := time.Unix(1_800_000_000, 0)
-		c := wal.CPU{Nice: tc.nice}
+		c := proc.CPU{Nice: tc.nice}
 		for range walsenderStarvedReadings + 1 {
 			w.observe(log, 42, c, true, now)
 			now = now.Add(15 * time.Second)

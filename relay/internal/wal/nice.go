@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/postbox-relay/postbox/internal/proc"
 )
 
 var errUnexpectedPID = errors.New("pg_backend_pid() did not answer one value")
@@ -20,17 +22,17 @@ type Walsender struct {
 	PID, ClientPort int
 }
 
-// CPU reads the walsender's CPU (ProcessCPU) once it has checked that the
+// CPU reads the walsender's CPU (proc.ReadCPU) once it has checked that the
 // process of its pid here is it: a server elsewhere numbers its processes
 // on its own, and the pid of one that ended may be another's now.
-func (w Walsender) CPU() (CPU, error) {
+func (w Walsender) CPU() (proc.CPU, error) {
 	if w.PID == 0 {
-		return CPU{}, errNoPID
+		return proc.CPU{}, errNoPID
 	}
 	if err := LocalWalsender(w.PID, w.ClientPort); err != nil {
-		return CPU{}, err
+		return proc.CPU{}, err
 	}
-	return ProcessCPU(w.PID)
+	return proc.ReadCPU(w.PID)
 }
 
 var errNoPID = errors.New("the server did not name the walsender")
@@ -66,7 +68,7 @@ func (ss *session) weighWalsender(w Walsender) {
 		err = LocalWalsender(w.PID, w.ClientPort)
 	}
 	if err == nil {
-		err = setNice(w.PID, nice)
+		err = proc.SetNice(w.PID, nice)
 	}
 	if err != nil {
 		ss.log.Warn().Err(err).Int("walsender_nice", nice).Msg("could not weigh the walsender")
@@ -94,11 +96,4 @@ func backendPID(ctx context.Context, conn *pgconn.PgConn) (int, error) {
 // it ran. The rows it streams then wait with it.
 func Starved(ran, waited, over time.Duration) bool {
 	return ran >= over/50 && waited >= ran
-}
-
-// CPU is a process's time on a CPU and waiting for one, from
-// /proc/PID/schedstat, and its nice value (ProcessCPU).
-type CPU struct {
-	Ran, Waited time.Duration
-	Nice        int
 }

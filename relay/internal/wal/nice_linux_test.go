@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/pgtest"
@@ -101,7 +102,7 @@ func TestWalsenderNiceWeighsTheSessionsWalsender(t *testing.T) {
 // niceOf is pid's nice value.
 func niceOf(t *testing.T, pid int) int {
 	t.Helper()
-	c, err := ProcessCPU(pid)
+	c, err := proc.ReadCPU(pid)
 	require.NoError(t, err)
 	return c.Nice
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/postbox-relay/postbox/internal/proc"
 )
 
 // Options.WalsenderNice, --walsender-nice: why it matters. In the load
@@ -42,11 +44,11 @@ func (e *env) checkWeighed(ctx context.Context, nice int) error {
 	if err != nil {
 		return err
 	}
-	got, err := niceOf(pid)
+	cpu, err := proc.ReadCPU(pid)
 	if err != nil {
 		return fmt.Errorf("walsender-nice: the walsender (pid %d) must run on this machine: %w", pid, err)
 	}
-	if got != nice {
+	if got := cpu.Nice; got != nice {
 		return fmt.Errorf("walsender-nice: the relay left its walsender (pid %d) at nice %d, not %d (its log says why)", pid, got, nice)
 	}
 	fmt.Fprintf(e.log, "bench: the relay gave its walsender (pid %d) nice %d\n", pid, nice)
@@ -60,7 +62,7 @@ func (e *env) weighWalsender(ctx context.Context, slot string, nice int) error {
 	if err != nil {
 		return err
 	}
-	if err := setNice(pid, nice); err != nil {
+	if err := proc.SetNice(pid, nice); err != nil {
 		return fmt.Errorf("walsender-nice: the walsender (pid %d) must run on this machine and be the bench's to reweigh: %w", pid, err)
 	}
 	fmt.Fprintf(e.log, "bench: the walsender of slot %s (pid %d) at nice %d\n", slot, pid, nice)

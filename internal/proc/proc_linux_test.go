@@ -1,4 +1,4 @@
-package bench
+package proc
 
 import (
 	"fmt"
@@ -21,19 +21,21 @@ func TestSetNiceWeighsTheProcessAndItsAutogroup(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	pid := cmd.Process.Pid
-	n, err := niceOf(pid)
+	c, err := ReadCPU(pid)
 	require.NoError(t, err)
-	require.Equal(t, 0, n, "started at the default")
+	require.Equal(t, 0, c.Nice, "started at the default")
 
-	require.NoError(t, setNice(pid, 7))
-	n, err = niceOf(pid)
+	require.NoError(t, SetNice(pid, 7))
+	c, err = ReadCPU(pid)
 	require.NoError(t, err)
-	require.Equal(t, 7, n)
+	require.Equal(t, 7, c.Nice)
 	if on, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); err == nil && strings.TrimSpace(string(on)) == "1" {
 		group, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", pid))
 		require.NoError(t, err)
 		require.True(t, strings.HasSuffix(strings.TrimSpace(string(group)), "nice 7"), "autogroup: %s", group)
 	}
 
-	require.Error(t, setNice(1<<22+1, 7), "no such process")
+	require.Error(t, SetNice(1<<22+1, 7), "no such process")
+	_, err = ReadCPU(1<<22 + 1)
+	require.Error(t, err, "no such process")
 }

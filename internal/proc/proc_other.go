@@ -1,0 +1,17 @@
+//go:build !linux
+
+package proc
+
+import (
+	"errors"
+	"syscall"
+)
+
+// SetNice gives process pid the nice value nice: there are no autogroups
+// to weigh outside Linux.
+func SetNice(pid, nice int) error { return syscall.Setpriority(syscall.PRIO_PROCESS, pid, nice) }
+
+// ReadCPU needs Linux's /proc.
+func ReadCPU(int) (CPU, error) {
+	return CPU{}, errors.New("reading a process's CPU needs Linux's /proc")
+}

@@ -294,11 +294,9 @@ func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.D
 	if port != nil {
 		clientPort = int(*port)
 	}
-	if err := wal.LocalWalsender(pid, clientPort); err != nil {
-		c.Detail = fmt.Sprintf("pid %d, not measured: %v", pid, err)
-		return c, nil
-	}
-	before, err := proc.ReadCPU(pid)
+	// Each reading checks that the process of pid here is that walsender.
+	w := wal.Walsender{PID: pid, ClientPort: clientPort}
+	before, err := w.CPU()
 	if err == nil {
 		select {
 		case <-ctx.Done():
@@ -306,7 +304,7 @@ func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.D
 		case <-time.After(sample):
 		}
 		var after proc.CPU
-		if after, err = proc.ReadCPU(pid); err == nil {
+		if after, err = w.CPU(); err == nil {
 			judgeWalsender(&c, pid, after.Nice, after.Ran-before.Ran, after.Waited-before.Waited, sample)
 			return c, nil
 		}
@@ -315,10 +313,9 @@ func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.D
 	return c, nil
 }
 
-// judgeWalsender fills c from what the walsender did in sample: a
-// walsender that was busy (on a CPU at least 2% of it) and waited for a
-// CPU as long as it ran is behind the other processes of a saturated
-// machine.
+// judgeWalsender fills c from what the walsender did in sample: a warning
+// when it was starved (wal.Starved), behind the other processes of a
+// saturated machine.
 func judgeWalsender(c *Check, pid, nice int, ran, waited, sample time.Duration) {
 	c.Detail = fmt.Sprintf("pid %d on this machine, nice %d: in %s it ran %s and waited %s for a CPU", pid, nice, sample,
 		ran.Round(time.Microsecond), waited.Round(time.Microsecond))
@@ -327,11 +324,7 @@ func judgeWalsender(c *Check, pid, nice int, ran, waited, sample time.Duration) 
 	}
 	c.Severity = Warn
 	c.Detail += ": the database's CPUs are saturated, and the rows it streams wait with it"
-	if nice >= 0 {
-		c.Fix = "give the database more CPU, or the walsender a weight: walsender_nice: -10 where postbox runs on the database's machine (docs/operations.md, \"Giving the walsender its share\")"
-	} else {
-		c.Fix = "give the database more CPU: the walsender is weighed already"
-	}
+	c.Fix = wal.StarvedFix(nice)
 }
 
 // Failed reports whether any check is an error.

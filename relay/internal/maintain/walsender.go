@@ -81,11 +81,7 @@ func (w *walsenderWatch) observe(log zerolog.Logger, pid int, c proc.CPU, ok boo
 	v, over, ran, waited := w.read(pid, c, ok, now)
 	switch v {
 	case walsenderWarn:
-		fix := "give the database more CPU, or the walsender a weight: walsender_nice: -10 (docs/operations.md, \"Giving the walsender its share\")"
-		if c.Nice < 0 {
-			fix = "give the database more CPU: the walsender is weighed already"
-		}
-		log.Warn().Int("pid", pid).Int("nice", c.Nice).Dur("over", over).Dur("ran", ran).Dur("waited", waited).Str("fix", fix).
+		log.Warn().Int("pid", pid).Int("nice", c.Nice).Dur("over", over).Dur("ran", ran).Dur("waited", waited).Str("fix", wal.StarvedFix(c.Nice)).
 			Msg("WALSENDER STARVED: for a minute the walsender streaming postbox's slot waited for a CPU as long as it ran; " +
 				"the database's CPUs are saturated, and committed rows reach postbox late")
 	case walsenderRecovered:

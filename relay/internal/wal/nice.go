@@ -97,3 +97,12 @@ func backendPID(ctx context.Context, conn *pgconn.PgConn) (int, error) {
 func Starved(ran, waited, over time.Duration) bool {
 	return ran >= over/50 && waited >= ran
 }
+
+// StarvedFix is what to do for a starved walsender of nice value nice:
+// give it a weight, or, weighed already, the database more CPU.
+func StarvedFix(nice int) string {
+	if nice < 0 {
+		return "give the database more CPU: the walsender is weighed already"
+	}
+	return "give the database more CPU, or the walsender a weight: walsender_nice: -10 where postbox runs on the database's machine (docs/operations.md, \"Giving the walsender its share\")"
+}

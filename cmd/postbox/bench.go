@@ -6,12 +6,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/postbox-relay/postbox/cmd/postbox/internal/bench"
 )
 
 // cmdBench is `postbox bench`: flags into bench.Options, the figures out.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == bench.BareClientArg {
+		// The floor scenarios' bare client, which a bench starts.
+		if err := bench.ServeBareClient(ctx, os.Stdin, stdout); err != nil {
+			fmt.Fprintln(stderr, "postbox bench:", err)
+			return exitFailure
+		}
+		return exitOK
+	}
 	var o bench.Options
 	var asJSON bool
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
@@ -30,6 +39,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.Instances, "instances", bench.InstancesDefault, "scale: run 1, 2, … up to this many relays against the one database")
 	fs.BoolVar(&o.Emit, "emit", false, "latency, catchup, load, scale: write events with outbox.Emit (WAL messages) instead of outbox rows")
 	fs.IntVar(&o.WalsenderNice, "walsender-nice", 0, "load, load-floor: give the walsender streaming the events this nice value, -20 to 19 (default: leave it); it must run on this machine")
+	fs.BoolVar(&o.FloorInProcess, "floor-in-process", false, "floor, load-floor: run the bare client in the bench's process, beside the receiver (a floor a little under any relay's; as before)")
 	fs.StringVar(&o.RelayBinary, "relay-binary", "", "run this postbox binary as the relay (default this one): another build, measured by the same bench")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document")
 	if err := fs.Parse(args); err != nil {

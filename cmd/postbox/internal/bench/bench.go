@@ -97,10 +97,19 @@ type Options struct {
 	// client's walsender is weighed by the bench (weighWalsender). The
 	// walsender must run on this machine.
 	WalsenderNice int
+	// FloorInProcess runs the floor scenarios' bare client in the bench's
+	// process, beside the receiver, as before it had a process of its own:
+	// a floor a little under any relay's (see ServeBareClient), kept to
+	// compare with the figures taken so.
+	FloorInProcess bool
 
 	// RelayBinary is the postbox binary run as the relay. Empty means this
 	// executable, which is what `postbox bench` wants; tests build one.
 	RelayBinary string
+	// BareClientBinary is the postbox binary run as the floor scenarios'
+	// bare client (`postbox bench --serve-bare-client`). Empty means this
+	// executable; tests build one.
+	BareClientBinary string
 	// DatabaseURL, when set, is an empty database (wal_level=logical, a
 	// superuser) used instead of starting PostgreSQL with fsync on; the
 	// slot then gets a unique name, as the server may be shared.
@@ -393,7 +402,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		return nil, errors.New("chaos restarts PostgreSQL: it needs its own server, not a given database")
 	}
 	log := &syncWriter{w: progress}
-	env := &env{log: log, relayBinary: opts.RelayBinary, slot: "postbox", watch: watchHost()}
+	env := &env{log: log, relayBinary: opts.RelayBinary, bareBinary: opts.BareClientBinary, floorInProcess: opts.FloorInProcess,
+		slot: "postbox", watch: watchHost()}
 	defer env.watch.stopWatch()
 	if opts.DatabaseURL != "" {
 		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")

@@ -146,11 +146,13 @@ func TestRun(t *testing.T) {
 		Duration:    2 * time.Second,
 		Warmup:      time.Second,
 		Backlog:     300,
-		RelayBinary: buildPostbox(t),
 		DatabaseURL: pgtest.NewDatabase(t),
 		// Weighs the floor's walsender (load-floor alone takes it).
 		WalsenderNice: 3,
 	}
+	// The bare client runs as a process of its own, as a relay does.
+	opts.RelayBinary = buildPostbox(t)
+	opts.BareClientBinary = opts.RelayBinary
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, opts, t.Output())
@@ -204,6 +206,9 @@ func TestRun(t *testing.T) {
 	require.NotNil(t, lf.Split)
 	require.LessOrEqual(t, lf.Split.CommitToSendP50ms, lf.Split.CommitToStreamP50ms)
 	require.NotNil(t, lf.Costs)
+	// The bare client's process's CPU is counted where a relay's is (at
+	// the floor's 100 events, it may be under the clock's tick).
+	require.Positive(t, lf.Costs.RelayCPUms, "the bare client's process")
 
 	c := res.Catchup
 	require.NotNil(t, c)
@@ -227,6 +232,18 @@ func TestRun(t *testing.T) {
 	res.Print(&out)
 	require.Contains(t, out.String(), "lost 0, duplicates 0, bad signatures 0")
 	require.Contains(t, out.String(), "the floor under load")
+	require.Contains(t, out.String(), "ms bare client")
+}
+
+// TestServeBareClientWantsASetup: a bare client process given no setup,
+// or one it cannot read, says so and starts nothing.
+func TestServeBareClientWantsASetup(t *testing.T) {
+	var out strings.Builder
+	require.ErrorContains(t, ServeBareClient(context.Background(), strings.NewReader(""), &out), "no setup")
+	require.ErrorContains(t, ServeBareClient(context.Background(), strings.NewReader("{\n"), &out), "read the setup")
+	err := ServeBareClient(context.Background(), strings.NewReader(`{"secret":"not a secret"}`+"\n"), &out)
+	require.Error(t, err)
+	require.Contains(t, out.String(), `"error"`, "the bench is told why")
 }
 
 // requireEachOnce: a latency-shaped scenario ran, and every event it sent

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"os"
 	"syscall"
 	"time"
 )
@@ -33,6 +34,10 @@ import (
 // walsender is woken by the commit, and runs only after it. A walsender
 // or thread that exited during the run is left out, so the totals are at
 // least the figure.
+//
+// In the floor scenarios the relay's figures are the bare client's, when
+// it runs in a process of its own (it has no database writes: its CPU is
+// its receipt of the stream and its requests).
 type Costs struct {
 	Events                 int     `json:"events"`
 	PostgresCPUms          float64 `json:"postgres_cpu_ms_per_1000_events"`
@@ -51,6 +56,8 @@ type Costs struct {
 	// times it stood still during the run (see hostWatch), which every
 	// event committed just before waited out. Nil where not watched.
 	HostPauses *HostPauses `json:"host_pauses,omitempty"`
+
+	relayName string // what the relay's figures are of, in print: "relay" when ""
 }
 
 // meter is a reading of the counters Costs are the differences of.
@@ -79,13 +86,27 @@ type written struct {
 func (e *env) read(ctx context.Context) meter {
 	m := meter{at: time.Now(), bench: selfCPU()}
 	m.pg, m.walsender, m.walsenderSched = e.postgresCPU()
-	if e.relay != nil && e.relay.Process != nil {
-		m.relay = procCPU(e.relay.Process.Pid)
-		m.relaySched = procSched(e.relay.Process.Pid)
+	if p := e.relayProcess(); p != nil {
+		m.relay = procCPU(p.Pid)
+		m.relaySched = procSched(p.Pid)
 	}
 	_ = e.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&m.wal)
 	m.written = e.written(ctx)
 	return m
+}
+
+// relayProcess is the process whose costs are the relay's: the floor's
+// bare client while it runs in a process of its own, else the relay's
+// last process (one that has exited reads as nothing); nil before the
+// first.
+func (e *env) relayProcess() *os.Process {
+	switch {
+	case e.bare != nil:
+		return e.bare.cmd.Process
+	case e.relay != nil:
+		return e.relay.Process
+	}
+	return nil
 }
 
 // written is the rows postbox's tables have had inserted, updated and

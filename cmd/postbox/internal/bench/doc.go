@@ -19,12 +19,15 @@
 //     not measured (env.warmUp). The floor and hanging scenarios warm up
 //     the same way.
 //   - floor: the latency scenario without postbox. A bare logical
-//     replication client in the bench process sends each row to the
-//     receiver, signed, as soon as its transaction's Commit arrives: no
-//     ingest, no database writes, no retries. Commit → arrival is then what
-//     PostgreSQL (the commit's WAL flush, the walsender), one HTTP request
-//     and the machine's scheduling cost alone: the floor under any relay's
-//     latency here. Run beside latency (`--scenario latency,floor`), the
+//     replication client sends each row to the receiver, signed, as soon
+//     as its transaction's Commit arrives: no ingest, no database writes,
+//     no retries. It runs as a process of its own, as any relay does
+//     (ServeBareClient; Options.FloorInProcess runs it in the bench's
+//     process instead, beside the receiver, which hands it a receiver
+//     already running and so a floor a little lower). Commit → arrival is
+//     then what PostgreSQL (the commit's WAL flush, the walsender), one
+//     HTTP request and the machine's scheduling cost alone: the floor
+//     under any relay's latency here. Run beside latency (`--scenario latency,floor`), the
 //     difference is postbox's share. When the bench started the cluster,
 //     the floor then times the disk under it alone: an 8 kB page written
 //     and datasynced in the cluster's directory at the same pace, as a

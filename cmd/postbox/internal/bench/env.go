@@ -33,10 +33,15 @@ type env struct {
 	cfgPath     string
 	admin       string // the relay's admin listener ("" when none was free)
 	relayBinary string
-	relay       *exec.Cmd
-	done        chan struct{}
-	log         io.Writer
-	watch       *hostWatch // the machine's pauses, while the bench runs
+	// The floor scenarios' bare client: its binary ("" for this one), or
+	// in this process.
+	bareBinary     string
+	floorInProcess bool
+	bare           *bareProcess // while it runs
+	relay          *exec.Cmd
+	done           chan struct{}
+	log            io.Writer
+	watch          *hostWatch // the machine's pauses, while the bench runs
 }
 
 // config is the relay's configuration file: the bench's endpoints on the

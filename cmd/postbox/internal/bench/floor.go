@@ -43,7 +43,10 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 	}
 	defer drop()
 	warm := e.warmUp(ctx, o, floorTable, false)
-	fw.forgetTimings()
+	if err := fw.forgetTimings(); err != nil {
+		_, _ = fw.stop()
+		return nil, err
+	}
 	led := e.recv.reset()
 	fmt.Fprintf(e.log, "bench: floor, %d events/s over %d endpoints for %s, no relay: a bare logical client forwards each row\n", o.Rate, o.Endpoints, o.Duration)
 	from := e.read(ctx)
@@ -56,7 +59,7 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
 		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
-		Costs: e.costs(ctx, from, to, t.sent), Split: fw.split(),
+		Costs: e.floorCosts(ctx, from, to, t.sent), Split: fw.split(),
 	}
 	warm.add(res)
 	// Then the disk under the cluster alone, at the same pace, for as many
@@ -73,7 +76,7 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 // startFloor creates the floor's table and publication and starts the bare
 // logical client on them. drop removes both; call it after the client's
 // stop.
-func (e *env) startFloor(ctx context.Context) (fw *forwarder, drop func(), err error) {
+func (e *env) startFloor(ctx context.Context) (fw bareClient, drop func(), err error) {
 	// The copy is of the relay's outbox, its indexes and defaults.
 	if err := e.ensureSchema(ctx); err != nil {
 		return nil, nil, err
@@ -86,15 +89,24 @@ func (e *env) startFloor(ctx context.Context) (fw *forwarder, drop func(), err e
 		return nil, nil, fmt.Errorf("create the floor's table: %w", err)
 	}
 	drop = func() {
+		e.bare = nil
 		_, _ = e.pool.Exec(context.WithoutCancel(ctx), `DROP PUBLICATION `+floorPublication+`; DROP TABLE `+floorTable)
 	}
-	fw, err = startForwarder(ctx, e.dbURL, e.slot+"_floor", e.recv.URL, e.secret)
+	setup := bareClientSetup{DBURL: e.dbURL, Slot: e.floorSlot(), Target: e.recv.URL, Secret: e.secret}
+	if e.floorInProcess {
+		fw, err = startForwarder(ctx, setup.DBURL, setup.Slot, setup.Target, setup.Secret)
+	} else if e.bare, err = startBareProcess(ctx, e.bareBinary, e.log, setup); err == nil {
+		fw = e.bare
+	}
 	if err != nil {
 		drop()
 		return nil, nil, fmt.Errorf("start the bare logical client: %w", err)
 	}
 	return fw, drop, nil
 }
+
+// floorSlot is the bare client's temporary slot.
+func (e *env) floorSlot() string { return e.slot + "_floor" }
 
 // loadFloor is the load scenario without postbox: the same producers, as
 // fast as they commit, into the floor's table, and the bare logical client
@@ -111,7 +123,7 @@ func (e *env) loadFloor(ctx context.Context, o Options) (*LoadResult, error) {
 	led := e.recv.reset()
 	res := &LoadResult{Producers: o.Producers, Endpoints: o.Endpoints, Seconds: o.Duration.Seconds()}
 	if o.WalsenderNice != 0 {
-		if err := e.weighWalsender(ctx, fw.slot, o.WalsenderNice); err != nil {
+		if err := e.weighWalsender(ctx, e.floorSlot(), o.WalsenderNice); err != nil {
 			_, _ = fw.stop()
 			return nil, err
 		}
@@ -127,15 +139,25 @@ func (e *env) loadFloor(ctx context.Context, o Options) (*LoadResult, error) {
 	res.DrainSeconds = to.at.Sub(res.loadEnd).Seconds()
 	res.P50ms, res.P99ms, res.Over50ms = quantile(lat, 0.50), quantile(lat, 0.99), shareOver(lat, 50)
 	res.Lost, res.Dups, res.BadSignatures = t.lost, t.dups, e.recv.scenarioBad()
-	res.Costs, res.Split = e.costs(ctx, from, to, res.Sent), fw.split()
+	res.Costs, res.Split = e.floorCosts(ctx, from, to, res.Sent), fw.split()
 	return res, nil
+}
+
+// floorCosts is costs for a floor scenario: the relay's figures are the
+// bare client's when it runs in a process of its own, and are called so.
+func (e *env) floorCosts(ctx context.Context, from, to meter, events int) *Costs {
+	c := e.costs(ctx, from, to, events)
+	if c != nil && e.bare != nil {
+		c.relayName = "bare client"
+	}
+	return c
 }
 
 // endFloor waits (for at most wait, looking every poll, as the scenario
 // with the relay does) until every event committed into led has arrived,
 // reads the costs' counters, stops the bare client and returns the
 // ledger's tally and the arrivals' latencies, sorted.
-func (e *env) endFloor(ctx context.Context, fw *forwarder, led *ledger, wait, poll time.Duration) (tally, []float64, meter, error) {
+func (e *env) endFloor(ctx context.Context, fw bareClient, led *ledger, wait, poll time.Duration) (tally, []float64, meter, error) {
 	err := waitFor(ctx, wait, poll, func() (bool, error) { return led.pending() == 0, nil })
 	to := e.read(ctx)
 	committed, ferr := fw.stop()
@@ -257,10 +279,11 @@ func (fw *forwarder) split() *Split {
 
 // forgetTimings drops the timings taken so far (a warm-up's) from the
 // split.
-func (fw *forwarder) forgetTimings() {
+func (fw *forwarder) forgetTimings() error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	fw.toSend, fw.toStream, fw.toPost = fw.toSend[:0], fw.toStream[:0], fw.toPost[:0]
+	return nil
 }
 
 // ms is d in milliseconds.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -134,11 +135,12 @@ func (c *Costs) print(w io.Writer) {
 	if c == nil {
 		return
 	}
-	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL (%.0f of it walsender), %.0f ms relay, %.0f ms bench; per event: %.1f rows, %.1f WAL records, %.0f WAL bytes, %.2f WAL flushes\n",
-		c.PostgresCPUms, c.WalsenderCPUms, c.RelayCPUms, c.BenchCPUms, c.RowsPerEvent, c.WALRecordsPerEvent, c.WALPerEvent, c.WALFlushesPerEvent)
+	relay := cmp.Or(c.relayName, "relay")
+	fmt.Fprintf(w, "  per 1,000 events: CPU %.0f ms PostgreSQL (%.0f of it walsender), %.0f ms %s, %.0f ms bench; per event: %.1f rows, %.1f WAL records, %.0f WAL bytes, %.2f WAL flushes\n",
+		c.PostgresCPUms, c.WalsenderCPUms, c.RelayCPUms, relay, c.BenchCPUms, c.RowsPerEvent, c.WALRecordsPerEvent, c.WALPerEvent, c.WALFlushesPerEvent)
 	if c.WalsenderWaitms != 0 || c.RelayWaitms != 0 { // else not read: a given database's walsender, no relay
-		fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms (%.0f µs a turn), relay %.0f ms (%.0f µs a turn, its threads together)\n",
-			c.WalsenderWaitms, c.WalsenderWaitPerTurnus, c.RelayWaitms, c.RelayWaitPerTurnus)
+		fmt.Fprintf(w, "  waited for a CPU, per 1,000 events: walsender %.0f ms (%.0f µs a turn), %s %.0f ms (%.0f µs a turn, its threads together)\n",
+			c.WalsenderWaitms, c.WalsenderWaitPerTurnus, relay, c.RelayWaitms, c.RelayWaitPerTurnus)
 	}
 	switch p := c.HostPauses; {
 	case p == nil:

@@ -39,6 +39,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.Instances, "instances", bench.InstancesDefault, "scale: run 1, 2, … up to this many relays against the one database")
 	fs.BoolVar(&o.Emit, "emit", false, "latency, catchup, load, scale: write events with outbox.Emit (WAL messages) instead of outbox rows")
 	fs.IntVar(&o.WalsenderNice, "walsender-nice", 0, "load, load-floor: give the walsender streaming the events this nice value, -20 to 19 (default: leave it); it must run on this machine")
+	fs.StringVar(&o.CPUScheduling, "cpu-scheduling", "batch", "the relay's cpu_scheduling, batch or normal, and the floor's bare client's in its own process")
 	fs.BoolVar(&o.FloorInProcess, "floor-in-process", false, "floor, load-floor: run the bare client in the bench's process, beside the receiver (a floor a little under any relay's; as before)")
 	fs.StringVar(&o.RelayBinary, "relay-binary", "", "run this postbox binary as the relay (default this one): another build, measured by the same bench")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document")

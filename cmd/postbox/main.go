@@ -16,6 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	osproc "github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
@@ -272,6 +273,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 		return code
 	}
 	log := newLogger(cfg, stderr)
+	schedule(cfg.CPUBatch, log)
 	heap := startHeapFloor(HeapFloorDefault)
 	defer heap.Stop()
 	r, err := relay.New(cfg, relay.Options{Logger: log})
@@ -339,5 +341,22 @@ func reload(r *relay.Relay, path string, log zerolog.Logger) {
 		log.Error().Err(err).Msg("configuration not reloaded")
 		return
 	}
+	schedule(cfg.CPUBatch, log)
 	log.Info().Msg("configuration reloaded")
+}
+
+// schedule applies cpu_scheduling to this process's threads. Batch
+// threads, woken when a row arrives, wait for a free CPU instead of
+// preempting what runs there, the walsender that sent the row most often:
+// on saturated CPUs that keeps the stream on time (docs/operations.md,
+// "Giving the walsender its share"). Where it cannot be had, the threads
+// keep the kernel's default.
+func schedule(batch bool, log zerolog.Logger) {
+	err := osproc.SetBatch(batch)
+	switch {
+	case errors.Is(err, errors.ErrUnsupported):
+		log.Debug().Msg("cpu_scheduling needs Linux; the threads keep the system's default")
+	case err != nil:
+		log.Warn().Err(err).Bool("batch", batch).Msg("could not apply cpu_scheduling; the threads keep what they had")
+	}
 }

@@ -15,3 +15,9 @@ func SetNice(pid, nice int) error { return syscall.Setpriority(syscall.PRIO_PROC
 func ReadCPU(int) (CPU, error) {
 	return CPU{}, errors.New("reading a process's CPU needs Linux's /proc")
 }
+
+// SetBatch needs Linux's SCHED_BATCH.
+func SetBatch(bool) error { return errors.ErrUnsupported }
+
+// Batch is false outside Linux.
+func Batch() (bool, error) { return false, errors.ErrUnsupported }

@@ -46,6 +46,9 @@ type Config struct {
 	StatusInterval time.Duration
 	StallTimeout   time.Duration
 	WalsenderNice  int
+	// CPUBatch: postbox's threads are scheduled as SCHED_BATCH
+	// (cpu_scheduling: batch).
+	CPUBatch       bool
 	LeaderLease    time.Duration
 	MaxConcurrency int
 	// MetricsEndpointLabels caps the endpoint label of metrics.
@@ -216,7 +219,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		OutboxRetention: c.OutboxRetention.D(), EventRetention: c.EventRetention.D(), DeliveryRetention: c.DeliveryRetention.D(),
 		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys,
 		MaxBody: int64(c.MaxBody), ShutdownGrace: c.ShutdownGrace.D(), Lease: c.Lease.D(), SweepInterval: c.SweepInterval.D(),
-		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), WalsenderNice: c.WalsenderNice, LeaderLease: c.LeaderLease.D(),
+		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), WalsenderNice: c.WalsenderNice, CPUBatch: c.CPUScheduling == "batch", LeaderLease: c.LeaderLease.D(),
 		MaxConcurrency: c.MaxConcurrency, MetricsEndpointLabels: c.MetricsEndpointLabels,
 		Alerts:      c.Alerts.resolve(),
 		SecretFiles: c.secretFiles(),
@@ -275,6 +278,9 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 	}
 	if c.WalsenderNice < -20 || c.WalsenderNice > 19 {
 		return nil, keyErr("walsender_nice", "%d is not a nice value: -20 to 19, 0 to leave the walsender as it is", c.WalsenderNice)
+	}
+	if c.CPUScheduling != "batch" && c.CPUScheduling != "normal" {
+		return nil, keyErr("cpu_scheduling", "%q is not a policy: batch or normal", c.CPUScheduling)
 	}
 	if c.LeaderLease.D() < 300*time.Millisecond {
 		return nil, keyErr("leader_lease", "must be at least 300ms")

@@ -28,6 +28,7 @@ func TestDefaultsNeedOnlyTheDatabaseURL(t *testing.T) {
 	require.False(t, cfg.Guard.AllowAll, "the SSRF guard is on by default")
 	require.Equal(t, time.Duration(0), cfg.OutboxRetention)
 	require.Equal(t, 168*time.Hour, cfg.EventRetention)
+	require.True(t, cfg.CPUBatch, "postbox's threads are batch by default")
 
 	ep := cfg.Endpoint("anyone")
 	require.False(t, ep.Configured)
@@ -132,6 +133,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"admin_token: short", "admin_token"},
 		{"walsender_nice: -21", "walsender_nice"},
 		{"walsender_nice: high", "walsender_nice"},
+		{"cpu_scheduling: idle", "cpu_scheduling"},
 		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
 	} {
 		_, err := config.Parse([]byte(tc.yaml))

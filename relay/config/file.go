@@ -34,6 +34,7 @@ const (
 	PublicationDefault           = "postbox"
 	AdminListenDefault           = "127.0.0.1:9187"
 	LogLevelDefault              = "info"
+	CPUSchedulingDefault         = "batch"
 	EventRetentionDefault        = 168 * time.Hour
 	DeliveryRetentionDefault     = 168 * time.Hour
 	AttemptRetentionDefault      = 168 * time.Hour
@@ -117,6 +118,10 @@ type File struct {
 	// whose CPUs run saturated (docs/operations.md, "Giving the walsender
 	// its share").
 	WalsenderNice int `yaml:"walsender_nice"`
+	// CPUScheduling is how the kernel schedules postbox's own threads:
+	// "batch" (SCHED_BATCH, where Linux has it), which leaves a CPU to
+	// the process running there when postbox is woken, or "normal".
+	CPUScheduling string `yaml:"cpu_scheduling"`
 	// LeaderLease is how long the streaming instance's leadership outlives
 	// its last renewal: a standby takes over that long after the leader
 	// dies or freezes.
@@ -247,6 +252,7 @@ func Default() *File {
 		StatusInterval:        Duration(StatusIntervalDefault),
 		StallTimeout:          Duration(StallTimeoutDefault),
 		LeaderLease:           Duration(LeaderLeaseDefault),
+		CPUScheduling:         CPUSchedulingDefault,
 		MetricsEndpointLabels: MetricsEndpointLabelsDefault,
 		MaxConcurrency:        MaxConcurrencyDefault,
 		Alerts: AlertsConfig{

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"time"
+
+	"github.com/postbox-relay/postbox/internal/proc"
 )
 
 // BareClientArg, as the first argument of `postbox bench`, makes the
@@ -35,6 +37,8 @@ type bareClientSetup struct {
 	Slot   string `json:"slot"`
 	Target string `json:"target"`
 	Secret string `json:"secret"`
+	// Batch schedules its threads as postbox's cpu_scheduling: batch does.
+	Batch bool `json:"batch"`
 }
 
 // bareClientReply is each line a bare client process answers with: to
@@ -64,6 +68,10 @@ func ServeBareClient(ctx context.Context, in io.Reader, out io.Writer) error {
 	var s bareClientSetup
 	if err := json.Unmarshal(lines.Bytes(), &s); err != nil {
 		return fmt.Errorf("bare client: read the setup: %w", err)
+	}
+	if err := proc.SetBatch(s.Batch); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		_ = enc.Encode(bareClientReply{Error: err.Error()})
+		return err
 	}
 	fw, err := startForwarder(ctx, s.DBURL, s.Slot, s.Target, s.Secret)
 	if err != nil {

@@ -97,6 +97,10 @@ type Options struct {
 	// client's walsender is weighed by the bench (weighWalsender). The
 	// walsender must run on this machine.
 	WalsenderNice int
+	// CPUScheduling is the relay's cpu_scheduling, batch or normal (empty:
+	// batch, the relay's default), and the floor's bare client's when it
+	// runs in a process of its own.
+	CPUScheduling string
 	// FloorInProcess runs the floor scenarios' bare client in the bench's
 	// process, beside the receiver, as before it had a process of its own:
 	// a floor a little under any relay's (see ServeBareClient), kept to
@@ -171,6 +175,8 @@ func (o Options) validate() ([]string, error) {
 		return nil, errors.New("floor, load-floor: the bare client reads outbox rows only, not outbox.Emit's messages")
 	case o.Relays < 0 || o.Relays > 16:
 		return nil, fmt.Errorf("relays: want 1 to 16, got %d", o.Relays)
+	case o.CPUScheduling != "" && o.CPUScheduling != "batch" && o.CPUScheduling != "normal":
+		return nil, fmt.Errorf("cpu-scheduling: want batch or normal, got %q", o.CPUScheduling)
 	case o.WalsenderNice < -20 || o.WalsenderNice > 19:
 		return nil, fmt.Errorf("walsender-nice: want -20 to 19, got %d", o.WalsenderNice)
 	}
@@ -198,6 +204,8 @@ type Result struct {
 	Scale     *ScaleResult `json:"scale,omitempty"`
 	// Emit says the events were written with outbox.Emit, not as rows.
 	Emit bool `json:"emit,omitempty"`
+	// CPUScheduling is the relay's cpu_scheduling (Options.CPUScheduling).
+	CPUScheduling string `json:"cpu_scheduling"`
 }
 
 // LoadResult is the load scenario's.
@@ -403,7 +411,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	}
 	log := &syncWriter{w: progress}
 	env := &env{log: log, relayBinary: opts.RelayBinary, bareBinary: opts.BareClientBinary, floorInProcess: opts.FloorInProcess,
-		slot: "postbox", watch: watchHost()}
+		cpuScheduling: cmp.Or(opts.CPUScheduling, "batch"), slot: "postbox", watch: watchHost()}
 	defer env.watch.stopWatch()
 	if opts.DatabaseURL != "" {
 		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")
@@ -460,7 +468,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		return nil, fmt.Errorf("write the relay's config: %w", err)
 	}
 
-	res := &Result{Machine: machineDescription(opts.DatabaseURL == ""), Emit: opts.Emit}
+	res := &Result{Machine: machineDescription(opts.DatabaseURL == ""), Emit: opts.Emit, CPUScheduling: env.cpuScheduling}
 	for _, s := range names {
 		switch s {
 		case "latency":

@@ -160,6 +160,7 @@ func TestRun(t *testing.T) {
 
 	requireEachOnce(t, "latency", res.Latency)
 	requireEachOnce(t, "floor", res.Floor)
+	require.Equal(t, "batch", res.CPUScheduling, "the relay's default")
 	// Each scenario leaves the tables empty for the next.
 	pool, err := pgxpool.New(ctx, opts.DatabaseURL)
 	require.NoError(t, err)

@@ -38,6 +38,7 @@ type env struct {
 	bareBinary     string
 	floorInProcess bool
 	bare           *bareProcess // while it runs
+	cpuScheduling  string       // the relay's and the bare client's: batch or normal
 	relay          *exec.Cmd
 	done           chan struct{}
 	log            io.Writer
@@ -48,7 +49,8 @@ type env struct {
 // receiver, deliveries signed as in production.
 func (e *env) config(endpoints int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: %s\nlog_level: warn\n", e.dbURL, e.slot, cmp.Or(e.admin, "127.0.0.1:0"))
+	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: %s\nlog_level: warn\ncpu_scheduling: %s\n",
+		e.dbURL, e.slot, cmp.Or(e.admin, "127.0.0.1:0"), cmp.Or(e.cpuScheduling, "batch"))
 	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\nendpoints:\n", e.secret)
 	for i := range endpoints {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, e.recv.URL, i)

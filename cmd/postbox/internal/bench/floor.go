@@ -92,7 +92,7 @@ func (e *env) startFloor(ctx context.Context) (fw bareClient, drop func(), err e
 		e.bare = nil
 		_, _ = e.pool.Exec(context.WithoutCancel(ctx), `DROP PUBLICATION `+floorPublication+`; DROP TABLE `+floorTable)
 	}
-	setup := bareClientSetup{DBURL: e.dbURL, Slot: e.floorSlot(), Target: e.recv.URL, Secret: e.secret}
+	setup := bareClientSetup{DBURL: e.dbURL, Slot: e.floorSlot(), Target: e.recv.URL, Secret: e.secret, Batch: e.cpuScheduling != "normal"}
 	if e.floorInProcess {
 		fw, err = startForwarder(ctx, setup.DBURL, setup.Slot, setup.Target, setup.Secret)
 	} else if e.bare, err = startBareProcess(ctx, e.bareBinary, e.log, setup); err == nil {

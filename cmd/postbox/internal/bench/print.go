@@ -13,6 +13,9 @@ func (r *Result) Print(w io.Writer) {
 	if r.Emit {
 		fmt.Fprintf(w, "events written with outbox.Emit (WAL messages), not outbox rows\n")
 	}
+	if r.CPUScheduling == "normal" {
+		fmt.Fprintf(w, "the relay's threads scheduled as normal (--cpu-scheduling normal), not batch\n")
+	}
 	lat := []*LatencyResult{r.Latency, r.Hanging}
 	if r.Dead != nil {
 		lat = append(lat, r.Dead.Alone, r.Dead.Beside)

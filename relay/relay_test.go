@@ -429,6 +429,67 @@ func TestSearchKeysAreExtractedAtIngest(t *testing.T) {
 	require.Equal(t, ids[0], found)
 }
 
+// The reconciliation a new slot owes is recorded before the slot exists:
+// a leader stopped between the two must not leave a slot without the debt
+// (the rows written while there was none would stay in the table).
+func TestReconciliationIsOwedBeforeTheSlotIsMade(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "p", rc.URL, nil)
+	r := tb.start(t, relay.Options{})
+	ctx := context.Background()
+	slot := tb.cfg.Slot
+	// The first slot's debt (rows before postbox) is paid.
+	waitUntil(t, 20*time.Second, "the first reconciliation recorded as done", func() bool {
+		var pending bool
+		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, slot).Scan(&pending))
+		return !pending
+	})
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, r.Stop(stopCtx))
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := tb.pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	waitUntil(t, 20*time.Second, "the slot to be free", func() bool {
+		var active bool
+		_ = tb.pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		return !active
+	})
+	exec(`SELECT pg_drop_replication_slot($1)`, slot)
+	// Each time the debt is recorded, whether the slot existed then.
+	exec(`CREATE TABLE public.owed_seen (slot_existed bool NOT NULL);
+		CREATE FUNCTION public.note_owed() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.reconcile_pending AND NOT OLD.reconcile_pending THEN
+				INSERT INTO public.owed_seen SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = NEW.slot);
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER note_owed BEFORE UPDATE ON postbox.checkpoints FOR EACH ROW EXECUTE FUNCTION public.note_owed()`)
+	unseen := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
+
+	tb.start(t, relay.Options{})
+	tb.waitSettled(t, 2, 20*time.Second)
+	byID := rc.byID()
+	for _, id := range unseen {
+		require.Equal(t, 1, byID[id], "a row no slot saw is delivered, once")
+	}
+	var seen []bool
+	rows, err := tb.pool.Query(ctx, `SELECT slot_existed FROM public.owed_seen`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var existed bool
+		require.NoError(t, rows.Scan(&existed))
+		seen = append(seen, existed)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []bool{false}, seen, "the debt recorded once, before the slot was made")
+}
+
 // A leader that recreated the slot and died before reconciling leaves the
 // reconciliation owed in the database; the next leader, even one that has
 // reconciled before in its life, does it.

@@ -325,13 +325,17 @@ func (s *Supervisor) session(ctx context.Context) error {
 			s.log.Error().Str("was", cp.SystemID).Str("now", ss.SystemID).
 				Msg("the database server changed (system identifier): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
-			s.owe(ctx)
+			if err := s.owe(ctx); err != nil {
+				return 0, 0, err
+			}
 		case cp.Timeline != 0 && cp.Timeline != ss.Timeline:
 			// A failover or promotion: the slot is the new primary's.
 			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
 				Msg("the database server's timeline changed (failover): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
-			s.owe(ctx)
+			if err := s.owe(ctx); err != nil {
+				return 0, 0, err
+			}
 		}
 		s.durable.Reset(start)
 		if !s.reconciled.Load() {
@@ -412,6 +416,14 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 	if slot.Exists {
 		return cp, nil
 	}
+	// Rows written while there was no slot reach postbox only by
+	// reconciling the table. The debt is recorded before the slot is made:
+	// recorded after, a stop or a failed write between the two would leave
+	// a slot and no debt, and those rows in the table for good. A debt
+	// recorded for a slot then not made is paid all the same, harmlessly.
+	if err := s.owe(ctx); err != nil {
+		return cp, fmt.Errorf("before creating the slot: %w", err)
+	}
 	created, err := wal.CreateSlot(ctx, cfg.DatabaseURL, cfg.Slot)
 	if err != nil {
 		return cp, err
@@ -426,18 +438,18 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 		} else {
 			s.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
 		}
-		s.owe(ctx) // rows written while there was no slot
 	}
 	return cp, nil
 }
 
-// owe records that the outbox table must be reconciled, in this process
-// and in the database, so that the next leader does it if this one cannot.
-func (s *Supervisor) owe(ctx context.Context) {
-	s.reconciled.Store(false)
+// owe records that the outbox table must be reconciled, in the database,
+// so that the next leader does it if this one cannot, and in this process.
+func (s *Supervisor) owe(ctx context.Context) error {
 	if err := s.env.Store.SetReconcilePending(ctx, true); err != nil {
-		s.log.Warn().Err(err).Msg("could not record that the outbox needs reconciling; this instance reconciles it")
+		return err
 	}
+	s.reconciled.Store(false)
+	return nil
 }
 
 // leads reports whether this instance surely still holds the lead it

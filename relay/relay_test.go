@@ -441,11 +441,7 @@ func TestReconciliationIsOwedBeforeTheSlotIsMade(t *testing.T) {
 	ctx := context.Background()
 	slot := tb.cfg.Slot
 	// The first slot's debt (rows before postbox) is paid.
-	waitUntil(t, 20*time.Second, "the first reconciliation recorded as done", func() bool {
-		var pending bool
-		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, slot).Scan(&pending))
-		return !pending
-	})
+	waitUntil(t, 20*time.Second, "the first reconciliation recorded as done", func() bool { return !reconcilePending(t, tb) })
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, r.Stop(stopCtx))
@@ -536,9 +532,14 @@ func TestOwedReconciliationOutlivesTheLeaderThatOwedIt(t *testing.T) {
 	}
 	// Recorded as done once the reconciliation has looked again and found
 	// nothing: its deliveries may be recorded first.
-	waitUntil(t, 20*time.Second, "the reconciliation done, and recorded as done", func() bool {
-		var pending bool
-		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, slot).Scan(&pending))
-		return !pending
-	})
+	waitUntil(t, 20*time.Second, "the reconciliation done, and recorded as done", func() bool { return !reconcilePending(t, tb) })
+}
+
+// reconcilePending reads whether the database records a reconciliation
+// owed for tb's slot.
+func reconcilePending(t *testing.T, tb *testBundle) bool {
+	t.Helper()
+	var pending bool
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, tb.cfg.Slot).Scan(&pending))
+	return pending
 }

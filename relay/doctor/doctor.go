@@ -159,7 +159,7 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		add("slot", OK, fmt.Sprintf("%s streamed (wal_status %s, retains %s)", cfg.Slot, st.WALStatus, telemetry.FormatBytes(st.RetainedBytes)), "")
 	}
 	if st.Active && st.ActivePID != 0 {
-		c, err := walsenderCheck(ctx, q, st.ActivePID, WalsenderSample)
+		c, err := walsenderCheck(ctx, q, st.ActivePID, WalsenderSample, cfg.CPUBatch)
 		if err != nil {
 			return nil, err
 		}
@@ -279,7 +279,7 @@ const WalsenderSample = time.Second
 // sample, where it runs on this machine: under a load that keeps the
 // database's CPUs busy it waits its turn for one, and the rows committed
 // meanwhile with it (docs/operations.md, "The walsender's weight").
-func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.Duration) (Check, error) {
+func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.Duration, batch bool) (Check, error) {
 	c := Check{Name: "walsender", Severity: OK}
 	var port *int32
 	err := q.QueryRow(ctx, `SELECT client_port FROM pg_stat_replication WHERE pid = $1`, pid).Scan(&port)
@@ -305,7 +305,7 @@ func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.D
 		}
 		var after proc.CPU
 		if after, err = w.CPU(); err == nil {
-			judgeWalsender(&c, pid, after.Nice, after.Ran-before.Ran, after.Waited-before.Waited, sample)
+			judgeWalsender(&c, pid, after.Nice, batch, after.Ran-before.Ran, after.Waited-before.Waited, sample)
 			return c, nil
 		}
 	}
@@ -315,8 +315,8 @@ func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.D
 
 // judgeWalsender fills c from what the walsender did in sample: a warning
 // when it was starved (wal.Starved), behind the other processes of a
-// saturated machine.
-func judgeWalsender(c *Check, pid, nice int, ran, waited, sample time.Duration) {
+// saturated machine. batch is the configuration's cpu_scheduling.
+func judgeWalsender(c *Check, pid, nice int, batch bool, ran, waited, sample time.Duration) {
 	c.Detail = fmt.Sprintf("pid %d on this machine, nice %d: in %s it ran %s and waited %s for a CPU", pid, nice, sample,
 		ran.Round(time.Microsecond), waited.Round(time.Microsecond))
 	if !wal.Starved(ran, waited, sample) {
@@ -324,7 +324,7 @@ func judgeWalsender(c *Check, pid, nice int, ran, waited, sample time.Duration) 
 	}
 	c.Severity = Warn
 	c.Detail += ": the database's CPUs are saturated, and the rows it streams wait with it"
-	c.Fix = wal.StarvedFix(nice)
+	c.Fix = wal.StarvedFix(nice, batch)
 }
 
 // Failed reports whether any check is an error.

@@ -25,17 +25,19 @@ func TestJudgeWalsender(t *testing.T) {
 	ms := time.Millisecond
 	for _, tc := range []struct {
 		nice        int
+		batch       bool
 		ran, waited time.Duration
 		sev         Severity
 		fix         string
 	}{
-		{0, 5 * ms, 50 * ms, OK, ""},    // idle: 0.5% of the second on a CPU
-		{0, 200 * ms, 100 * ms, OK, ""}, // busy, but ran more than it waited
-		{0, 200 * ms, 300 * ms, Warn, "walsender_nice: -10"},
-		{-10, 200 * ms, 300 * ms, Warn, "weighed already"},
+		{0, true, 5 * ms, 50 * ms, OK, ""},    // idle: 0.5% of the second on a CPU
+		{0, true, 200 * ms, 100 * ms, OK, ""}, // busy, but ran more than it waited
+		{0, true, 200 * ms, 300 * ms, Warn, "walsender_nice: -10"},
+		{-10, true, 200 * ms, 300 * ms, Warn, "weighed already"},
+		{-10, false, 200 * ms, 300 * ms, Warn, "cpu_scheduling: batch"}, // the cheapest first
 	} {
 		c := Check{Name: "walsender", Severity: OK}
-		judgeWalsender(&c, 42, tc.nice, tc.ran, tc.waited, time.Second)
+		judgeWalsender(&c, 42, tc.nice, tc.batch, tc.ran, tc.waited, time.Second)
 		require.Equal(t, tc.sev, c.Severity, "%+v: %s", tc, c.Detail)
 		require.Contains(t, c.Detail, fmt.Sprintf("pid 42 on this machine, nice %d", tc.nice))
 		if tc.fix == "" {

@@ -277,7 +277,7 @@ func (m *Maintainer) telemetryLoop(ctx context.Context) {
 		t.Reset(TelemetryIntervalDefault)
 		if m.deps.WalsenderCPU != nil {
 			pid, c, ok := m.deps.WalsenderCPU()
-			walsender.observe(m.log, pid, c, ok, time.Now())
+			walsender.observe(m.log, pid, c, ok, m.env.Config().CPUBatch, time.Now())
 		}
 		s, eps, alerts, err := LoadState(ctx, m.env, false)
 		if err != nil {

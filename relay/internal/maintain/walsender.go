@@ -77,11 +77,11 @@ func (w *walsenderWatch) read(pid int, c proc.CPU, ok bool, now time.Time) (v wa
 }
 
 // observe reads and logs what the reading calls for.
-func (w *walsenderWatch) observe(log zerolog.Logger, pid int, c proc.CPU, ok bool, now time.Time) {
+func (w *walsenderWatch) observe(log zerolog.Logger, pid int, c proc.CPU, ok, batch bool, now time.Time) {
 	v, over, ran, waited := w.read(pid, c, ok, now)
 	switch v {
 	case walsenderWarn:
-		log.Warn().Int("pid", pid).Int("nice", c.Nice).Dur("over", over).Dur("ran", ran).Dur("waited", waited).Str("fix", wal.StarvedFix(c.Nice)).
+		log.Warn().Int("pid", pid).Int("nice", c.Nice).Dur("over", over).Dur("ran", ran).Dur("waited", waited).Str("fix", wal.StarvedFix(c.Nice, batch)).
 			Msg("WALSENDER STARVED: for a minute the walsender streaming postbox's slot waited for a CPU as long as it ran; " +
 				"the database's CPUs are saturated, and committed rows reach postbox late")
 	case walsenderRecovered:

@@ -73,20 +73,22 @@ func TestWalsenderWatch(t *testing.T) {
 }
 
 // The warning names the walsender, what it ran and waited, and the fix:
-// the weight where it has none, more CPU where it has one.
+// batch scheduling where postbox has it off, the weight where the walsender
+// has none, more CPU where it has one.
 func TestWalsenderWatchLogsTheFix(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		nice int
-		fix  string
-	}{{0, "walsender_nice: -10"}, {-10, "the walsender is weighed already"}} {
+		nice  int
+		batch bool
+		fix   string
+	}{{0, true, "walsender_nice: -10"}, {-10, true, "the walsender is weighed already"}, {0, false, "cpu_scheduling: batch"}} {
 		var buf bytes.Buffer
 		log := zerolog.New(&buf)
 		var w walsenderWatch
 		now := time.Unix(1_800_000_000, 0)
 		c := proc.CPU{Nice: tc.nice}
 		for range walsenderStarvedReadings + 1 {
-			w.observe(log, 42, c, true, now)
+			w.observe(log, 42, c, true, tc.batch, now)
 			now = now.Add(15 * time.Second)
 			c.Ran += 3 * time.Second
 			c.Waited += 4 * time.Second

@@ -98,9 +98,13 @@ func Starved(ran, waited, over time.Duration) bool {
 	return ran >= over/50 && waited >= ran
 }
 
-// StarvedFix is what to do for a starved walsender of nice value nice:
-// give it a weight, or, weighed already, the database more CPU.
-func StarvedFix(nice int) string {
+// StarvedFix is what to do for a starved walsender of nice value nice,
+// beside a postbox whose threads are scheduled as batch or not
+// (cpu_scheduling): the cheapest remedy first.
+func StarvedFix(nice int, batch bool) string {
+	if !batch {
+		return "schedule postbox's threads as batch, so that they do not preempt the walsender: cpu_scheduling: batch, the default (docs/operations.md, \"postbox's threads as batch\"); then, if need be, walsender_nice: -10 or more CPU for the database"
+	}
 	if nice < 0 {
 		return "give the database more CPU: the walsender is weighed already"
 	}

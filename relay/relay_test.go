@@ -474,15 +474,10 @@ func TestReconciliationIsOwedBeforeTheSlotIsMade(t *testing.T) {
 	for _, id := range unseen {
 		require.Equal(t, 1, byID[id], "a row no slot saw is delivered, once")
 	}
-	var seen []bool
 	rows, err := tb.pool.Query(ctx, `SELECT slot_existed FROM public.owed_seen`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var existed bool
-		require.NoError(t, rows.Scan(&existed))
-		seen = append(seen, existed)
-	}
-	require.NoError(t, rows.Err())
+	seen, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	require.NoError(t, err)
 	require.Equal(t, []bool{false}, seen, "the debt recorded once, before the slot was made")
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -519,4 +520,26 @@ func closeAndWaitGone(t *testing.T, pool *pgxpool.Pool, conn *pgx.Conn, pid int)
 		err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&gone)
 		return gone, err
 	}))
+}
+
+// TestRelayConfigNamesSchedulingOnlyWhenNormal: the relays' configuration
+// leaves cpu_scheduling to its default (batch), which a build from before
+// the key also reads; --cpu-scheduling normal writes it, and the relay's
+// configuration takes it.
+func TestRelayConfigNamesSchedulingOnlyWhenNormal(t *testing.T) {
+	t.Parallel()
+	secret := outbox.NewSecret()
+	e := &env{dbURL: "postgres://bench@localhost/bench", slot: "postbox", secret: secret, recv: newReceiver(secret)}
+	defer e.recv.Close()
+	for _, tc := range []struct {
+		scheduling string
+		batch      bool
+	}{{"", true}, {"batch", true}, {"normal", false}} {
+		e.cpuScheduling = tc.scheduling
+		text := e.config(2)
+		require.Equal(t, !tc.batch, strings.Contains(text, "cpu_scheduling"), tc.scheduling)
+		cfg, err := config.Parse([]byte(text))
+		require.NoError(t, err, text)
+		require.Equal(t, tc.batch, cfg.CPUBatch, tc.scheduling)
+	}
 }

@@ -347,10 +347,10 @@ func reload(r *relay.Relay, path string, log zerolog.Logger) {
 
 // schedule applies cpu_scheduling to this process's threads. Batch
 // threads, woken when a row arrives, wait for a free CPU instead of
-// preempting what runs there, the walsender that sent the row most often:
+// preempting what runs there, most often the walsender that sent the row:
 // on saturated CPUs that keeps the stream on time (docs/operations.md,
-// "Giving the walsender its share"). Where it cannot be had, the threads
-// keep the kernel's default.
+// "postbox's threads as batch"). Where it cannot be had, the threads keep
+// what they had.
 func schedule(batch bool, log zerolog.Logger) {
 	err := osproc.SetBatch(batch)
 	switch {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/admin"
@@ -495,13 +496,13 @@ func (r *Relay) Streaming() bool {
 
 // walsenderCPU is the CPU of the walsender streaming this instance's
 // session, where it runs on this machine (telemetry.Metrics.SetWalsender).
-func (r *Relay) walsenderCPU() (telemetry.WalsenderCPU, bool) {
+func (r *Relay) walsenderCPU() (proc.CPU, bool) {
 	s := r.svc.Load()
 	if s == nil {
-		return telemetry.WalsenderCPU{}, false
+		return proc.CPU{}, false
 	}
 	_, c, ok := s.ingest.WalsenderCPU()
-	return telemetry.WalsenderCPU{Ran: c.Ran, Waited: c.Waited, Nice: c.Nice}, ok
+	return c, ok
 }
 
 // Durable is the LSN up to which outbox transactions are ingested.

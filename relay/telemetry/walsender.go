@@ -2,25 +2,18 @@ package telemetry
 
 import (
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// WalsenderCPU is the CPU of the walsender that streams this instance's
-// replication session: its time on a CPU, its time runnable but waiting
-// for one, and its nice value.
-type WalsenderCPU struct {
-	Ran, Waited time.Duration
-	Nice        int
-}
+	"github.com/postbox-relay/postbox/internal/proc"
+)
 
 // walsenderCollector reads the walsender's CPU at each scrape, from the
 // function SetWalsender gave it. Its series are absent while there is
 // nothing to read: no session streams here, or its walsender runs on
 // another machine.
 type walsenderCollector struct {
-	read              atomic.Pointer[func() (WalsenderCPU, bool)]
+	read              atomic.Pointer[func() (proc.CPU, bool)]
 	ran, waited, nice *prometheus.Desc
 }
 
@@ -60,6 +53,6 @@ func (c *walsenderCollector) Collect(ch chan<- prometheus.Metric) {
 
 // SetWalsender sets how the walsender's CPU is read at each scrape: read
 // reports false when there is none to read.
-func (m *Metrics) SetWalsender(read func() (WalsenderCPU, bool)) {
+func (m *Metrics) SetWalsender(read func() (proc.CPU, bool)) {
 	m.walsender.read.Store(&read)
 }

@@ -3,6 +3,7 @@ package wal
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -39,19 +40,19 @@ var errNoPID = errors.New("the server did not name the walsender")
 
 // walsender asks the server which process is the session's walsender.
 // Only what is learned from it (telemetry, weighWalsender) needs the
-// answer, so a failure is logged and the session goes on.
-func (ss *session) walsender(ctx context.Context) Walsender {
+// answer, so the session goes on without it; the error says why it has
+// none (weighWalsender's warning names it).
+func (ss *session) walsender(ctx context.Context) (Walsender, error) {
 	var w Walsender
 	if tcp, ok := ss.conn.Conn().LocalAddr().(*net.TCPAddr); ok {
 		w.ClientPort = tcp.Port
 	}
 	pid, err := backendPID(ctx, ss.conn)
 	if err != nil {
-		ss.log.Debug().Err(err).Msg("could not ask for the walsender's pid")
-		return w
+		return w, fmt.Errorf("ask for the walsender's pid: %w", err)
 	}
 	w.PID = pid
-	return w
+	return w, nil
 }
 
 // weighWalsender gives the session's walsender w the nice value of
@@ -59,13 +60,16 @@ func (ss *session) walsender(ctx context.Context) Walsender {
 // may (as root, or as PostgreSQL's OS user with CAP_SYS_NICE). Before it
 // touches the process of w's pid here, it checks that it is this
 // session's walsender (LocalWalsender): a server elsewhere numbers its
-// processes on its own. Whatever stops it is logged once a session; the
-// stream goes on.
-func (ss *session) weighWalsender(w Walsender) {
+// processes on its own. Whatever stops it (lookup, walsender's failure to
+// learn the pid) is logged once a session; the stream goes on.
+func (ss *session) weighWalsender(w Walsender, lookup error) {
 	nice := ss.opts.WalsenderNice
-	err := errNoPID
-	if w.PID != 0 {
-		err = LocalWalsender(w.PID, w.ClientPort)
+	err := lookup
+	if err == nil {
+		err = errNoPID
+		if w.PID != 0 {
+			err = LocalWalsender(w.PID, w.ClientPort)
+		}
 	}
 	if err == nil {
 		err = proc.SetNice(w.PID, nice)

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -105,4 +106,21 @@ func niceOf(t *testing.T, pid int) int {
 	c, err := proc.ReadCPU(pid)
 	require.NoError(t, err)
 	return c.Nice
+}
+
+// TestWeighWalsenderNamesWhyItCouldNot: when the session could not learn
+// its walsender's pid, the warning that walsender_nice was not applied
+// says why (the lookup's error), not only that the pid is missing; a
+// session with no pid and no error says the server did not name it.
+func TestWeighWalsenderNamesWhyItCouldNot(t *testing.T) {
+	var logged strings.Builder
+	ss := &session{opts: Options{WalsenderNice: -5}, log: zerolog.New(&logged)}
+	ss.weighWalsender(Walsender{}, errors.New("ask for the walsender's pid: permission denied"))
+	require.Contains(t, logged.String(), "could not weigh the walsender")
+	require.Contains(t, logged.String(), "permission denied")
+	require.Contains(t, logged.String(), `"walsender_nice":-5`)
+
+	logged.Reset()
+	ss.weighWalsender(Walsender{}, nil)
+	require.Contains(t, logged.String(), errNoPID.Error())
 }

@@ -265,14 +265,18 @@ func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) er
 	if err != nil {
 		return fmt.Errorf("identify system: %w", err)
 	}
-	info := Session{SystemID: sys.SystemID, Timeline: sys.Timeline, XLogPos: sys.XLogPos, Walsender: ss.walsender(ctx)}
+	walsender, lookup := ss.walsender(ctx)
+	if lookup != nil && ss.opts.WalsenderNice == 0 {
+		ss.log.Debug().Err(lookup).Msg("the walsender's pid is unknown: no telemetry of its CPU")
+	}
+	info := Session{SystemID: sys.SystemID, Timeline: sys.Timeline, XLogPos: sys.XLogPos, Walsender: walsender}
 	start, skipBefore, err := plan(info)
 	if err != nil {
 		return err
 	}
 	ss.skipBefore = skipBefore
 	if ss.opts.WalsenderNice != 0 {
-		ss.weighWalsender(info.Walsender)
+		ss.weighWalsender(info.Walsender, lookup)
 	}
 	args := []string{
 		"proto_version '1'",

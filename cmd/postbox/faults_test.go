@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	osproc "github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
@@ -195,13 +195,8 @@ func waitStopped(t *testing.T, pid int) {
 			return false
 		}
 		for _, task := range tasks {
-			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-			if err != nil {
-				return false
-			}
-			// pid (comm) state …: comm may hold spaces, the state follows its last ')'.
-			i := bytes.LastIndexByte(stat, ')')
-			if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
+			stat, err := osproc.StatFields(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			if err != nil || len(stat) == 0 || stat[0] != "T" {
 				return false
 			}
 		}

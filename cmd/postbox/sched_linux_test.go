@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	osproc "github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -45,12 +46,10 @@ func threadPolicies(t *testing.T, pid int) []int {
 	require.NotEmpty(t, stats)
 	var policies []int
 	for _, path := range stats {
-		b, err := os.ReadFile(path)
+		fields, err := osproc.StatFields(path)
 		if err != nil {
 			continue // the thread ended
 		}
-		// The fields after the command's closing parenthesis start at 3.
-		fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 		require.Greater(t, len(fields), 41-3, path)
 		policy, err := strconv.Atoi(fields[41-3])
 		require.NoError(t, err)

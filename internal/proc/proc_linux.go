@@ -43,13 +43,11 @@ func ReadCPU(pid int) (CPU, error) {
 		return c, fmt.Errorf("/proc/%d/schedstat: %w", pid, err)
 	}
 	c.Ran, c.Waited = time.Duration(ran), time.Duration(waited)
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	fields, err := StatFields(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return c, err
 	}
-	// The fields after the command's closing parenthesis start at field 3;
-	// the nice value is field 19.
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	// The nice value is field 19.
 	if len(fields) < 19-2 {
 		return c, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -475,13 +476,6 @@ const clockTicks = 100
 
 // procStat is the fields of /proc/PID/stat after the command name.
 func procStat(pid int) []string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(data[i+1:]))
+	f, _ := proc.StatFields(fmt.Sprintf("/proc/%d/stat", pid))
+	return f
 }

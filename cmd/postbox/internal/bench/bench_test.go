@@ -536,10 +536,14 @@ func TestRelayConfigNamesSchedulingOnlyWhenNormal(t *testing.T) {
 		batch      bool
 	}{{"", true}, {"batch", true}, {"normal", false}} {
 		e.cpuScheduling = tc.scheduling
-		text := e.config(2)
-		require.Equal(t, !tc.batch, strings.Contains(text, "cpu_scheduling"), tc.scheduling)
-		cfg, err := config.Parse([]byte(text))
-		require.NoError(t, err, text)
-		require.Equal(t, tc.batch, cfg.CPUBatch, tc.scheduling)
+		// The latency, load and catch-up relays', the chaos relays' and
+		// the scale scenario's alike.
+		for _, text := range []string{e.config(2), e.chaosConfig(2), e.scaleConfig(2)} {
+			require.Equal(t, !tc.batch, strings.Contains(text, "cpu_scheduling"), tc.scheduling)
+			cfg, err := config.Parse([]byte(text))
+			require.NoError(t, err, text)
+			require.Equal(t, tc.batch, cfg.CPUBatch, tc.scheduling)
+			require.Len(t, cfg.Secrets, 1, "signed as in production")
+		}
 	}
 }

@@ -636,9 +636,7 @@ var chaosLogLevel = cmp.Or(os.Getenv("POSTBOX_BENCH_RELAY_LOG"), "error")
 // event arrives within the run.
 func (e *env) chaosConfig(endpoints int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: %s\n%s",
-		e.dbURL, e.slot, chaosLogLevel, e.schedulingKey())
-	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\n", e.secret)
+	e.writeConfigHead(&b, "127.0.0.1:0", chaosLogLevel)
 	// Changed from the defaults: retries every few seconds instead of
 	// from 30 s to an hour, a breaker open for seconds instead of minutes,
 	// and attempts enough that no event is dead-lettered by the faults.

@@ -46,23 +46,27 @@ type env struct {
 	watch          *hostWatch // the machine's pauses, while the bench runs
 }
 
-// schedulingKey is the relays' cpu_scheduling line: none for batch, their
-// default, so that a build from before the key (--relay-binary) still
-// reads the configuration, and runs as it did.
-func (e *env) schedulingKey() string {
+// writeConfigHead writes what every relay configuration the bench writes
+// starts with: the database and slot, private targets allowed (the
+// receiver is on loopback), the admin listener and log level, the
+// scheduling and the signing secret. cpu_scheduling is written only when
+// normal: batch is the relays' default, and a build from before the key
+// (--relay-binary) still reads the configuration, and runs as it did.
+func (e *env) writeConfigHead(b *strings.Builder, admin, logLevel string) {
+	fmt.Fprintf(b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: %s\nlog_level: %s\n",
+		e.dbURL, e.slot, admin, logLevel)
 	if e.cpuScheduling == "normal" {
-		return "cpu_scheduling: normal\n"
+		b.WriteString("cpu_scheduling: normal\n")
 	}
-	return ""
+	fmt.Fprintf(b, "signing:\n  secrets: [%s]\n", e.secret)
 }
 
 // config is the relay's configuration file: the bench's endpoints on the
 // receiver, deliveries signed as in production.
 func (e *env) config(endpoints int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: %s\nlog_level: warn\n%s",
-		e.dbURL, e.slot, cmp.Or(e.admin, "127.0.0.1:0"), e.schedulingKey())
-	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\nendpoints:\n", e.secret)
+	e.writeConfigHead(&b, cmp.Or(e.admin, "127.0.0.1:0"), "warn")
+	b.WriteString("endpoints:\n")
 	for i := range endpoints {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, e.recv.URL, i)
 	}

@@ -48,9 +48,8 @@ type ScaleRun struct {
 // takes ScaleDelay, at most ScaleInFlight attempts in flight each.
 func (e *env) scaleConfig(endpoints int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: 127.0.0.1:0\nlog_level: warn\n%s",
-		e.dbURL, e.slot, e.schedulingKey())
-	fmt.Fprintf(&b, "signing:\n  secrets: [%s]\nendpoints:\n", e.secret)
+	e.writeConfigHead(&b, "127.0.0.1:0", "warn")
+	b.WriteString("endpoints:\n")
 	for i := range endpoints {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/slow/ep-%d\n    max_in_flight: %d\n", i, e.recv.URL, i, ScaleInFlight)
 	}

@@ -52,28 +52,6 @@ func SetBatch(batch bool) error {
 	return fmt.Errorf("schedule as %s: threads kept starting", name)
 }
 
-// Batch reports whether every thread of this process is scheduled as
-// SCHED_BATCH.
-func Batch() (bool, error) {
-	tids, err := threads()
-	if err != nil {
-		return false, err
-	}
-	for _, tid := range tids {
-		p, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_GETSCHEDULER, uintptr(tid), 0, 0)
-		if errno == syscall.ESRCH {
-			continue // it ended
-		}
-		if errno != 0 {
-			return false, fmt.Errorf("read thread %d's policy: %w", tid, errno)
-		}
-		if p != schedBatch {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
 // threads lists this process's threads.
 func threads() ([]int, error) {
 	entries, err := os.ReadDir("/proc/self/task")

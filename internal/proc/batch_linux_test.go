@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,7 +32,7 @@ func TestSetBatchReachesEveryThread(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "every thread batch")
 
-	batch, err := Batch()
+	batch, err := allBatch()
 	require.NoError(t, err)
 	require.False(t, batch, "this process's threads")
 }
@@ -65,7 +66,7 @@ func setBatchThenStartThreads() error {
 	}
 	var batch bool
 	if err == nil {
-		batch, err = Batch()
+		batch, err = allBatch()
 	}
 	close(release)
 	wg.Wait()
@@ -79,8 +80,30 @@ func setBatchThenStartThreads() error {
 	if err := SetBatch(false); err != nil {
 		return err
 	}
-	if batch, err = Batch(); err == nil && batch {
+	if batch, err = allBatch(); err == nil && batch {
 		err = fmt.Errorf("still batch after SetBatch(false)")
 	}
 	return err
+}
+
+// allBatch reports whether every thread of this process is scheduled as
+// SCHED_BATCH.
+func allBatch() (bool, error) {
+	tids, err := threads()
+	if err != nil {
+		return false, err
+	}
+	for _, tid := range tids {
+		p, _, errno := syscall.RawSyscall(syscall.SYS_SCHED_GETSCHEDULER, uintptr(tid), 0, 0)
+		if errno == syscall.ESRCH {
+			continue // it ended
+		}
+		if errno != 0 {
+			return false, fmt.Errorf("read thread %d's policy: %w", tid, errno)
+		}
+		if p != schedBatch {
+			return false, nil
+		}
+	}
+	return true, nil
 }

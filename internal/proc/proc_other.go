@@ -18,6 +18,3 @@ func ReadCPU(int) (CPU, error) {
 
 // SetBatch needs Linux's SCHED_BATCH.
 func SetBatch(bool) error { return errors.ErrUnsupported }
-
-// Batch is false outside Linux.
-func Batch() (bool, error) { return false, errors.ErrUnsupported }

@@ -439,25 +439,14 @@ func TestReconciliationIsOwedBeforeTheSlotIsMade(t *testing.T) {
 	tb.endpoint(t, "p", rc.URL, nil)
 	r := tb.start(t, relay.Options{})
 	ctx := context.Background()
-	slot := tb.cfg.Slot
 	// The first slot's debt (rows before postbox) is paid.
 	waitUntil(t, 20*time.Second, "the first reconciliation recorded as done", func() bool { return !reconcilePending(t, tb) })
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, r.Stop(stopCtx))
-	exec := func(sql string, args ...any) {
-		t.Helper()
-		_, err := tb.pool.Exec(ctx, sql, args...)
-		require.NoError(t, err)
-	}
-	waitUntil(t, 20*time.Second, "the slot to be free", func() bool {
-		var active bool
-		_ = tb.pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
-		return !active
-	})
-	exec(`SELECT pg_drop_replication_slot($1)`, slot)
+	tb.dropSlot(t)
 	// Each time the debt is recorded, whether the slot existed then.
-	exec(`CREATE TABLE public.owed_seen (slot_existed bool NOT NULL);
+	tb.exec(t, `CREATE TABLE public.owed_seen (slot_existed bool NOT NULL);
 		CREATE FUNCTION public.note_owed() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.reconcile_pending AND NOT OLD.reconcile_pending THEN
@@ -493,31 +482,17 @@ func TestOwedReconciliationOutlivesTheLeaderThatOwedIt(t *testing.T) {
 	r := tb.start(t, relay.Options{})
 	tb.insert(t, outbox.Event{Endpoint: "p"})
 	tb.waitSettled(t, 1, 20*time.Second)
-	ctx := context.Background()
-	exec := func(sql string, args ...any) {
-		t.Helper()
-		_, err := tb.pool.Exec(ctx, sql, args...)
-		require.NoError(t, err)
-	}
 	slot := tb.cfg.Slot
 
 	// Another instance takes the lease (the relay stands by), drops and
 	// recreates the slot with rows written in between, owes the
 	// reconciliation, and dies holding the lease for three more seconds.
-	exec(`UPDATE postbox.checkpoints SET leader = 'doomed', fencing = fencing + 1, lease_expires_at = now() + interval '3 seconds' WHERE slot = $1`, slot)
+	tb.exec(t, `UPDATE postbox.checkpoints SET leader = 'doomed', fencing = fencing + 1, lease_expires_at = now() + interval '3 seconds' WHERE slot = $1`, slot)
 	waitUntil(t, 20*time.Second, "the relay to stand by", func() bool { return !r.Streaming() })
-	waitUntil(t, 20*time.Second, "the slot to be free", func() bool {
-		var active bool
-		_ = tb.pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
-		if active {
-			_, _ = tb.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, slot)
-		}
-		return !active
-	})
-	exec(`SELECT pg_drop_replication_slot($1)`, slot)
+	tb.dropSlot(t)
 	unseen := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
-	exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
-	exec(`UPDATE postbox.checkpoints SET reconcile_pending = true WHERE slot = $1`, slot)
+	tb.exec(t, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+	tb.exec(t, `UPDATE postbox.checkpoints SET reconcile_pending = true WHERE slot = $1`, slot)
 
 	waitUntil(t, 30*time.Second, "the relay to lead again", r.Streaming)
 	tb.waitSettled(t, 3, 20*time.Second)
@@ -537,4 +512,27 @@ func reconcilePending(t *testing.T, tb *testBundle) bool {
 	var pending bool
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, tb.cfg.Slot).Scan(&pending))
 	return pending
+}
+
+// exec runs sql on tb's database.
+func (tb *testBundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := tb.pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+// dropSlot drops tb's slot once no walsender holds it, ending the one that
+// still does (a relay standing by may not have let go of it yet).
+func (tb *testBundle) dropSlot(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	waitUntil(t, 20*time.Second, "the slot to be free", func() bool {
+		var active bool
+		_ = tb.pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&active)
+		if active {
+			_, _ = tb.pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot)
+		}
+		return !active
+	})
+	tb.exec(t, `SELECT pg_drop_replication_slot($1)`, tb.cfg.Slot)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -24,9 +23,24 @@ func (e *BlockedError) Error() string {
 // classMetadata starts the class of the cloud metadata addresses.
 const classMetadata = "the cloud metadata service"
 
+// closedRanges stay closed whatever allow_private_targets says: link-local
+// (where the cloud metadata and credential services of AWS, ECS, EKS,
+// GCP, Azure and OpenStack answer), AWS's IPv6 service network and
+// Alibaba's metadata address. An allowed_cidrs entry opens an address in
+// one of them only when the entry lies inside that range, so a broad
+// entry (0.0.0.0/0, 169.0.0.0/8) never opens a credential service by
+// accident. Their IPv4-mapped forms are checked by the IPv4 address; their
+// NAT64 and 6to4 forms are never opened.
+var closedRanges = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("fd00:ec2::/64"),
+	netip.MustParsePrefix("100.100.100.200/32"),
+}
+
 // blockedRanges are the address classes the guard refuses, with the name
-// it reports. IPv4-mapped, NAT64 and 6to4 IPv6 addresses are checked by
-// the IPv4 address they carry.
+// it reports, the narrowest first. IPv4-mapped, NAT64 and 6to4 IPv6
+// addresses are checked by the IPv4 address they carry.
 var blockedRanges = []struct {
 	prefix netip.Prefix
 	class  string
@@ -36,8 +50,11 @@ var blockedRanges = []struct {
 	{netip.MustParsePrefix("10.0.0.0/8"), "private (RFC 1918)"},
 	{netip.MustParsePrefix("172.16.0.0/12"), "private (RFC 1918)"},
 	{netip.MustParsePrefix("192.168.0.0/16"), "private (RFC 1918)"},
+	{netip.MustParsePrefix("100.100.100.200/32"), classMetadata + " (Alibaba Cloud)"},
 	{netip.MustParsePrefix("100.64.0.0/10"), "carrier-grade NAT (RFC 6598)"},
 	{netip.MustParsePrefix("169.254.169.254/32"), classMetadata + " (link-local)"},
+	{netip.MustParsePrefix("169.254.170.2/32"), classMetadata + " (ECS task credentials, link-local)"},
+	{netip.MustParsePrefix("169.254.170.23/32"), classMetadata + " (EKS Pod Identity, link-local)"},
 	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
 	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol assignments"},
 	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking (RFC 2544)"},
@@ -49,8 +66,9 @@ var blockedRanges = []struct {
 	{netip.MustParsePrefix("64:ff9b:1::/48"), "local-use NAT64 (RFC 8215)"},
 	{netip.MustParsePrefix("2001::/32"), "Teredo"},
 	{netip.MustParsePrefix("fec0::/10"), "site-local (deprecated)"},
-	{netip.MustParsePrefix("fd00:ec2::254/128"), classMetadata + " (unique-local)"},
+	{netip.MustParsePrefix("fd00:ec2::/64"), classMetadata + " (AWS service network, unique-local)"},
 	{netip.MustParsePrefix("fc00::/7"), "unique-local"},
+	{netip.MustParsePrefix("fe80::a9fe:a9fe/128"), classMetadata + " (OpenStack, link-local)"},
 	{netip.MustParsePrefix("fe80::/10"), "link-local"},
 	{netip.MustParsePrefix("ff00::/8"), "multicast"},
 	{netip.MustParsePrefix("100::/64"), "discard-only"},
@@ -58,33 +76,53 @@ var blockedRanges = []struct {
 
 // Guard decides which addresses deliveries may connect to.
 type Guard struct {
-	// AllowAll turns the guard off (allow_private_targets).
+	// AllowAll opens every class but closedRanges (allow_private_targets).
 	AllowAll bool
-	// Allowed opens these ranges (allowed_cidrs) despite their class.
+	// Allowed opens these ranges (allowed_cidrs) despite their class; an
+	// address of closedRanges only from an entry inside its range.
 	Allowed []netip.Prefix
 }
 
 // Check returns a *BlockedError when addr may not be reached. AllowAll
-// opens every class but the cloud metadata service, which only an Allowed
-// range that contains it opens.
+// opens every class but closedRanges; an Allowed range opens what it
+// contains, but in closedRanges only when it lies inside the closed range.
 func (g Guard) Check(addr netip.Addr) error {
 	addr = addr.WithZone("")
+	closed, isClosed := closedRange(addr)
 	for _, p := range g.Allowed {
-		if p.Contains(addr) || (addr.Is4In6() && p.Contains(addr.Unmap())) {
+		if !p.Contains(addr) && !(addr.Is4In6() && p.Contains(addr.Unmap())) {
+			continue
+		}
+		if !isClosed || p.Bits() >= closed.Bits() && closed.Contains(p.Addr()) {
 			return nil
 		}
 	}
 	class := classify(addr)
-	if g.AllowAll {
-		if strings.HasPrefix(class, classMetadata) {
-			return &BlockedError{Addr: addr, Class: class + "; allow_private_targets does not open it, only an allowed_cidrs entry does"}
+	switch {
+	case isClosed:
+		hint := fmt.Sprintf("only an allowed_cidrs entry inside %s opens it; allow_private_targets and wider entries do not", closed)
+		if _, form, ok := embedded4(addr); ok && form != formMapped {
+			hint = "neither allow_private_targets nor an allowed_cidrs entry opens it in this form"
 		}
+		return &BlockedError{Addr: addr, Class: class + "; " + hint}
+	case g.AllowAll || class == "":
 		return nil
 	}
-	if class != "" {
-		return &BlockedError{Addr: addr, Class: class}
+	return &BlockedError{Addr: addr, Class: class}
+}
+
+// closedRange is the range of closedRanges that holds addr, or the IPv4
+// address an IPv4-mapped, NAT64 or 6to4 addr carries.
+func closedRange(addr netip.Addr) (netip.Prefix, bool) {
+	if v4, _, ok := embedded4(addr); ok {
+		addr = v4
 	}
-	return nil
+	for _, p := range closedRanges {
+		if p.Contains(addr) {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 var (
@@ -93,24 +131,34 @@ var (
 	mapped4 = netip.MustParsePrefix("::ffff:0:0/96")
 )
 
+const formMapped = "IPv4-mapped"
+
+// embedded4 is the IPv4 address an IPv4-mapped, NAT64 or 6to4 addr
+// carries, and the name of that form.
+func embedded4(addr netip.Addr) (netip.Addr, string, bool) {
+	if !addr.Is6() {
+		return netip.Addr{}, "", false
+	}
+	b := addr.As16()
+	switch {
+	case mapped4.Contains(addr):
+		return addr.Unmap(), formMapped, true
+	case nat64.Contains(addr):
+		return netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}), "NAT64", true
+	case sixTo4.Contains(addr):
+		return netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}), "6to4", true
+	}
+	return netip.Addr{}, "", false
+}
+
 // classify names addr's blocked class, or "" when it is a public address.
 func classify(addr netip.Addr) string {
-	if addr.Is6() {
-		b := addr.As16()
-		switch {
-		case mapped4.Contains(addr):
-			if c := classify(addr.Unmap()); c != "" {
-				return c + " (IPv4-mapped)"
-			}
+	if v4, form, ok := embedded4(addr); ok {
+		if c := classify(v4); c != "" {
+			return c + " (" + form + ")"
+		}
+		if form == formMapped {
 			return ""
-		case nat64.Contains(addr):
-			if c := classify(netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})); c != "" {
-				return c + " (NAT64)"
-			}
-		case sixTo4.Contains(addr):
-			if c := classify(netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]})); c != "" {
-				return c + " (6to4)"
-			}
 		}
 	}
 	for _, r := range blockedRanges {

@@ -33,6 +33,11 @@ func TestGuardRefusesEveryPrivateClass(t *testing.T) {
 		"100.127.255.254":        "carrier-grade NAT",
 		"169.254.169.254":        "the cloud metadata service",
 		"169.254.1.1":            "link-local",
+		"169.254.170.2":          "the cloud metadata service (ECS task credentials",
+		"169.254.170.23":         "the cloud metadata service (EKS Pod Identity",
+		"100.100.100.200":        "the cloud metadata service (Alibaba Cloud)",
+		"fd00:ec2::23":           "the cloud metadata service (AWS service network",
+		"fe80::a9fe:a9fe":        "the cloud metadata service (OpenStack",
 		"224.0.0.1":              "multicast",
 		"239.255.255.250":        "multicast",
 		"240.0.0.1":              "reserved",
@@ -99,9 +104,82 @@ func TestAllowPrivateTargetsKeepsTheMetadataServiceClosed(t *testing.T) {
 		require.True(t, errors.As(err, &be), "%s: %v", addr, err)
 	}
 	require.Zero(t, reached.Load(), "allow_private_targets: the guard refused them itself")
-	require.NoError(t, all.Check(netip.MustParseAddr("169.254.1.1")), "other link-local addresses open")
+	require.Error(t, all.Check(netip.MustParseAddr("169.254.1.1")), "nor any other link-local address")
 	explicit := deliver.Guard{AllowAll: true, Allowed: []netip.Prefix{netip.MustParsePrefix("169.254.169.254/32")}}
 	require.NoError(t, explicit.Check(netip.MustParseAddr("169.254.169.254")))
+}
+
+// The link-local, metadata and AWS service ranges stay closed whatever
+// allow_private_targets and a broad allowed_cidrs entry say, in every form
+// of the address; an entry inside the closed range opens what it names and
+// nothing else of it. All at the dialer's check: a refused address never
+// reaches the tripwire beneath it (so nothing was dialled), and an opened
+// one reaches the tripwire, which refuses it before its connect.
+func TestClosedRangesOpenOnlyFromInside(t *testing.T) {
+	t.Parallel()
+	var reached atomic.Int32
+	var guard atomic.Pointer[deliver.Guard]
+	dial := deliver.GuardedDialer(func() deliver.Guard { return *guard.Load() }, func(ap netip.AddrPort) error {
+		reached.Add(1)
+		return errors.New("tripwire: " + ap.String())
+	})
+	refused := func(g deliver.Guard, addrs ...string) {
+		t.Helper()
+		guard.Store(&g)
+		before := reached.Load()
+		for _, a := range addrs {
+			_, err := dial(context.Background(), "tcp", net.JoinHostPort(a, "80"))
+			var be *deliver.BlockedError
+			require.True(t, errors.As(err, &be), "%+v should refuse %s: %v", g, a, err)
+		}
+		require.Equal(t, before, reached.Load(), "%+v: refused before the tripwire, nothing dialled", g)
+	}
+	opened := func(g deliver.Guard, addrs ...string) {
+		t.Helper()
+		guard.Store(&g)
+		for _, a := range addrs {
+			before := reached.Load()
+			_, err := dial(context.Background(), "tcp", net.JoinHostPort(a, "80"))
+			var be *deliver.BlockedError
+			require.False(t, errors.As(err, &be), "%+v should open %s: %v", g, a, err)
+			require.Equal(t, before+1, reached.Load(), "%s passed the guard, to the tripwire", a)
+		}
+	}
+	cidrs := func(s ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, c := range s {
+			out = append(out, netip.MustParsePrefix(c))
+		}
+		return out
+	}
+	closed := []string{
+		"169.254.169.254", "169.254.170.2", "169.254.170.23", "169.254.1.1", "169.254.255.255",
+		"fe80::1", "fe80::1%lo", "fe80::a9fe:a9fe", "febf::1",
+		"fd00:ec2::254", "fd00:ec2::23", "fd00:ec2::1", "fd00:ec2::ffff:ffff:ffff:ffff",
+		"100.100.100.200",
+		"::ffff:169.254.170.2", "::ffff:100.100.100.200",
+		"64:ff9b::a9fe:aa02", "2002:a9fe:aa02::1", "64:ff9b::6464:64c8",
+	}
+	refused(deliver.Guard{}, closed...)
+	refused(deliver.Guard{AllowAll: true}, closed...)
+	refused(deliver.Guard{Allowed: cidrs("0.0.0.0/0", "::/0")}, closed...)
+	refused(deliver.Guard{Allowed: cidrs("169.0.0.0/8", "100.64.0.0/10", "100.100.0.0/16", "fe80::/9", "fd00::/8", "fc00::/7")}, closed...)
+	refused(deliver.Guard{AllowAll: true, Allowed: cidrs("0.0.0.0/0", "::/0", "169.254.0.0/15", "64:ff9b::/96", "2002::/16", "::ffff:0:0/96")}, closed...)
+
+	// An entry inside a closed range opens what it names, and only that.
+	one := deliver.Guard{AllowAll: true, Allowed: cidrs("169.254.170.2/32")}
+	opened(one, "169.254.170.2", "::ffff:169.254.170.2")
+	refused(one, "169.254.170.23", "169.254.169.254", "64:ff9b::a9fe:aa02", "2002:a9fe:aa02::1")
+	opened(deliver.Guard{Allowed: cidrs("fd00:ec2::23/128", "100.100.100.200/32")}, "fd00:ec2::23", "100.100.100.200")
+	refused(deliver.Guard{Allowed: cidrs("fd00:ec2::23/128", "100.100.100.200/32")}, "fd00:ec2::254")
+	opened(deliver.Guard{Allowed: cidrs("169.254.0.0/16", "fe80::/10")}, "169.254.1.1", "169.254.169.254", "fe80::1%lo")
+
+	// Outside the closed ranges, both settings open as before.
+	for _, g := range []deliver.Guard{{AllowAll: true}, {Allowed: cidrs("0.0.0.0/0", "::/0")}} {
+		for _, a := range []string{"10.0.0.8", "100.64.0.1", "100.100.100.201", "fd12::1", "::ffff:192.168.1.1"} {
+			require.NoError(t, g.Check(netip.MustParseAddr(a)), "%+v %s", g, a)
+		}
+	}
 }
 
 // A receiver cannot make postbox read more than 64 KiB of response

@@ -210,6 +210,77 @@ func TestRowURLsAndConfiguredEndpoints(t *testing.T) {
 	require.Equal(t, "/hook", partner.requests()[0].Path)
 }
 
+// A row's own url never takes configured headers it did not bring. With
+// defaults.headers carrying a token, a row naming an endpoint that is not
+// configured, its url a listening server, becomes a dead letter naming
+// defaults.allow_row_url and the server hears nothing; endpoints that set
+// allow_row_url send their headers to rows' urls, to the hosts of their
+// row_url_hosts only when listed. Reloaded with defaults.allow_row_url and
+// defaults.row_url_hosts, rows naming unconfigured endpoints go to the
+// listed host, with the token, and nowhere else.
+func TestRowURLsNeverBorrowCredentials(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	_, port, _ := net.SplitHostPort(rc.Listener.Addr().String())
+	byName, byIP := "http://localhost:"+port, "http://127.0.0.1:"+port
+	const token = "Bearer operator-token"
+	tb.cfg.Defaults.Headers = map[string]string{"Authorization": token}
+	yes := true
+	tb.cfg.Endpoints = map[string]config.EndpointConfig{
+		"listed":   {AllowRowURL: &yes, RowURLHosts: []string{"LOCALHOST"}},
+		"open":     {AllowRowURL: &yes},
+		"settings": {},
+	}
+	require.NoError(t, tb.cfg.Validate())
+	r := tb.start(t, relay.Options{})
+
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "zzz", URL: byIP + "/steal"},
+		outbox.Event{Endpoint: "settings", URL: byIP + "/steal-too"},
+		outbox.Event{Endpoint: "listed", URL: byName + "/listed"},
+		outbox.Event{Endpoint: "listed", URL: byIP + "/unlisted"},
+		outbox.Event{Endpoint: "open", URL: byIP + "/open"})
+	tb.waitSettled(t, len(ids), 30*time.Second)
+	for i, want := range []string{
+		"row_url_not_allowed: defaults.headers go to configured urls only; defaults.allow_row_url: true sends them to rows' urls too",
+		"row_url_not_allowed: endpoints.settings.headers go to configured urls only; endpoints.settings.allow_row_url: true",
+		"",
+		"row_url_not_allowed: 127.0.0.1 is not in endpoints.listed.row_url_hosts",
+		"",
+	} {
+		d := tb.delivery(t, ids[i])
+		if want == "" {
+			require.Equal(t, state.Delivered, d.Status, ids[i])
+			continue
+		}
+		require.Equal(t, state.DeadLetter, d.Status, want)
+		require.True(t, strings.HasPrefix(d.LastError, want), "%q should start with %q", d.LastError, want)
+	}
+
+	// defaults.allow_row_url opens endpoints that are not configured, to
+	// defaults.row_url_hosts.
+	tb.cfg.Defaults.AllowRowURL = &yes
+	tb.cfg.Defaults.RowURLHosts = []string{"localhost"}
+	require.NoError(t, r.Reload(tb.resolved(t)))
+	more := tb.insert(t,
+		outbox.Event{Endpoint: "zzz", URL: byName + "/allowed"},
+		outbox.Event{Endpoint: "zzz", URL: byIP + "/not-listed"})
+	tb.waitSettled(t, len(ids)+len(more), 30*time.Second)
+	require.Equal(t, state.Delivered, tb.delivery(t, more[0]).Status)
+	d := tb.delivery(t, more[1])
+	require.Equal(t, state.DeadLetter, d.Status)
+	require.Equal(t, "row_url_not_allowed: 127.0.0.1 is not in defaults.row_url_hosts", d.LastError)
+
+	var paths []string
+	for _, req := range rc.requests() {
+		paths = append(paths, req.Path)
+		require.Equal(t, token, req.Header.Get("Authorization"), req.Path)
+	}
+	require.ElementsMatch(t, []string{"/listed", "/open", "/allowed"}, paths, "the refused rows reached nothing")
+	require.NotContains(t, tb.logs.String(), "operator-token", "the token is never logged")
+}
+
 // With signing.per_endpoint: derived, each endpoint's deliveries verify
 // with its own derived secret and not with the master or another
 // endpoint's.

@@ -105,8 +105,11 @@ type Endpoint struct {
 	RetryOn      []int
 	Ordered      bool
 	// AllowRowURL: rows may give their own url although the endpoint has
-	// one (see EndpointConfig.AllowRowURL).
+	// one, or has headers (see EndpointConfig.AllowRowURL).
 	AllowRowURL bool
+	// RowURLHosts are the hosts a row's url may name, lower-case (any
+	// when empty; see RowURLHost).
+	RowURLHosts []string
 }
 
 // Endpoint returns the effective settings for the named endpoint: its own
@@ -130,8 +133,10 @@ const LaneSep = " → "
 // ("partners → pb.example.com:8443"), so that one partner's hanging or
 // failing host holds back only its own deliveries, not another partner's
 // under the same endpoint. An ordered endpoint keeps one lane: its order
-// is the endpoint's. A URL's user info never reaches a key, which is
-// shown and logged.
+// is the endpoint's. A row URL refused for the endpoint's headers or its
+// row_url_hosts keeps its host's lane, which a replay once it is allowed
+// goes to. A URL's user info never reaches a key, which is shown and
+// logged.
 func (c *Config) Lane(name, rowURL string) string {
 	if rowURL == "" {
 		return name
@@ -347,11 +352,16 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 	}
 	out.Defaults = def
 	out.Endpoints = make(map[string]Endpoint, len(c.Endpoints))
+	// defaults.allow_row_url is for endpoints that are not configured: a
+	// configured endpoint's credentials go to rows' urls only where it
+	// says so itself.
+	base := def
+	base.AllowRowURL = false
 	for name, ec := range c.Endpoints {
 		if name == "" {
 			return nil, keyErr("endpoints", "an endpoint name cannot be empty")
 		}
-		ep, err := resolveEndpoint("endpoints."+name, def, ec, readFile)
+		ep, err := resolveEndpoint("endpoints."+name, base, ec, readFile)
 		if err != nil {
 			return nil, err
 		}
@@ -485,7 +495,65 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 	if ec.AllowRowURL != nil {
 		ep.AllowRowURL = *ec.AllowRowURL
 	}
+	if ec.RowURLHosts != nil {
+		ep.RowURLHosts = make([]string, len(ec.RowURLHosts))
+		for i, h := range ec.RowURLHosts {
+			norm, err := rowURLHost(h)
+			if err != nil {
+				return ep, keyErr(fmt.Sprintf("%s.row_url_hosts[%d]", key, i), "%q %v", h, err)
+			}
+			ep.RowURLHosts[i] = norm
+		}
+	}
 	return ep, nil
+}
+
+// rowURLHost checks an entry of row_url_hosts and returns it as RowURLHost
+// compares it: a host name (or *. and one of at least two labels), or an
+// IP address, lower-case, without a trailing dot. A port is refused rather
+// than ignored, so that nobody believes it narrows the entry.
+func rowURLHost(h string) (string, error) {
+	h = strings.TrimSuffix(strings.ToLower(h), ".")
+	if a, err := netip.ParseAddr(strings.Trim(h, "[]")); err == nil && a.Zone() == "" {
+		return a.String(), nil
+	}
+	name, wild := strings.CutPrefix(h, "*.")
+	switch {
+	case strings.Contains(h, "/"):
+		return "", errors.New("is not a host name: write the host alone (pb.example.com)")
+	case strings.Contains(h, ":"):
+		return "", errors.New("has a port: write the host alone; it matches every port")
+	case wild && !strings.Contains(name, "."):
+		return "", errors.New("is too wide: a wildcard needs a name of two labels at least (*.example.com)")
+	case !hostNameRe.MatchString(name) || len(name) > 253:
+		return "", errors.New("is not a host name (letters, digits, - and _ in dot-separated labels; an internationalized name in its xn-- form; a wildcard only as a leading *.)")
+	}
+	return h, nil
+}
+
+var hostNameRe = regexp.MustCompile(`^[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*$`)
+
+// RowURLHost reports whether host, a row url's host name without its
+// port, is one ep's row_url_hosts allow: any when the list is empty;
+// otherwise equal to an entry (case and a trailing dot aside, an IP
+// address in any of its spellings), or a name below a *. entry's.
+func (ep Endpoint) RowURLHost(host string) bool {
+	if len(ep.RowURLHosts) == 0 {
+		return true
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	a, err := netip.ParseAddr(host)
+	isAddr := err == nil
+	if isAddr {
+		host = a.WithZone("").String()
+	}
+	for _, e := range ep.RowURLHosts {
+		suffix, wild := strings.CutPrefix(e, "*")
+		if host == e || wild && !isAddr && len(host) > len(suffix) && strings.HasSuffix(host, suffix) {
+			return true
+		}
+	}
+	return false
 }
 
 func parseSecrets(key string, in []string) ([]outbox.Secret, error) {

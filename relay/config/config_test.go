@@ -411,3 +411,58 @@ func TestLanes(t *testing.T) {
 		require.Equal(t, c.name, cfg.NameOf(lane))
 	}
 }
+
+// row_url_hosts takes host names (a leading *. for the names below one of
+// two labels at least) and IP addresses, compared in lower case; a port,
+// a URL or a wildcard over a top-level name is refused with the entry's
+// key. allow_row_url under defaults is for endpoints not configured;
+// row_url_hosts, which only narrows, is inherited as other keys are.
+func TestRowURLHosts(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"pb.example.com:443", "https://pb.example.com", "pb.example.com/x", "*.com", "*", "",
+		"pb example.com", "bücher.example", "*.*.example.com", "a..example.com", "fe80::1%eth0"} {
+		f := config.Default()
+		f.Endpoints = map[string]config.EndpointConfig{"p": {RowURLHosts: []string{"ok.example", bad}}}
+		err := f.Validate()
+		var ce *config.Error
+		require.True(t, errors.As(err, &ce), "%q: %v", bad, err)
+		require.Equal(t, "endpoints.p.row_url_hosts[1]", ce.Key, "%q", bad)
+		f = config.Default()
+		f.Defaults.RowURLHosts = []string{bad}
+		require.True(t, errors.As(f.Validate(), &ce), "%q", bad)
+		require.Equal(t, "defaults.row_url_hosts[0]", ce.Key)
+	}
+
+	yes := true
+	f := config.Default()
+	f.Defaults.AllowRowURL = &yes
+	f.Defaults.RowURLHosts = []string{"PB.Example.com.", "*.Track.example", "203.0.113.7", "[2001:DB8::1]", "*.0.113.7"}
+	u := "https://partner.example/hook"
+	f.Endpoints = map[string]config.EndpointConfig{
+		"settings": {},
+		"own":      {AllowRowURL: &yes, RowURLHosts: []string{}},
+		"fixed":    {URL: &u},
+	}
+	cfg, err := f.Resolve()
+	require.NoError(t, err)
+	def := cfg.Endpoint("not-configured")
+	require.True(t, def.AllowRowURL)
+	require.Equal(t, []string{"pb.example.com", "*.track.example", "203.0.113.7", "2001:db8::1", "*.0.113.7"}, def.RowURLHosts)
+	for host, ok := range map[string]bool{
+		"pb.example.com": true, "PB.EXAMPLE.COM.": true, "a.track.example": true, "a.b.track.example": true,
+		"203.0.113.7": true, "2001:db8:0::1": true,
+		"track.example": false, "xtrack.example": false, "pb.example.com.evil.example": false, "evil.example": false,
+		"example.com": false, "203.0.113.8": false, "1.0.113.7": false, "": false,
+	} {
+		require.Equal(t, ok, def.RowURLHost(host), host)
+	}
+	settings := cfg.Endpoint("settings")
+	require.False(t, settings.AllowRowURL, "a configured endpoint allows row urls only itself")
+	require.Equal(t, def.RowURLHosts, settings.RowURLHosts, "the list, which only narrows, is inherited")
+	own := cfg.Endpoint("own")
+	require.True(t, own.AllowRowURL)
+	require.True(t, own.RowURLHost("anywhere.example"), "an empty list of its own lifts the inherited one")
+	require.False(t, cfg.Endpoint("fixed").AllowRowURL)
+	require.Equal(t, "fixed", cfg.Lane("fixed", "https://pb.example.com/x"), "refused: the endpoint's own lane, as before")
+	require.Equal(t, "zzz → pb.example.com", cfg.Lane("zzz", "https://pb.example.com/x"))
+}

@@ -199,9 +199,15 @@ type EndpointConfig struct {
 	RetryOn []int    `yaml:"retry_on"`
 	Ordered *bool    `yaml:"ordered"`
 	// AllowRowURL lets a row naming this endpoint send to the row's own
-	// url (with this endpoint's headers and secrets). Without it, an
-	// endpoint configured with a url refuses rows that carry one.
+	// url with this endpoint's headers. Without it, an endpoint configured
+	// with a url refuses rows that carry one, and so does one without a
+	// url whose headers (or the defaults') are set. Under defaults it is
+	// for endpoints that are not configured: a configured endpoint that
+	// lets rows choose where its credentials go says so itself.
 	AllowRowURL *bool `yaml:"allow_row_url"`
+	// RowURLHosts, when set, are the only hosts a row's url may name:
+	// exact names, or *.name for any name below it; no port.
+	RowURLHosts []string `yaml:"row_url_hosts"`
 }
 
 // Success is a partner's own rule for a successful delivery.

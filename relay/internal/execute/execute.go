@@ -70,7 +70,14 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	case ev.URL != "" && ep.URL != "" && !ep.AllowRowURL:
 		// The endpoint's headers and secrets are for its own URL: a row
 		// may not send them elsewhere.
-		return fail(policy.ReasonRowURLNotAllowed, "endpoint %q has a url of its own and does not set allow_row_url", ev.Endpoint)
+		return fail(policy.ReasonRowURLNotAllowed, "endpoint %q has a url of its own; %s.allow_row_url: true lets its rows give another", ev.Endpoint, settingsKey(ep))
+	case ev.URL != "" && len(ep.Headers) > 0 && !ep.AllowRowURL:
+		// Configured headers (an Authorization, an API key) go to
+		// configured URLs only. Refused rather than sent without them, so
+		// that the operator decides, and a partner is never sent half a
+		// request.
+		return fail(policy.ReasonRowURLNotAllowed, "%s.headers go to configured urls only; %s.allow_row_url: true sends them to rows' urls too (%s.row_url_hosts names which hosts)",
+			settingsKey(ep), settingsKey(ep), settingsKey(ep))
 	case raw == "":
 		return fail(policy.ReasonUnknownEndpoint, "no endpoint %q is configured and the row has no url", ev.Endpoint)
 	case len(ev.Payload) > int(cfg.MaxBody):
@@ -101,6 +108,9 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		return fail(policy.ReasonInvalidURL, "%v", target.err)
 	}
 	t.Recorded = target.recorded
+	if ev.URL != "" && !ep.RowURLHost(target.host) {
+		return fail(policy.ReasonRowURLNotAllowed, "%s is not in %s.row_url_hosts", target.host, settingsKey(ep))
+	}
 	if target.addr.IsValid() {
 		if err := cfg.Guard.Check(target.addr); err != nil {
 			return fail(policy.ReasonBlockedTarget, "%v", err)
@@ -127,6 +137,7 @@ func Resolve(cfg *config.Config, ev Event) Target {
 // to, its host's address when the host is a literal one, and what an
 // attempt records of it.
 type parsedURL struct {
+	host     string
 	addr     netip.Addr // invalid for a host name
 	recorded string
 	err      error
@@ -137,8 +148,19 @@ func parseURL(raw string) parsedURL {
 	if err != nil {
 		return parsedURL{err: err}
 	}
-	addr, _ := netip.ParseAddr(strings.Trim(u.Hostname(), "[]"))
-	return parsedURL{addr: addr, recorded: logsafe.Parsed(u)}
+	host := u.Hostname()
+	addr, _ := netip.ParseAddr(strings.Trim(host, "[]"))
+	return parsedURL{host: host, addr: addr, recorded: logsafe.Parsed(u)}
+}
+
+// settingsKey is where ep's settings are written: its own section, or
+// defaults for an endpoint that is not configured (whose name a row chose,
+// and which a dead letter's reason does not repeat there).
+func settingsKey(ep config.Endpoint) string {
+	if ep.Configured {
+		return "endpoints." + ep.Name
+	}
+	return "defaults"
 }
 
 // endpointURLs holds parseURL of endpoints' own URLs, where most attempts

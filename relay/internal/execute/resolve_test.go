@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -43,3 +44,113 @@ func TestEndpointURLsPassTheCurrentGuard(t *testing.T) {
 		require.True(t, strings.HasPrefix(got.Reason, "invalid_url: "), got.Reason)
 	}
 }
+
+// A row's own URL never takes configured headers it did not bring: a row
+// naming an endpoint that is not configured, or one configured without a
+// url, is refused while defaults.headers or the endpoint's are set and
+// allow_row_url is not, naming the key to set; with allow_row_url, only
+// to row_url_hosts when listed; without headers it goes as before, but
+// never outside a list.
+func TestRowURLsNeverBorrowCredentials(t *testing.T) {
+	t.Parallel()
+	yes := true
+	resolve := func(edit func(f *config.File)) *config.Config {
+		f := config.Default()
+		f.Endpoints = map[string]config.EndpointConfig{}
+		edit(f)
+		cfg, err := f.Resolve()
+		require.NoError(t, err)
+		return cfg
+	}
+	auth := map[string]string{"Authorization": "Bearer operator-token"}
+	check := func(cfg *config.Config, endpoint, rowURL, reason string) {
+		t.Helper()
+		got := Resolve(cfg, Event{EventID: "e", Endpoint: endpoint, URL: rowURL, Payload: []byte(`{}`)})
+		if reason == "" {
+			require.Empty(t, got.Reason, "%s %s", endpoint, rowURL)
+			require.Equal(t, rowURL, got.URL)
+			return
+		}
+		require.Equal(t, reason, got.Reason, "%s %s", endpoint, rowURL)
+	}
+	const refused = "row_url_not_allowed: "
+
+	// The issue's case: defaults.headers carries a token.
+	cfg := resolve(func(f *config.File) {
+		f.Defaults.Headers = auth
+		f.Endpoints["settings"] = config.EndpointConfig{}
+		f.Endpoints["defaults-only"] = config.EndpointConfig{Timeout: ptr(config.Duration(time.Second))}
+	})
+	check(cfg, "zzz", "https://elsewhere.example/", refused+
+		"defaults.headers go to configured urls only; defaults.allow_row_url: true sends them to rows' urls too (defaults.row_url_hosts names which hosts)")
+	check(cfg, "settings", "https://elsewhere.example/", refused+
+		"endpoints.settings.headers go to configured urls only; endpoints.settings.allow_row_url: true sends them to rows' urls too (endpoints.settings.row_url_hosts names which hosts)")
+	check(cfg, "defaults-only", "https://elsewhere.example/", refused+
+		"endpoints.defaults-only.headers go to configured urls only; endpoints.defaults-only.allow_row_url: true sends them to rows' urls too (endpoints.defaults-only.row_url_hosts names which hosts)")
+
+	// allow_row_url without a list: any host, headers and all.
+	cfg = resolve(func(f *config.File) {
+		f.Defaults.Headers, f.Defaults.AllowRowURL = auth, &yes
+		f.Endpoints["settings"] = config.EndpointConfig{}
+		f.Endpoints["open"] = config.EndpointConfig{AllowRowURL: &yes}
+	})
+	check(cfg, "zzz", "https://elsewhere.example/pb", "")
+	check(cfg, "open", "https://elsewhere.example/pb", "")
+	check(cfg, "settings", "https://elsewhere.example/pb", refused+
+		"endpoints.settings.headers go to configured urls only; endpoints.settings.allow_row_url: true sends them to rows' urls too (endpoints.settings.row_url_hosts names which hosts)")
+
+	// allow_row_url with a list: those hosts only, as the dialer sees them.
+	cfg = resolve(func(f *config.File) {
+		f.Defaults.Headers, f.Defaults.AllowRowURL = auth, &yes
+		f.Defaults.RowURLHosts = []string{"pb.example.com", "*.track.example"}
+		f.Endpoints["open"] = config.EndpointConfig{AllowRowURL: &yes}
+	})
+	for _, ok := range []string{"https://pb.example.com/x?c=1", "https://PB.Example.COM.:8443/x", "http://a.b.track.example/{event_id}",
+		"https://evil.example%2f@pb.example.com/"} { // user info, the row's own, to a listed host
+		got := Resolve(cfg, Event{EventID: "e", Endpoint: "zzz", URL: ok, Payload: []byte(`{}`)})
+		require.Empty(t, got.Reason, ok)
+	}
+	for u, host := range map[string]string{
+		"https://evil.example/?h=pb.example.com":    "evil.example",
+		"https://pb.example.com@evil.example/":      "evil.example",
+		"https://pb.example.com.evil.example/":      "pb.example.com.evil.example",
+		"https://track.example/":                    "track.example",
+		"https://{payload.h}/":                      "",
+		"http://93.184.216.34/pb":                   "93.184.216.34",
+		"https://xtrack.example/":                   "xtrack.example",
+		"https://evil.example/#pb.example.com":      "evil.example",
+		"https://evil.example\\@pb.example.com/":    "",
+		"https://pb.example.com%2e.evil.example/x/": "",
+	} {
+		got := Resolve(cfg, Event{EventID: "e", Endpoint: "zzz", URL: u, Payload: []byte(`{"h":"pb.example.com"}`)})
+		require.True(t, strings.HasPrefix(got.Reason, refused) || strings.HasPrefix(got.Reason, "invalid_url: ") || strings.HasPrefix(got.Reason, "template_error: "), "%s: %q", u, got.Reason)
+		if host != "" {
+			require.Equal(t, refused+host+" is not in defaults.row_url_hosts", got.Reason, u)
+		}
+	}
+	check(cfg, "open", "https://elsewhere.example/", refused+"elsewhere.example is not in endpoints.open.row_url_hosts")
+	check(cfg, "open", "https://pb.example.com/", "")
+
+	// No headers anywhere: a row's url goes as before, outside a list too;
+	// a list binds it all the same.
+	cfg = resolve(func(f *config.File) { f.Endpoints["settings"] = config.EndpointConfig{} })
+	check(cfg, "zzz", "https://anywhere.example/", "")
+	check(cfg, "settings", "https://anywhere.example/", "")
+	cfg = resolve(func(f *config.File) { f.Defaults.RowURLHosts = []string{"pb.example.com"} })
+	check(cfg, "zzz", "https://pb.example.com/", "")
+	check(cfg, "zzz", "https://anywhere.example/", refused+"anywhere.example is not in defaults.row_url_hosts")
+
+	// An endpoint's own url takes its headers as always, whatever the list.
+	cfg = resolve(func(f *config.File) {
+		f.Defaults.Headers, f.Defaults.RowURLHosts = auth, []string{"pb.example.com"}
+		u := "https://partner.example/hook"
+		f.Endpoints["partner"] = config.EndpointConfig{URL: &u}
+	})
+	got := Resolve(cfg, Event{EventID: "e", Endpoint: "partner", Payload: []byte(`{}`)})
+	require.Equal(t, "https://partner.example/hook", got.URL)
+	require.Equal(t, "Bearer operator-token", requestHeader(got.Endpoint, nil).Get("Authorization"))
+	check(cfg, "partner", "https://pb.example.com/", refused+
+		"endpoint \"partner\" has a url of its own; endpoints.partner.allow_row_url: true lets its rows give another")
+}
+
+func ptr[T any](v T) *T { return &v }

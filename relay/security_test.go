@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // TestBlockedTargetsAreNeverContacted: with the guard on (the default),
@@ -257,6 +259,11 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 		require.Equal(t, state.DeadLetter, d.Status, want)
 		require.True(t, strings.HasPrefix(d.LastError, want), "%q should start with %q", d.LastError, want)
 	}
+	an, err := telemetry.AnalyzeDeadLetters(context.Background(), tb.pool, "zzz", time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Len(t, an, 1)
+	require.Contains(t, an[0].Advice, "allow_row_url: true")
+	require.Contains(t, an[0].Advice, "row_url_hosts")
 
 	// defaults.allow_row_url opens endpoints that are not configured, to
 	// defaults.row_url_hosts.

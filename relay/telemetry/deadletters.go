@@ -122,11 +122,13 @@ var badInputAdvice = map[string]string{
 	"unknown_endpoint": "configure the endpoint (endpoints.{endpoint}.url) or write rows with a url, then replay them: postbox replay --dead-letters --endpoint {endpoint}",
 	"invalid_url":      "fix the URL the rows or endpoints.{endpoint}.url carry (absolute http or https), then replay",
 	"template_error":   "give the missing macro a value in the payload or a default in the template ({payload.x|default}), then replay",
-	"row_url_not_allowed": "the row names an endpoint configured with a url and gives its own: drop the row's url, or set allow_row_url: true " +
-		"on the endpoint if its rows may choose where it sends (with its headers and secrets), then replay",
+	"row_url_not_allowed": "the rows give a url of their own, which the configuration refuses there (the primary error names the key): " +
+		"drop the rows' url, or, if they may choose where the endpoint's headers go, set allow_row_url: true on endpoints.{endpoint} " +
+		"(on defaults for an endpoint that is not configured), with row_url_hosts naming their hosts, then replay",
 	"payload_too_large": "send smaller payloads, or raise max_body if the receiver accepts them, then replay",
-	"blocked_target":    "the URL resolves to a private address: if the receiver is internal on purpose, list its network in allowed_cidrs, then replay",
-	"invalid_row":       "the outbox table lacks a contract column: restore it, then replay",
+	"blocked_target": "the URL resolves to a private or link-local address: if the receiver is internal on purpose, list its network in allowed_cidrs " +
+		"(a link-local or metadata address opens only for an entry inside its range, such as 169.254.170.2/32), then replay",
+	"invalid_row": "the outbox table lacks a contract column: restore it, then replay",
 }
 
 func classifyDeadLetters(a Analysis) (pattern, advice string) {

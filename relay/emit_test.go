@@ -84,6 +84,10 @@ func TestEmittedEventsAreDelivered(t *testing.T) {
 	var tableRows int
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events WHERE outbox_id IS NULL`).Scan(&tableRows))
 	require.Equal(t, 3, tableRows, "the emitted events (and the poison message) had no outbox row")
+	// PUBLIC may emit in this database, as by default: the start says so,
+	// with the statements that fix it (postbox doctor fails on it).
+	require.Contains(t, tb.logs.String(), "outbox_messages is on and PUBLIC may run pg_logical_emit_message")
+	require.Contains(t, tb.logs.String(), "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC")
 }
 
 // TestRepeatedEventIDIsDeliveredOnce: an application that inserts the

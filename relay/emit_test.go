@@ -150,7 +150,7 @@ func TestForgedMessageIsNeverAttempted(t *testing.T) {
 	forger, err := pgx.Connect(ctx, u.String())
 	require.NoError(t, err)
 	defer func() { _ = forger.Close(context.Background()) }()
-	msg, forged, err := outbox.EncodeMessage(outbox.Event{Endpoint: "partner", Type: "payout", Payload: []byte(`{"amount": 1000}`)}, time.Now())
+	msg, forged, err := outbox.EncodeMessage(outbox.Event{Endpoint: "partner", Type: "payout", Payload: []byte(`{"amount": 987654321}`)}, time.Now())
 	require.NoError(t, err)
 	_, err = forger.Exec(ctx, `SELECT pg_logical_emit_message(true, 'postbox', $1::bytea)`, msg)
 	require.NoError(t, err, "PUBLIC may run pg_logical_emit_message: the role needs nothing more")
@@ -168,6 +168,13 @@ func TestForgedMessageIsNeverAttempted(t *testing.T) {
 	require.Zero(t, rc.byID()[forged], "the receiver never got the forged event")
 	require.Equal(t, 1.0, refusedMessages(t, r), "postbox_messages_refused_total")
 	requireMessagesOffAlert(t, tb, true)
+	an, err := telemetry.AnalyzeDeadLetters(ctx, tb.pool, "partner", time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Len(t, an, 1)
+	require.Equal(t, telemetry.PatternBadInput, an[0].Pattern)
+	require.Contains(t, an[0].Advice, "set outbox_messages: true")
+	require.Contains(t, tb.logs.String(), `"reason":"messages_off: `)
+	require.NotContains(t, tb.logs.String(), "987654321", "no payload in the logs")
 
 	// A replay under a configuration with messages off leaves it out.
 	items, n, err := ops.Replay(ctx, tb.pool, tb.resolved(t), ops.ReplayFilter{DeadLetters: true}, false, 0)

@@ -35,6 +35,14 @@ type MessageHeader struct {
 // replication slot holds, so a lost slot cannot be reconciled from a
 // table (see docs/integration.md). tx is a pgx.Tx or a *sql.Tx. It
 // returns the event id.
+//
+// The relay delivers emitted events only with outbox_messages: true in its
+// configuration; without it each becomes a dead letter (messages_off),
+// delivered by postbox replay once it is on. Any role that may run
+// pg_logical_emit_message could emit one, and PostgreSQL grants it to
+// PUBLIC: revoke that, grant EXECUTE on it to the application's role
+// alone, and list that role in outbox_message_roles (postbox doctor
+// prints the statements, and fails until they are run).
 func Emit(ctx context.Context, tx any, e Event) (string, error) {
 	msg, id, err := EncodeMessage(e, time.Now())
 	if err != nil {

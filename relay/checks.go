@@ -8,8 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/maintain"
 	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
@@ -69,4 +71,23 @@ func (r *Relay) status(ctx context.Context) (any, error) {
 		// DatabaseFaults are this instance's current ones.
 		DatabaseFaults []service.Fault `json:"database_faults,omitempty"`
 	}{sum, r.faults.Current()}, nil
+}
+
+// warnEmitGrants logs, at start with outbox_messages on, what postbox
+// doctor reports as an error: roles beside outbox_message_roles that may
+// run pg_logical_emit_message, and so make postbox send a signed event.
+// A warning, not a refusal: the grants are the database owner's to fix,
+// and the application's emitted events should not wait for it.
+func (r *Relay) warnEmitGrants(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) {
+	if !cfg.Messages {
+		return
+	}
+	g, err := store.LoadEmitGrants(ctx, pool, cfg.MessageRoles)
+	if err != nil {
+		r.log.Warn().Err(err).Msg("could not check who may emit postbox messages (postbox doctor does)")
+		return
+	}
+	if w := g.Warning(); w != "" {
+		r.log.Warn().Strs("fix", g.Fix).Msg(w + "; run the statements in fix as a superuser (postbox doctor)")
+	}
 }

@@ -253,6 +253,7 @@ func (r *Relay) start(ctx context.Context) error {
 	if len(cfg.Secrets) == 0 {
 		r.log.Warn().Msg("no signing secrets configured: deliveries are not signed (set signing.secrets or POSTBOX_SIGNING_SECRETS)")
 	}
+	r.warnEmitGrants(ctx, pool, cfg)
 	r.log.Info().Str("instance", r.owner).Str("slot", cfg.Slot).Str("table", cfg.Table.String()).
 		Str("version", Version).Int32("pool", pool.Config().MaxConns).Msg("postbox started")
 	return nil

@@ -510,11 +510,18 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
-	queued := 0
+	queued, messagesOff := 0, 0
 	for _, it := range items {
 		if it.Queued {
 			queued++
 		}
+		if it.MessagesOff {
+			messagesOff++
+		}
+	}
+	if messagesOff > 0 {
+		fmt.Fprintf(stderr, "postbox: left out %s written with outbox.Emit: outbox_messages is off in this configuration (set outbox_messages: true, then replay them)\n",
+			plural(int64(messagesOff), "event"))
 	}
 	if env.json {
 		if items == nil {
@@ -525,7 +532,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitOK
 	}
 	if *dryRun {
-		fmt.Fprintf(stdout, "dry run: would enqueue %d of %s (%d already queued); nothing changed\n\n", len(items)-queued, plural(int64(len(items)), "selected event"), queued)
+		fmt.Fprintf(stdout, "dry run: would enqueue %d of %s (%d already queued); nothing changed\n\n", len(items)-queued-messagesOff, plural(int64(len(items)), "selected event"), queued)
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "EVENT ID\tENDPOINT\tTYPE\tCOMMITTED\tLSN\tLAST STATUS")
 		for i, it := range items {

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,14 @@ type Config struct {
 	EventRetention    time.Duration
 	DeliveryRetention time.Duration
 	AttemptRetention  time.Duration
+	// Messages: events written with outbox.Emit (logical decoding
+	// messages) are delivered (outbox_messages). Off by default: any role
+	// that may run pg_logical_emit_message (PUBLIC, unless revoked) could
+	// write one, so off, each becomes a messages_off dead letter.
+	// MessageRoles (outbox_message_roles) are the roles that may emit, with
+	// their members; postbox doctor fails while another can.
+	Messages     bool
+	MessageRoles []string
 	// SearchKeys are the payload fields extracted and indexed at ingest.
 	SearchKeys     []string
 	MaxBody        int64
@@ -222,7 +231,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		File: *c, DatabaseURL: c.DatabaseURL, Table: t, Slot: c.Slot, Publication: c.Publication,
 		AdminListen: c.AdminListen, AdminToken: c.AdminToken, LogLevel: c.LogLevel, LogPayloads: c.LogPayloads,
 		OutboxRetention: c.OutboxRetention.D(), EventRetention: c.EventRetention.D(), DeliveryRetention: c.DeliveryRetention.D(),
-		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys,
+		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys, Messages: c.OutboxMessages, MessageRoles: c.OutboxMessageRoles,
 		MaxBody: int64(c.MaxBody), ShutdownGrace: c.ShutdownGrace.D(), Lease: c.Lease.D(), SweepInterval: c.SweepInterval.D(),
 		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), WalsenderNice: c.WalsenderNice, CPUBatch: c.CPUScheduling == "batch", LeaderLease: c.LeaderLease.D(),
 		MaxConcurrency: c.MaxConcurrency, MetricsEndpointLabels: c.MetricsEndpointLabels,
@@ -255,6 +264,11 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 			return nil, keyErr(fmt.Sprintf("allowed_cidrs[%d]", i), "%q is not a CIDR such as 10.1.0.0/16", cidr)
 		}
 		out.Guard.Allowed = append(out.Guard.Allowed, p.Masked())
+	}
+	for i, r := range c.OutboxMessageRoles {
+		if r == "" || slices.Contains(c.OutboxMessageRoles[:i], r) {
+			return nil, keyErr(fmt.Sprintf("outbox_message_roles[%d]", i), "%q is empty or listed twice", r)
+		}
 	}
 	seen := map[string]bool{}
 	for i, k := range c.SearchKeys {

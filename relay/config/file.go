@@ -71,12 +71,15 @@ const (
 	EnvAllowPrivateTargets = "POSTBOX_ALLOW_PRIVATE_TARGETS"
 	EnvLogLevel            = "POSTBOX_LOG_LEVEL"
 	EnvSigningSecrets      = "POSTBOX_SIGNING_SECRETS"
+	EnvOutboxMessages      = "POSTBOX_OUTBOX_MESSAGES"
 )
 
 // File is the configuration as written. Every key is optional.
 type File struct {
 	DatabaseURL         string   `yaml:"database_url"`
 	OutboxTable         string   `yaml:"outbox_table"`
+	OutboxMessages      bool     `yaml:"outbox_messages"`      // see Config.Messages
+	OutboxMessageRoles  []string `yaml:"outbox_message_roles"` // see Config.MessageRoles
 	Slot                string   `yaml:"slot"`
 	Publication         string   `yaml:"publication"`
 	AdminListen         string   `yaml:"admin_listen"`
@@ -342,6 +345,13 @@ func (c *File) applyEnv(getenv func(string) string) error {
 			return keyErr(EnvAllowPrivateTargets, "want true or false, got %q", v)
 		}
 		c.AllowPrivateTargets = b
+	}
+	if v := getenv(EnvOutboxMessages); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return keyErr(EnvOutboxMessages, "want true or false, got %q", v)
+		}
+		c.OutboxMessages = b
 	}
 	if v := getenv(EnvSigningSecrets); v != "" {
 		c.Signing.Secrets = strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' })

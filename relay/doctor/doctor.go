@@ -140,7 +140,7 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		add("outbox_table", OK, cfg.Table.String(), "")
 	}
 	out = append(out, publicationCheck(ctx, q, cfg))
-	out = append(out, outboxModeCheck(ctx, q, s.keepSize))
+	out = append(out, outboxModeCheck(ctx, q, s.keepSize), messagesCheck(ctx, q, cfg))
 
 	switch {
 	case !st.Exists:

@@ -23,9 +23,12 @@ type ReplayItem = store.ReplayItem
 // Replay enqueues a new delivery for each event f selects (keeping its
 // event id, so receivers still deduplicate), spread out at rate events a
 // second when rate is positive. With dryRun it only lists them. It returns
-// the selection and how many deliveries it enqueued.
+// the selection and how many deliveries it enqueued. While cfg has
+// outbox_messages off, events written with outbox.Emit are left out
+// (ReplayItem.MessagesOff): a relay would dead-letter them again.
 func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f ReplayFilter, dryRun bool, rate float64) ([]ReplayItem, int, error) {
 	s := &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
+	f.NoMessages = f.NoMessages || !cfg.Messages
 	return s.Replay(ctx, f, dryRun, rate)
 }
 

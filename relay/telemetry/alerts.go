@@ -18,6 +18,10 @@ const (
 	AlertEndpointP95   = "endpoint_latency"
 	AlertSlotLag       = "slot_lag"
 	AlertDatabase      = "database_fault"
+	// AlertMessagesOff fires for a day after an event written with
+	// outbox.Emit was dead-lettered because outbox_messages is off: the
+	// application's own events waiting for a replay, or a forgery.
+	AlertMessagesOff = "messages_off"
 )
 
 // Alert is one alert's state. Subject is the endpoint for per-endpoint
@@ -58,6 +62,13 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 	}
 	out = append(out, lag)
 	out = append(out, databaseAlert(s))
+	msgs := Alert{Name: AlertMessagesOff, Firing: s.MessagesOffLastDay > 0, Detail: "no event written with outbox.Emit refused in the last 24 h"}
+	if msgs.Firing {
+		msgs.Detail = fmt.Sprintf("%d events written with outbox.Emit were dead-lettered unattempted in the last 24 h because outbox_messages is off: "+
+			"if the application emits them, set outbox_messages: true, restrict pg_logical_emit_message (postbox doctor) and replay them; "+
+			"if it does not, a role of the database is forging events", s.MessagesOffLastDay)
+	}
+	out = append(out, msgs)
 	for _, e := range endpoints {
 		if e.P95MS == nil || e.SampleCount < minSamples {
 			continue

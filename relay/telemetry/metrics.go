@@ -26,6 +26,7 @@ type Metrics struct {
 	commitToStream   prometheus.Histogram
 	commitToSend     prometheus.Histogram
 	ingested         prometheus.Counter
+	messagesRefused  prometheus.Counter
 	queueDepth       *prometheus.GaugeVec
 	oldestPending    prometheus.Gauge
 	breaker          *prometheus.GaugeVec
@@ -91,6 +92,10 @@ func NewMetrics() *Metrics {
 			Name: "postbox_ingested_events_total",
 			Help: "Outbox events ingested from the stream or by reconciliation.",
 		}),
+		messagesRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postbox_messages_refused_total",
+			Help: "Events written with outbox.Emit dead-lettered unattempted (messages_off) because outbox_messages is off.",
+		}),
 		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "postbox_queue_depth",
 			Help: "Deliveries by status: pending, awaiting_retry, in_flight, dead_letter.",
@@ -113,7 +118,7 @@ func NewMetrics() *Metrics {
 		}),
 		alerts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "postbox_alert_firing",
-			Help: "1 while an alert fires: dead_letters_rising, oldest_pending, endpoint_latency, slot_lag, database_fault.",
+			Help: "1 while an alert fires: dead_letters_rising, oldest_pending, endpoint_latency, slot_lag, database_fault, messages_off.",
 		}, []string{"alert", "endpoint"}),
 		streaming: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "postbox_streaming",
@@ -121,7 +126,7 @@ func NewMetrics() *Metrics {
 		}),
 		walsender: newWalsenderCollector(),
 	}
-	reg.MustRegister(m.deliveries, m.deadLetters, m.attemptDuration, m.commitToDelivery, m.streamToAttempt, m.commitToStream, m.commitToSend, m.ingested, m.queueDepth,
+	reg.MustRegister(m.deliveries, m.deadLetters, m.attemptDuration, m.commitToDelivery, m.streamToAttempt, m.commitToStream, m.commitToSend, m.ingested, m.messagesRefused, m.queueDepth,
 		m.oldestPending, m.breaker, m.endpointLatency, m.slotLag, m.alerts, m.streaming, m.walsender)
 	m.SetLabeled(nil, 0)
 	return m
@@ -152,6 +157,10 @@ func (m *Metrics) Label(name string) string {
 
 // Ingested counts ingested events.
 func (m *Metrics) Ingested(n int) { m.ingested.Add(float64(n)) }
+
+// MessagesRefused counts events written with outbox.Emit that were
+// dead-lettered because outbox_messages is off.
+func (m *Metrics) MessagesRefused(n int) { m.messagesRefused.Add(float64(n)) }
 
 // Streamed observes how long after its commit a transaction was sent by
 // the server (sent, on its clock; not observed when zero) and reached

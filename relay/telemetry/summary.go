@@ -74,6 +74,7 @@ type Summary struct {
 	DeliveredLastHour       int64      `json:"delivered_last_hour"`
 	FailedLastHour          int64      `json:"failed_last_hour"`
 	DeadLettersLastHour     int64      `json:"dead_letters_last_hour"`
+	MessagesOffLastDay      int64      `json:"messages_off_last_day"` // Emit's events refused by outbox_messages: off, not replayed
 	OldestPending           *time.Time `json:"oldest_pending"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds"`
 	AvgDeliveryMSLastHour   *float64   `json:"avg_delivery_ms_last_hour"`
@@ -110,6 +111,8 @@ SELECT
   least((SELECT min(created_at) FROM postbox.deliveries WHERE status IN ('pending', 'failed')),
         (SELECT min(created_at) FROM postbox.deliveries WHERE status = 'in_flight'),
         (SELECT oldest FROM under_way)),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter' AND updated_at >= now() - interval '1 day'
+     AND last_error LIKE 'messages_off%'),
   now()`
 
 // DeliveryHourSQL is the last hour's deliveries: how many, their average
@@ -141,7 +144,7 @@ func loadSummary(ctx context.Context, q store.Querier, slotName string, delivery
 	s := Summary{Breakers: []Breaker{}, Alerts: []Alert{}}
 	var failedRetry, failedDead int64
 	err := q.QueryRow(ctx, SummarySQL).Scan(&s.Pending, &s.AwaitingRetry, &s.InFlight, &s.DeadLetter,
-		&failedRetry, &failedDead, &s.OldestPending, &s.At)
+		&failedRetry, &failedDead, &s.OldestPending, &s.MessagesOffLastDay, &s.At)
 	if err != nil {
 		return s, fmt.Errorf("health summary: %w", err)
 	}

@@ -493,7 +493,7 @@ func jobFromClaim(c store.Claimed) *dispatch.Job {
 	return &dispatch.Job{
 		DeliveryID: c.DeliveryID, EventPK: c.EventPK, Range: c.Range, Endpoint: c.Endpoint, Lane: c.Lane, Attempt: c.AttemptCount + 1,
 		EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
-		CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt,
+		CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt, Message: c.Message,
 	}
 }
 

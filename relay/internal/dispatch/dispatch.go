@@ -38,6 +38,9 @@ type Job struct {
 	Headers     []byte
 	CreatedAt   time.Time
 	CommittedAt time.Time // zero when unknown
+	// Message: written with outbox.Emit, delivered only while
+	// outbox_messages is on (execute.Resolve).
+	Message bool
 	// Received is when the stream had the row, for a first attempt started
 	// from the stream (zero for the others).
 	Received time.Time

@@ -34,6 +34,7 @@ type Event struct {
 	Payload                           []byte
 	CreatedAt                         time.Time
 	Invalid                           string // a decoding problem (see wal.Row)
+	Message                           bool   // written with outbox.Emit (see wal.Row)
 }
 
 // Target is an event's resolved request, or the reason it has none.
@@ -64,6 +65,11 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		return t
 	}
 	switch {
+	case ev.Message && !cfg.Messages:
+		// First, whatever else is wrong with it: a message while they are
+		// off may be a forgery, and its reason fires the alert.
+		return fail(policy.ReasonMessagesOff, "written with outbox.Emit (a logical decoding message) while outbox_messages is off; "+
+			"if the application emits events, set outbox_messages: true, restrict pg_logical_emit_message (postbox doctor) and replay")
 	case ev.Invalid != "":
 		t.Reason = ev.Invalid
 		return t
@@ -282,8 +288,11 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	cfg := x.env.Config()
 	res := state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, CommitToDeliveryMS: -1}
 	t := Resolve(cfg, Event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
-		Payload: j.Payload, CreatedAt: j.CreatedAt})
+		Payload: j.Payload, CreatedAt: j.CreatedAt, Message: j.Message})
 	if t.Reason != "" {
+		if strings.HasPrefix(t.Reason, policy.ReasonMessagesOff) {
+			x.env.Metrics.MessagesRefused(1)
+		}
 		res.Status, res.Attempted, res.LastError, res.At = state.DeadLetter, true, t.Reason, x.env.Now()
 		x.log.Warn().Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Str("reason", t.Reason).Msg("dead letter")
 		return res

@@ -433,7 +433,7 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 		j := &dispatch.Job{
 			Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
 			EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
-			CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Received: c.Received, Ingest: p.tx,
+			CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Message: ev.Message, Received: c.Received, Ingest: p.tx,
 		}
 		s.deps.Fast.Submit(j, true)
 		p.jobs = append(p.jobs, j)
@@ -500,7 +500,7 @@ const (
 func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LSN, commitTime time.Time, fast, alone bool) (store.NewEvent, route) {
 	ev := store.NewEvent{
 		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
-		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID,
+		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID, Message: row.Message,
 		CommitLSN: commitLSN, CommittedAt: commitTime, Status: state.Pending,
 	}
 	if lane := cfg.Lane(row.Endpoint, row.URL); lane != row.Endpoint {
@@ -514,7 +514,7 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 		return ev, routeQueue
 	}
 	t := execute.Resolve(cfg, execute.Event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
-		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid})
+		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid, Message: row.Message})
 	switch {
 	case strings.HasPrefix(t.Reason, policy.ReasonPayloadTooLarge):
 		// Refused before it is stored: the payload is not copied.
@@ -569,6 +569,9 @@ func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got
 		case id != 0 && ev.Status == state.Pending:
 			queued = true
 		case id != 0 && ev.Status == state.DeadLetter:
+			if strings.HasPrefix(ev.LastError, policy.ReasonMessagesOff) {
+				s.env.Metrics.MessagesRefused(1)
+			}
 			s.log.Warn().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).Str("reason", ev.LastError).Msg("dead letter at ingest")
 		}
 	}

@@ -75,6 +75,10 @@ type Attempt struct {
 	Timeout    time.Duration
 }
 
+// ReasonMessagesOff: the event was written with outbox.Emit (a logical
+// decoding message) while outbox_messages is off; it is never attempted.
+const ReasonMessagesOff = "messages_off"
+
 // Permanent failure reasons that are not HTTP statuses.
 const (
 	ReasonUnknownEndpoint = "unknown_endpoint"

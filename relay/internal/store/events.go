@@ -33,6 +33,7 @@ type NewEvent struct {
 	Headers     []byte    // JSON text; nil is NULL
 	CreatedAt   time.Time // zero: unknown, the ingest time is stored
 	OutboxID    int64
+	Message     bool          // written with outbox.Emit, not an outbox row
 	CommitLSN   pglogrepl.LSN // 0 when found by reconciliation
 	CommittedAt time.Time     // zero when unknown
 	Status      state.Delivery
@@ -87,21 +88,21 @@ type Ingested struct {
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[]
-                       , $16::timestamptz[], $17::int4[], $18::float4[], $19::text[], $20::float4[], $21::text[] -- delivered
+                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[], $16::bool[]
+                       , $17::timestamptz[], $18::int4[], $19::float4[], $20::text[], $21::float4[], $22::text[] -- delivered
                        )
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
-                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane,
+                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane, message,
                          done_at, status_code, response_ms, response, c2d_ms, target, -- delivered
                          ord)
 ),
 ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
-                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped)
+                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped, message)
   SELECT event_id, endpoint, url, event_type, p.v, headers::jsonb,
          coalesce(created_at, now()), outbox_id, commit_lsn::pg_lsn, committed_at,
          {{search}},
-         nullif(payload_dropped, 0)
+         nullif(payload_dropped, 0), message
   FROM input CROSS JOIN LATERAL (SELECT payload::jsonb AS v) AS p
   {{absent}}
   ORDER BY event_id, endpoint
@@ -133,11 +134,11 @@ FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id 
 const insertEventSQL = `
 WITH ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
-                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped)
+                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped, message)
   SELECT (($1::text[])[1])::uuid, ($2::text[])[1], ($3::text[])[1], ($4::text[])[1], p.v, (($6::text[])[1])::jsonb,
          coalesce(($7::timestamptz[])[1], now()), ($8::int8[])[1], (($9::text[])[1])::pg_lsn, ($10::timestamptz[])[1],
          {{search}},
-         nullif(($14::int4[])[1], 0)
+         nullif(($14::int4[])[1], 0), ($16::bool[])[1]
   FROM (SELECT (($5::text[])[1])::jsonb AS v) AS p
   {{absent}}
   {{conflict}}
@@ -151,10 +152,10 @@ dl AS (
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END, ($11::text[])[1] = 'in_flight',
          nullif(($12::text[])[1], '')
-         , CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($16::timestamptz[])[1], ($17::int4[])[1], -- delivered
-         ($18::float4[])[1], nullif(($19::text[])[1], ''), nullif(($20::float4[])[1], -1), -- delivered
-         coalesce(($16::timestamptz[])[1], now()), -- delivered
-         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($21::text[])[1], '') END, -- delivered
+         , CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($17::timestamptz[])[1], ($18::int4[])[1], -- delivered
+         ($19::float4[])[1], nullif(($20::text[])[1], ''), nullif(($21::float4[])[1], -1), -- delivered
+         coalesce(($17::timestamptz[])[1], now()), -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($22::text[])[1], '') END, -- delivered
          CASE WHEN ($11::text[])[1] = 'delivered' THEN $13 END -- delivered
   FROM ev
   RETURNING id, event_pk
@@ -174,7 +175,7 @@ func withoutDelivered(sql string) string {
 }
 
 // insertEventsArgs are the insert statements' arguments for evs: those
-// of the statements without their "-- delivered" lines ($1 to $15), and
+// of the statements without their "-- delivered" lines ($1 to $16), and
 // with done (some of evs were Delivered) those of these lines too.
 func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 	n := len(evs)
@@ -184,6 +185,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 		dropped                                        = make([]int32, n)
 		lanes                                          = make([]*string, n)
 		outboxIDs                                      = make([]*int64, n)
+		messages                                       = make([]bool, n)
 		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
 		// the first attempts that delivered before the insert (Delivered)
 		doneAt          []*time.Time
@@ -198,7 +200,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 	for i := range evs {
 		e := &evs[i]
 		ids[i], endpoints[i], types[i], payloads[i] = e.EventID, e.Endpoint, e.EventType, string(e.Payload)
-		statuses[i], errs[i], dropped[i] = string(e.Status), e.LastError, int32(e.PayloadDropped)
+		statuses[i], errs[i], dropped[i], messages[i] = string(e.Status), e.LastError, int32(e.PayloadDropped), e.Message
 		if e.Lane != "" && e.Lane != e.Endpoint {
 			lanes[i] = &e.Lane
 		}
@@ -232,7 +234,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 			}
 		}
 	}
-	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes}
+	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes, messages}
 	if done {
 		args = append(args, doneAt, codes, ms, bodies, c2d, targets)
 	}

@@ -56,7 +56,7 @@ FROM (SELECT i.ord, (SELECT 1 FROM postbox.events x WHERE x.event_id = i.event_i
 
 var (
 	copyEventColumns = []string{"id", "event_id", "endpoint", "url", "event_type", "payload", "headers",
-		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search"}
+		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search", "message"}
 	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "kept",
 		"last_error", "attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
 		"updated_at", "attempt_target", "attempted_by"}
@@ -250,7 +250,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 				keys = search[i]
 			}
 			return []any{eventPK[i], uuids[i], e.Endpoint, orNull(e.URL), e.EventType, e.Payload, headers,
-				createdAt, outboxID, lsn, committedAt, dropped, keys}, nil
+				createdAt, outboxID, lsn, committedAt, dropped, keys, e.Message}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy events: %w", err)

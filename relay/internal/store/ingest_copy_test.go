@@ -55,6 +55,8 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 			case 3:
 				ev.Lane, ev.CommitLSN, ev.CommittedAt = tag+"-lane", pglogrepl.LSN(0x16B3748+i), at
 				ev.Status, ev.Delivered = state.Delivered, &state.Result{Status: state.Delivered, ResponseMS: 2, At: at, CommitToDeliveryMS: -1}
+			case 4:
+				ev.Message = true // written with outbox.Emit
 			}
 			evs = append(evs, ev)
 		}
@@ -103,7 +105,7 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 		t.Helper()
 		rows, err := s.Pool.Query(ctx, `
 			SELECT concat_ws(' | ', replace(e.endpoint, $1, ''), replace(e.url, $1, ''), e.event_type, e.payload::text, e.headers::text,
-			         e.created_at = e.ingested_at, nullif(e.created_at, e.ingested_at), e.outbox_id, e.commit_lsn, e.committed_at, e.payload_dropped, e.search::text,
+			         e.created_at = e.ingested_at, nullif(e.created_at, e.ingested_at), e.outbox_id, e.commit_lsn, e.committed_at, e.payload_dropped, e.search::text, e.message,
 			         replace(d.endpoint, $1, ''), replace(d.lane, $1, ''), d.status, d.lease_owner, d.kept, d.last_error, d.attempt_count,
 			         d.delivered_at, d.last_status_code, d.last_response_ms, d.last_response, d.commit_to_delivery_ms,
 			         d.updated_at = e.ingested_at, d.next_attempt_at = e.ingested_at, d.created_at = e.ingested_at, d.replay_of,
@@ -136,6 +138,9 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 	}
 	want := rowsOf(insertedTag)
 	require.Len(t, want, n-len(known))
+	var messages int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events WHERE endpoint LIKE $1 || '-%' AND message`, copiedTag).Scan(&messages))
+	require.NotZero(t, messages, "the copy writes events.message")
 	require.Equal(t, want, rowsOf(copiedTag))
 	if keys != nil {
 		require.Contains(t, strings.Join(want, "\n"), `"s": "\"é`, "the search keys are extracted")

@@ -30,6 +30,7 @@ type Claimed struct {
 	Headers      []byte
 	CreatedAt    time.Time
 	CommittedAt  time.Time // zero when unknown
+	Message      bool      // written with outbox.Emit (events.message)
 	// EventPK and Range name an event under way (DeliveryID is 0): its
 	// delivery is written when its attempt ends (RecordUnderWay).
 	EventPK, Range int64
@@ -43,7 +44,7 @@ func (c *Claimed) Key() string {
 // claimedColumns is what every claim returns, from d (deliveries) and e
 // (events).
 const claimedColumns = `d.id, d.endpoint, coalesce(d.lane, ''), d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
-          e.payload::text, e.headers::text, e.created_at, e.committed_at`
+          e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message`
 
 // healthyLane is true for lane %[1]s of endpoint %[2]s when its breaker is
 // closed and neither it nor its endpoint is paused: pausing an endpoint
@@ -265,7 +266,7 @@ func scanClaimedWith(row pgx.Row, underWay bool) (Claimed, error) {
 	var headers *string
 	var committed *time.Time
 	dest := []any{&c.DeliveryID, &c.Endpoint, &c.Lane, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
-		&payload, &headers, &c.CreatedAt, &committed}
+		&payload, &headers, &c.CreatedAt, &committed, &c.Message}
 	if underWay {
 		dest = append(dest, &c.EventPK, &c.Range)
 	}

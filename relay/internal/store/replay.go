@@ -24,6 +24,9 @@ type ReplayFilter struct {
 	EventIDs []string
 	// Limit caps how many events one replay enqueues (0: no cap).
 	Limit int
+	// NoMessages leaves out events written with outbox.Emit (outbox_messages
+	// is off): selected, marked MessagesOff, not enqueued.
+	NoMessages bool
 }
 
 // ReplayItem is an event a replay selects.
@@ -35,6 +38,8 @@ type ReplayItem struct {
 	Committed  time.Time      `json:"committed_at"`
 	LastStatus state.Delivery `json:"last_status"` // of its latest delivery; "" when it has none
 	Queued     bool           `json:"already_queued"`
+	// MessagesOff: written with outbox.Emit and left out (NoMessages).
+	MessagesOff bool `json:"messages_off,omitempty"`
 }
 
 // replayCandidatesSQL selects the events of a replay with their latest
@@ -42,7 +47,8 @@ type ReplayItem struct {
 // LSN, $6 event ids, $7 limit.
 const replayCandidatesSQL = `
 SELECT e.id, e.event_id::text, e.endpoint, e.event_type, coalesce(e.commit_lsn::text, ''),
-       coalesce(e.committed_at, e.ingested_at), last.id, coalesce(last.status, 'in_flight') -- none: under way
+       coalesce(e.committed_at, e.ingested_at), last.id, coalesce(last.status, 'in_flight'), -- none: under way
+       e.message
 FROM postbox.events e
 LEFT JOIN LATERAL (
   SELECT d.id, d.status FROM postbox.deliveries d WHERE d.event_pk = e.id ORDER BY d.id DESC LIMIT 1
@@ -93,13 +99,18 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 			var it ReplayItem
 			var pk int64
 			var last *int64
-			if err := rows.Scan(&pk, &it.EventID, &it.Endpoint, &it.EventType, &it.CommitLSN, &it.Committed, &last, &it.LastStatus); err != nil {
+			var message bool
+			if err := rows.Scan(&pk, &it.EventID, &it.Endpoint, &it.EventType, &it.CommitLSN, &it.Committed, &last, &it.LastStatus, &message); err != nil {
 				rows.Close()
 				return err
 			}
-			if it.LastStatus.Queued() {
+			switch {
+			case it.LastStatus.Queued():
 				it.Queued = true
-			} else {
+			case message && f.NoMessages:
+				// Its attempt would dead-letter it again (messages_off).
+				it.MessagesOff = true
+			default:
 				pks, endpoints = append(pks, pk), append(endpoints, it.Endpoint)
 				if last != nil {
 					lastIDs = append(lastIDs, *last)

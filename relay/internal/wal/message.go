@@ -109,5 +109,7 @@ func (ss *session) message(ctx context.Context, data []byte) error {
 		ss.log.Warn().Str("lsn", lsn.String()).Msg("skipped a non-transactional postbox message: emit events with outbox.Emit, inside the transaction")
 		return nil
 	}
-	return ss.add(ctx, decodeMessage(content, lsn, ss.opts.maxBody()))
+	row := decodeMessage(content, lsn, ss.opts.maxBody())
+	row.Message = true
+	return ss.add(ctx, row)
 }

@@ -33,6 +33,11 @@ type Row struct {
 	// column missing or unreadable, a created_at that is not a time); it
 	// becomes a dead letter with it.
 	Invalid string
+	// Message: the event was a logical decoding message (outbox.Emit),
+	// not a table row. Whether it may be delivered is the configuration's
+	// (outbox_messages), checked at each attempt: any role that may run
+	// pg_logical_emit_message can write one.
+	Message bool
 }
 
 // Chunk is consecutive rows of one committed transaction, in order. A
@@ -281,6 +286,9 @@ func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) er
 	args := []string{
 		"proto_version '1'",
 		"publication_names '" + ss.opts.Publication + "'", // validated: [a-z0-9_]
+		// Asked for whatever outbox_messages says: with messages off, an
+		// event written with outbox.Emit is recorded as a dead letter
+		// (messages_off), to replay once they are on, never dropped.
 		"messages 'true'",
 	}
 	if err := pglogrepl.StartReplication(ctx, ss.conn, ss.opts.Slot, start,

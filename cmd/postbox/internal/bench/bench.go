@@ -411,7 +411,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	}
 	log := &syncWriter{w: progress}
 	env := &env{log: log, relayBinary: opts.RelayBinary, bareBinary: opts.BareClientBinary, floorInProcess: opts.FloorInProcess,
-		cpuScheduling: cmp.Or(opts.CPUScheduling, "batch"), slot: "postbox", watch: watchHost()}
+		cpuScheduling: cmp.Or(opts.CPUScheduling, "batch"), emit: opts.Emit, slot: "postbox", watch: watchHost()}
 	defer env.watch.stopWatch()
 	if opts.DatabaseURL != "" {
 		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")

@@ -544,6 +544,13 @@ func TestRelayConfigNamesSchedulingOnlyWhenNormal(t *testing.T) {
 			require.NoError(t, err, text)
 			require.Equal(t, tc.batch, cfg.CPUBatch, tc.scheduling)
 			require.Len(t, cfg.Secrets, 1, "signed as in production")
+			require.False(t, cfg.Messages, "outbox_messages only with --emit")
 		}
+	}
+	e.emit = true
+	for _, text := range []string{e.config(2), e.chaosConfig(2), e.scaleConfig(2)} {
+		cfg, err := config.Parse([]byte(text))
+		require.NoError(t, err, text)
+		require.True(t, cfg.Messages, "--emit: the relays deliver outbox.Emit's events")
 	}
 }

@@ -40,6 +40,7 @@ type env struct {
 	floorInProcess bool
 	bare           *bareProcess // while it runs
 	cpuScheduling  string       // the relay's and the bare client's: batch or normal
+	emit           bool         // events are written with outbox.Emit: the relays need outbox_messages
 	relay          *exec.Cmd
 	done           chan struct{}
 	log            io.Writer
@@ -49,14 +50,19 @@ type env struct {
 // writeConfigHead writes what every relay configuration the bench writes
 // starts with: the database and slot, private targets allowed (the
 // receiver is on loopback), the admin listener and log level, the
-// scheduling and the signing secret. cpu_scheduling is written only when
-// normal: batch is the relays' default, and a build from before the key
-// (--relay-binary) still reads the configuration, and runs as it did.
+// scheduling, outbox_messages with --emit, and the signing secret.
+// cpu_scheduling is written only when normal, outbox_messages only with
+// --emit: batch and no messages are the relays' defaults, and a build from
+// before the keys (--relay-binary) still reads the configuration, and
+// runs as it did.
 func (e *env) writeConfigHead(b *strings.Builder, admin, logLevel string) {
 	fmt.Fprintf(b, "database_url: %s\nslot: %s\nallow_private_targets: true\nadmin_listen: %s\nlog_level: %s\n",
 		e.dbURL, e.slot, admin, logLevel)
 	if e.cpuScheduling == "normal" {
 		b.WriteString("cpu_scheduling: normal\n")
+	}
+	if e.emit {
+		b.WriteString("outbox_messages: true\n")
 	}
 	fmt.Fprintf(b, "signing:\n  secrets: [%s]\n", e.secret)
 }

@@ -557,6 +557,30 @@ func (c *File) secretFiles() []string {
 	return out
 }
 
+// ExposedFile is a file holding secrets that group or others may read.
+type ExposedFile struct {
+	Path string
+	Mode os.FileMode
+}
+
+// ExposedFiles are those of the configuration file at path (it may hold
+// admin_token and secrets) and the secrets files whose mode lets group or
+// others read them: another local user, or a neighbour container sharing
+// the volume, could sign deliveries. Files that cannot be stat'ed are left
+// to the reads that fail on them.
+func (c *Config) ExposedFiles(path string) []ExposedFile {
+	var out []ExposedFile
+	for _, p := range append([]string{path}, c.SecretFiles...) {
+		if p == "" {
+			continue
+		}
+		if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o077 != 0 {
+			out = append(out, ExposedFile{Path: p, Mode: st.Mode().Perm()})
+		}
+	}
+	return out
+}
+
 // ValidateURL checks an endpoint URL (macros such as {payload.click_id}
 // allowed): absolute, http or https, with a host.
 func ValidateURL(raw string) error {

@@ -51,6 +51,8 @@ type Config struct {
 	CPUBatch       bool
 	LeaderLease    time.Duration
 	MaxConcurrency int
+	// AdminTokenOnLoopback: as File's.
+	AdminTokenOnLoopback bool
 	// MetricsEndpointLabels caps the endpoint label of metrics.
 	MetricsEndpointLabels int
 	Alerts                Alerts
@@ -243,6 +245,10 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 	if c.AdminListen != "" && !isLoopback(host) && c.AdminToken == "" {
 		return nil, keyErr("admin_token", "required when admin_listen (%s) is not a loopback address", c.AdminListen)
 	}
+	if c.AdminTokenOnLoopback && c.AdminToken == "" {
+		return nil, keyErr("admin_token_on_loopback", "needs admin_token (or %s): it is the token asked for", EnvAdminToken)
+	}
+	out.AdminTokenOnLoopback = c.AdminTokenOnLoopback
 	out.Guard = deliver.Guard{AllowAll: c.AllowPrivateTargets}
 	for i, cidr := range c.AllowedCIDRs {
 		p, err := netip.ParsePrefix(cidr)

@@ -134,6 +134,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"walsender_nice: -21", "walsender_nice"},
 		{"walsender_nice: high", "walsender_nice"},
 		{"cpu_scheduling: idle", "cpu_scheduling"},
+		{"admin_token_on_loopback: true", "admin_token_on_loopback"},
 		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
 	} {
 		_, err := config.Parse([]byte(tc.yaml))

@@ -112,6 +112,10 @@ type File struct {
 	// StallTimeout ends a replication session that received nothing (not
 	// even the replies its status updates ask for) for this long.
 	StallTimeout Duration `yaml:"stall_timeout"`
+	// AdminTokenOnLoopback: the console asks for admin_token on a loopback
+	// listener too, where anything sharing loopback (a sidecar, an SSRF in
+	// the application) could otherwise read it.
+	AdminTokenOnLoopback bool `yaml:"admin_token_on_loopback"`
 	// WalsenderNice, when not zero, is the nice value (-20 to 19) postbox
 	// gives the walsender of each of its replication sessions, where the
 	// server runs on the same machine and postbox may: for a database

@@ -106,6 +106,8 @@ type Endpoint struct {
 	Success      Success
 	RetryOn      []int
 	Ordered      bool
+	// RedactPath: the URL path segments attempts record as ***.
+	RedactPath RedactPath
 	// AllowRowURL: rows may give their own url although the endpoint has
 	// one (see EndpointConfig.AllowRowURL).
 	AllowRowURL bool
@@ -487,6 +489,9 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 	}
 	if ec.Ordered != nil {
 		ep.Ordered = *ec.Ordered
+	}
+	if ec.RedactPath != nil {
+		ep.RedactPath = *ec.RedactPath
 	}
 	if ec.AllowRowURL != nil {
 		ep.AllowRowURL = *ec.AllowRowURL

@@ -412,3 +412,23 @@ func TestLanes(t *testing.T) {
 		require.Equal(t, c.name, cfg.NameOf(lane))
 	}
 }
+
+func TestRedactPath(t *testing.T) {
+	t.Parallel()
+	for yaml, want := range map[string]string{
+		"true":   "/***/***/",
+		"false":  "/a/b/",
+		"[2]":    "/a/***/",
+		"[1, 9]": "/***/b/",
+	} {
+		cfg, err := config.Parse([]byte("defaults:\n  redact_path: " + yaml + "\n"))
+		require.NoError(t, err, yaml)
+		require.Equal(t, want, cfg.Defaults.RedactPath.Redacted("/a/b/"), yaml)
+	}
+	for _, bad := range []string{"[0]", "[64]", "maybe", "{a: 1}"} {
+		_, err := config.Parse([]byte("endpoints:\n  p:\n    url: https://p.example\n    redact_path: " + bad + "\n"))
+		var ce *config.Error
+		require.True(t, errors.As(err, &ce), bad)
+		require.Equal(t, "endpoints.p.redact_path", ce.Key, bad)
+	}
+}

@@ -202,6 +202,8 @@ type EndpointConfig struct {
 	Success *Success `yaml:"success"`
 	RetryOn []int    `yaml:"retry_on"`
 	Ordered *bool    `yaml:"ordered"`
+	// RedactPath: the URL path segments recorded, shown and logged as ***.
+	RedactPath *RedactPath `yaml:"redact_path"`
 	// AllowRowURL lets a row naming this endpoint send to the row's own
 	// url (with this endpoint's headers and secrets). Without it, an
 	// endpoint configured with a url refuses rows that carry one.

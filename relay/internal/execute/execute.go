@@ -41,7 +41,8 @@ type Target struct {
 	Endpoint config.Endpoint
 	URL      string
 	// Recorded is what an attempt records of URL: without its query
-	// string, fragment and user info (logsafe.URL).
+	// string, fragment and user info (logsafe.URL), and with the path
+	// segments of the endpoint's redact_path as ***.
 	Recorded string
 	Body     []byte // nil for GET
 	Reason   string // a dead-letter reason, "" when deliverable
@@ -93,9 +94,9 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	}
 	var target parsedURL
 	if tpl == nil && raw == ep.URL {
-		target = endpointURL(raw)
+		target = endpointURL(raw, ep.RedactPath)
 	} else {
-		target = parseURL(t.URL)
+		target = parseURL(t.URL, ep.RedactPath)
 	}
 	if target.err != nil {
 		return fail(policy.ReasonInvalidURL, "%v", target.err)
@@ -132,13 +133,27 @@ type parsedURL struct {
 	err      error
 }
 
-func parseURL(raw string) parsedURL {
+func parseURL(raw string, redact config.RedactPath) parsedURL {
 	u, err := config.ParseTargetURL(raw)
 	if err != nil {
 		return parsedURL{err: err}
 	}
 	addr, _ := netip.ParseAddr(strings.Trim(u.Hostname(), "[]"))
-	return parsedURL{addr: addr, recorded: logsafe.Parsed(u)}
+	return parsedURL{addr: addr, recorded: logsafe.Parsed(redactPath(u, redact))}
+}
+
+// redactPath is u with the path segments redact names as *** (u itself
+// when it names none): what is recorded, and so what the console, the CLI
+// and the log show, never holds a token a partner put in its URL's path.
+func redactPath(u *url.URL, redact config.RedactPath) *url.URL {
+	if redact == 0 {
+		return u
+	}
+	r := *u
+	r.RawPath = redact.Redacted(u.EscapedPath())
+	r.Path, _ = url.PathUnescape(r.RawPath)
+	r.Opaque = ""
+	return &r
 }
 
 // endpointURLs holds parseURL of endpoints' own URLs, where most attempts
@@ -147,12 +162,19 @@ func parseURL(raw string) parsedURL {
 // every attempt passes the one in force.
 var endpointURLs sync.Map
 
-func endpointURL(raw string) parsedURL {
-	if p, ok := endpointURLs.Load(raw); ok {
+// urlKey keys endpointURLs: a reload may change an endpoint's redact_path.
+type urlKey struct {
+	raw    string
+	redact config.RedactPath
+}
+
+func endpointURL(raw string, redact config.RedactPath) parsedURL {
+	k := urlKey{raw, redact}
+	if p, ok := endpointURLs.Load(k); ok {
 		return p.(parsedURL)
 	}
-	p := parseURL(raw)
-	endpointURLs.Store(raw, p)
+	p := parseURL(raw, redact)
+	endpointURLs.Store(k, p)
 	return p
 }
 
@@ -341,8 +363,9 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		ev = x.log.Warn()
 	}
 	if cfg.LogPayloads {
-		// Only with log_payloads: the full URL and the body sent.
-		ev = ev.Str("url", t.URL).Bytes("body", t.Body)
+		// Only with log_payloads: the full URL (its redact_path segments
+		// still hidden) and the body sent.
+		ev = ev.Str("url", loggedURL(t.URL, ep.RedactPath)).Bytes("body", t.Body)
 	}
 	if j.Lane != "" {
 		ev = ev.Str("lane", j.Lane)
@@ -351,6 +374,18 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Stringer("outcome", res.Status).
 		Str("reason", res.LastError).Dur("retry_in", res.Delay).Msg("attempt")
 	return res
+}
+
+// loggedURL is raw, query string included, with redact_path applied.
+func loggedURL(raw string, redact config.RedactPath) string {
+	if redact == 0 {
+		return raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return logsafe.Redacted
+	}
+	return redactPath(u, redact).String()
 }
 
 // signal is what an attempt says about its endpoint's health: a success,

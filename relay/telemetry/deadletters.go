@@ -126,7 +126,7 @@ var badInputAdvice = map[string]string{
 		"on the endpoint if its rows may choose where it sends (with its headers and secrets), then replay",
 	"payload_too_large": "send smaller payloads, or raise max_body if the receiver accepts them, then replay",
 	"blocked_target":    "the URL resolves to a private address: if the receiver is internal on purpose, list its network in allowed_cidrs, then replay",
-	"invalid_row":       "the outbox table lacks a contract column: restore it, then replay",
+	"invalid_row":       "a row broke the outbox contract (a column missing or unreadable, an endpoint name over 200 bytes): fix the table or the writer, then replay",
 }
 
 func classifyDeadLetters(a Analysis) (pattern, advice string) {

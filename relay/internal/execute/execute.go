@@ -26,6 +26,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/protect"
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // Event is what Resolve needs to know of an event.
@@ -68,6 +69,10 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	case ev.Invalid != "":
 		t.Reason = ev.Invalid
 		return t
+	case len(ev.Endpoint) > store.MaxEndpointLen:
+		// A row's name; stored cut (store.StoredEndpoint), and refused
+		// again when replayed.
+		return fail("invalid_row", "the endpoint name is %d bytes, above the %d postbox accepts", len(ev.Endpoint), store.MaxEndpointLen)
 	case ev.URL != "" && ep.URL != "" && !ep.AllowRowURL:
 		// The endpoint's headers and secrets are for its own URL: a row
 		// may not send them elsewhere.

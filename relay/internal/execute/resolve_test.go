@@ -9,6 +9,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // An endpoint's own URL is parsed once, but every attempt to it passes the
@@ -98,4 +99,17 @@ endpoints:
 `)
 	got := Resolve(reloaded, Event{EventID: "e", Endpoint: "slack", Payload: []byte(`{}`)})
 	require.Equal(t, "https://hooks.slack.example/services/***/***/***", got.Recorded)
+}
+
+// TestOverlongEndpointNameIsRefused: a name over store.MaxEndpointLen
+// bytes, as a row or as the cut name a replay reads back, is an invalid
+// row, even with a URL of its own; one of exactly the limit is not.
+func TestOverlongEndpointNameIsRefused(t *testing.T) {
+	cfg := &config.Config{MaxBody: 1 << 20, Guard: deliver.Guard{AllowAll: true}}
+	for _, name := range []string{strings.Repeat("a", store.MaxEndpointLen+1), store.StoredEndpoint(strings.Repeat("é", 500))} {
+		got := Resolve(cfg, Event{EventID: "e", Endpoint: name, URL: "https://pb.example/x", Payload: []byte(`{}`)})
+		require.True(t, strings.HasPrefix(got.Reason, "invalid_row: the endpoint name is "), got.Reason)
+	}
+	got := Resolve(cfg, Event{EventID: "e", Endpoint: strings.Repeat("a", store.MaxEndpointLen), URL: "https://pb.example/x", Payload: []byte(`{}`)})
+	require.Empty(t, got.Reason)
 }

@@ -51,8 +51,9 @@ type Config struct {
 	CPUBatch       bool
 	LeaderLease    time.Duration
 	MaxConcurrency int
-	// AdminTokenOnLoopback: as File's.
-	AdminTokenOnLoopback bool
+	// AdminTokenOnLoopback, AdminTLSCert and AdminTLSKey: as File's.
+	AdminTokenOnLoopback      bool
+	AdminTLSCert, AdminTLSKey string
 	// MetricsEndpointLabels caps the endpoint label of metrics.
 	MetricsEndpointLabels int
 	Alerts                Alerts
@@ -251,6 +252,10 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		return nil, keyErr("admin_token_on_loopback", "needs admin_token (or %s): it is the token asked for", EnvAdminToken)
 	}
 	out.AdminTokenOnLoopback = c.AdminTokenOnLoopback
+	if (c.AdminTLSCert == "") != (c.AdminTLSKey == "") {
+		return nil, keyErr("admin_tls_cert", "admin_tls_cert and admin_tls_key go together: set both or neither")
+	}
+	out.AdminTLSCert, out.AdminTLSKey = c.AdminTLSCert, c.AdminTLSKey
 	out.Guard = deliver.Guard{AllowAll: c.AllowPrivateTargets}
 	for i, cidr := range c.AllowedCIDRs {
 		p, err := netip.ParsePrefix(cidr)
@@ -575,13 +580,14 @@ type ExposedFile struct {
 }
 
 // ExposedFiles are those of the configuration file at path (it may hold
-// admin_token and secrets) and the secrets files whose mode lets group or
-// others read them: another local user, or a neighbour container sharing
-// the volume, could sign deliveries. Files that cannot be stat'ed are left
-// to the reads that fail on them.
+// admin_token and secrets), admin_tls_key and the secrets files whose
+// mode lets group or others read them: another local user, or a neighbour
+// container sharing the volume, could sign deliveries or pose as the
+// admin listener. Files that cannot be stat'ed are left to the reads that
+// fail on them.
 func (c *Config) ExposedFiles(path string) []ExposedFile {
 	var out []ExposedFile
-	for _, p := range append([]string{path}, c.SecretFiles...) {
+	for _, p := range append([]string{path, c.AdminTLSKey}, c.SecretFiles...) {
 		if p == "" {
 			continue
 		}

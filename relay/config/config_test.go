@@ -135,6 +135,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"walsender_nice: high", "walsender_nice"},
 		{"cpu_scheduling: idle", "cpu_scheduling"},
 		{"admin_token_on_loopback: true", "admin_token_on_loopback"},
+		{"admin_tls_cert: cert.pem", "admin_tls_cert"},
+		{"admin_tls_key: key.pem", "admin_tls_cert"},
 		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
 	} {
 		_, err := config.Parse([]byte(tc.yaml))

@@ -116,6 +116,10 @@ type File struct {
 	// listener too, where anything sharing loopback (a sidecar, an SSRF in
 	// the application) could otherwise read it.
 	AdminTokenOnLoopback bool `yaml:"admin_token_on_loopback"`
+	// AdminTLSCert and AdminTLSKey are PEM files: with both, the admin
+	// listener speaks HTTPS only; SIGHUP reads them again.
+	AdminTLSCert string `yaml:"admin_tls_cert"`
+	AdminTLSKey  string `yaml:"admin_tls_key"`
 	// WalsenderNice, when not zero, is the nice value (-20 to 19) postbox
 	// gives the walsender of each of its replication sessions, where the
 	// server runs on the same machine and postbox may: for a database

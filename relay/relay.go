@@ -179,8 +179,15 @@ func (r *Relay) start(ctx context.Context) error {
 	if cfg.AdminListen != "" {
 		pages := console.New(console.Options{Pool: r.pool, Config: r.cfg.Load, Loopback: admin.LoopbackAddr(cfg.AdminListen),
 			Version: Version, Log: r.opts.Logger, Now: r.opts.Now})
+		var certs *admin.TLS
+		if cfg.AdminTLSCert != "" {
+			var err error
+			if certs, err = admin.LoadTLS(cfg.AdminTLSCert, cfg.AdminTLSKey); err != nil {
+				return fmt.Errorf("admin_tls_cert: %w", err)
+			}
+		}
 		srv, err := admin.Listen(cfg.AdminListen, func() string { return r.cfg.Load().AdminToken }, r.metrics.Registry,
-			admin.Checks{Ready: r.ready, Status: r.status}, pages, r.log)
+			admin.Checks{Ready: r.ready, Status: r.status}, pages, certs, r.log)
 		if err != nil {
 			return fmt.Errorf("admin listener on %s: %w", cfg.AdminListen, err)
 		}
@@ -465,8 +472,32 @@ func (r *Relay) Reload(cfg *config.Config) error {
 		// stay valid: the whole reload is refused.
 		return fmt.Errorf("relay: admin_listen changed from %q to %q, which needs a restart; the reload is refused and the configuration in force is unchanged", old.AdminListen, cfg.AdminListen)
 	}
+	if err := r.reloadAdminTLS(cfg); err != nil {
+		return err
+	}
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
+	return nil
+}
+
+// reloadAdminTLS reads the admin listener's certificate files again (a
+// rotation rewrites them in place). The listener was made plain or TLS at
+// start: a reload that turns TLS on or off is refused, as is a pair that
+// does not load, and the certificate in use stays.
+func (r *Relay) reloadAdminTLS(cfg *config.Config) error {
+	srv := r.admin.Load()
+	if srv == nil {
+		return nil
+	}
+	if (cfg.AdminTLSCert != "") != (srv.TLS() != nil) {
+		return fmt.Errorf("relay: admin_tls_cert was turned on or off, which needs a restart; the reload is refused and the configuration in force is unchanged")
+	}
+	if srv.TLS() == nil {
+		return nil
+	}
+	if err := srv.TLS().Reload(cfg.AdminTLSCert, cfg.AdminTLSKey); err != nil {
+		return fmt.Errorf("relay: admin_tls_cert: %w; the reload is refused and the configuration and certificate in force are unchanged", err)
+	}
 	return nil
 }
 

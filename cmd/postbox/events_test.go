@@ -42,6 +42,7 @@ type storyJSON struct {
 			DurationMS *float64  `json:"duration_ms"`
 			Error      string    `json:"error"`
 			Response   string    `json:"response"`
+			Hidden     bool      `json:"response_hidden"`
 		} `json:"attempts"`
 	} `json:"deliveries"`
 }
@@ -148,7 +149,10 @@ func TestEventStoryShowsRetriesAndReplays(t *testing.T) {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == 2
 	})
 
-	story := func(id string) storyJSON {
+	// The same database read with log_payloads on: the response bodies
+	// show only there.
+	shown := writeConfig(t, dbURL, "log_payloads: true\n")
+	story := func(id string, cfg string) storyJSON {
 		t.Helper()
 		code, out, errOut := postbox(t, "event", id, "--config", cfg, "--json")
 		require.Equal(t, exitOK, code, errOut)
@@ -156,7 +160,7 @@ func TestEventStoryShowsRetriesAndReplays(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(out), &s), "one story: one object\n%s", out)
 		return s
 	}
-	s := story(retried)
+	s := story(retried, shown)
 	require.Equal(t, retried, s.EventID)
 	require.Equal(t, "flaky", s.Endpoint)
 	require.Equal(t, "signup", s.EventType)
@@ -175,8 +179,11 @@ func TestEventStoryShowsRetriesAndReplays(t *testing.T) {
 	require.Equal(t, 2, d.Attempts[1].Attempt)
 	require.Equal(t, http.StatusOK, *d.Attempts[1].StatusCode)
 	require.False(t, d.Attempts[1].StartedAt.Before(d.Attempts[0].StartedAt))
+	hidden := story(retried, cfg).Deliveries[0].Attempts[0]
+	require.Empty(t, hidden.Response, "log_payloads is off")
+	require.True(t, hidden.Hidden)
 
-	s = story(dead)
+	s = story(dead, cfg)
 	require.Equal(t, dead, s.EventID)
 	require.Len(t, s.Deliveries, 2)
 	first, second := s.Deliveries[0], s.Deliveries[1]
@@ -199,6 +206,10 @@ func TestEventStoryShowsRetriesAndReplays(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "#1  ")
 	require.Contains(t, out, "HTTP 503")
+	require.Contains(t, out, "response: hidden: log_payloads is off")
+	require.NotContains(t, out, "try later")
+	code, out, errOut = postbox(t, "event", "--config", shown, retried)
+	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "response: try later", "the response on one line")
 	require.Contains(t, out, "HTTP 200")
 

@@ -273,6 +273,10 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 		return code
 	}
 	log := newLogger(cfg, stderr)
+	for _, f := range cfg.ExposedFiles(cf.config) {
+		log.Warn().Str("file", f.Path).Str("mode", fmt.Sprintf("%04o", f.Mode)).
+			Msg("a file holding secrets is readable by group or others: chmod 600 " + f.Path)
+	}
 	schedule(cfg.CPUBatch, log)
 	heap := startHeapFloor(HeapFloorDefault)
 	defer heap.Stop()

@@ -60,6 +60,9 @@ type Config struct {
 	CPUBatch       bool
 	LeaderLease    time.Duration
 	MaxConcurrency int
+	// AdminTokenOnLoopback, AdminTLSCert and AdminTLSKey: as File's.
+	AdminTokenOnLoopback      bool
+	AdminTLSCert, AdminTLSKey string
 	// MetricsEndpointLabels caps the endpoint label of metrics.
 	MetricsEndpointLabels int
 	Alerts                Alerts
@@ -113,6 +116,8 @@ type Endpoint struct {
 	Success      Success
 	RetryOn      []int
 	Ordered      bool
+	// RedactPath: the URL path segments attempts record as ***.
+	RedactPath RedactPath
 	// AllowRowURL: rows may give their own url although the endpoint has
 	// one, or has headers (see EndpointConfig.AllowRowURL).
 	AllowRowURL bool
@@ -257,6 +262,14 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 	if c.AdminListen != "" && !isLoopback(host) && c.AdminToken == "" {
 		return nil, keyErr("admin_token", "required when admin_listen (%s) is not a loopback address", c.AdminListen)
 	}
+	if c.AdminTokenOnLoopback && c.AdminToken == "" {
+		return nil, keyErr("admin_token_on_loopback", "needs admin_token (or %s): it is the token asked for", EnvAdminToken)
+	}
+	out.AdminTokenOnLoopback = c.AdminTokenOnLoopback
+	if (c.AdminTLSCert == "") != (c.AdminTLSKey == "") {
+		return nil, keyErr("admin_tls_cert", "admin_tls_cert and admin_tls_key go together: set both or neither")
+	}
+	out.AdminTLSCert, out.AdminTLSKey = c.AdminTLSCert, c.AdminTLSKey
 	out.Guard = deliver.Guard{AllowAll: c.AllowPrivateTargets}
 	for i, cidr := range c.AllowedCIDRs {
 		p, err := netip.ParsePrefix(cidr)
@@ -506,6 +519,9 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 	if ec.Ordered != nil {
 		ep.Ordered = *ec.Ordered
 	}
+	if ec.RedactPath != nil {
+		ep.RedactPath = *ec.RedactPath
+	}
 	if ec.AllowRowURL != nil {
 		ep.AllowRowURL = *ec.AllowRowURL
 	}
@@ -634,6 +650,31 @@ func (c *File) secretFiles() []string {
 	for _, ec := range c.Endpoints {
 		if ec.SecretsFile != nil {
 			out = append(out, *ec.SecretsFile)
+		}
+	}
+	return out
+}
+
+// ExposedFile is a file holding secrets that group or others may read.
+type ExposedFile struct {
+	Path string
+	Mode os.FileMode
+}
+
+// ExposedFiles are those of the configuration file at path (it may hold
+// admin_token and secrets), admin_tls_key and the secrets files whose
+// mode lets group or others read them: another local user, or a neighbour
+// container sharing the volume, could sign deliveries or pose as the
+// admin listener. Files that cannot be stat'ed are left to the reads that
+// fail on them.
+func (c *Config) ExposedFiles(path string) []ExposedFile {
+	var out []ExposedFile
+	for _, p := range append([]string{path, c.AdminTLSKey}, c.SecretFiles...) {
+		if p == "" {
+			continue
+		}
+		if st, err := os.Stat(p); err == nil && st.Mode().Perm()&0o077 != 0 {
+			out = append(out, ExposedFile{Path: p, Mode: st.Mode().Perm()})
 		}
 	}
 	return out

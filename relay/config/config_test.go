@@ -134,6 +134,9 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{"walsender_nice: -21", "walsender_nice"},
 		{"walsender_nice: high", "walsender_nice"},
 		{"cpu_scheduling: idle", "cpu_scheduling"},
+		{"admin_token_on_loopback: true", "admin_token_on_loopback"},
+		{"admin_tls_cert: cert.pem", "admin_tls_cert"},
+		{"admin_tls_key: key.pem", "admin_tls_cert"},
 		{"endpoints:\n  p:\n    url: https://x.example\n  p:\n    url: https://y.example", "endpoints.p"},
 	} {
 		_, err := config.Parse([]byte(tc.yaml))
@@ -465,4 +468,24 @@ func TestRowURLHosts(t *testing.T) {
 	require.False(t, cfg.Endpoint("fixed").AllowRowURL)
 	require.Equal(t, "fixed", cfg.Lane("fixed", "https://pb.example.com/x"), "refused: the endpoint's own lane, as before")
 	require.Equal(t, "zzz → pb.example.com", cfg.Lane("zzz", "https://pb.example.com/x"))
+}
+
+func TestRedactPath(t *testing.T) {
+	t.Parallel()
+	for yaml, want := range map[string]string{
+		"true":   "/***/***/",
+		"false":  "/a/b/",
+		"[2]":    "/a/***/",
+		"[1, 9]": "/***/b/",
+	} {
+		cfg, err := config.Parse([]byte("defaults:\n  redact_path: " + yaml + "\n"))
+		require.NoError(t, err, yaml)
+		require.Equal(t, want, cfg.Defaults.RedactPath.Redacted("/a/b/"), yaml)
+	}
+	for _, bad := range []string{"[0]", "[64]", "maybe", "{a: 1}"} {
+		_, err := config.Parse([]byte("endpoints:\n  p:\n    url: https://p.example\n    redact_path: " + bad + "\n"))
+		var ce *config.Error
+		require.True(t, errors.As(err, &ce), bad)
+		require.Equal(t, "endpoints.p.redact_path", ce.Key, bad)
+	}
 }

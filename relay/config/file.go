@@ -115,6 +115,14 @@ type File struct {
 	// StallTimeout ends a replication session that received nothing (not
 	// even the replies its status updates ask for) for this long.
 	StallTimeout Duration `yaml:"stall_timeout"`
+	// AdminTokenOnLoopback: the console asks for admin_token on a loopback
+	// listener too, where anything sharing loopback (a sidecar, an SSRF in
+	// the application) could otherwise read it.
+	AdminTokenOnLoopback bool `yaml:"admin_token_on_loopback"`
+	// AdminTLSCert and AdminTLSKey are PEM files: with both, the admin
+	// listener speaks HTTPS only; SIGHUP reads them again.
+	AdminTLSCert string `yaml:"admin_tls_cert"`
+	AdminTLSKey  string `yaml:"admin_tls_key"`
 	// WalsenderNice, when not zero, is the nice value (-20 to 19) postbox
 	// gives the walsender of each of its replication sessions, where the
 	// server runs on the same machine and postbox may: for a database
@@ -201,6 +209,8 @@ type EndpointConfig struct {
 	Success *Success `yaml:"success"`
 	RetryOn []int    `yaml:"retry_on"`
 	Ordered *bool    `yaml:"ordered"`
+	// RedactPath: the URL path segments recorded, shown and logged as ***.
+	RedactPath *RedactPath `yaml:"redact_path"`
 	// AllowRowURL lets a row naming this endpoint send to the row's own
 	// url with this endpoint's headers. Without it, an endpoint configured
 	// with a url refuses rows that carry one, and so does one without a

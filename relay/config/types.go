@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -151,4 +152,84 @@ func ParseByteSize(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return n * mult, nil
+}
+
+// RedactPath names the segments of an endpoint's URL path that are
+// recorded as "***": for a partner whose URL path carries its token
+// (Slack's /services/T/B/SECRET, Telegram's /botTOKEN/sendMessage). It is
+// written `true` (every segment) or as a list of 1-based positions, at
+// most RedactPathMax ("[4]" for Slack's). A bit set, so that it can key a
+// cache and costs nothing to copy.
+type RedactPath uint64
+
+// RedactPathMax is the highest segment position redact_path can name.
+const RedactPathMax = 63
+
+// redactAll is the bit of `redact_path: true`; bit i is position i.
+const redactAll RedactPath = 1
+
+// UnmarshalYAML parses true, false or a list of positions.
+func (r *RedactPath) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		b, err := strconv.ParseBool(n.Value)
+		if err != nil {
+			return fmt.Errorf("want true (every segment) or a list of segment positions such as [4], got %q", n.Value)
+		}
+		*r = 0
+		if b {
+			*r = redactAll
+		}
+		return nil
+	}
+	var positions []int
+	if err := n.Decode(&positions); err != nil {
+		return errors.New("want true (every segment) or a list of segment positions such as [4]")
+	}
+	var out RedactPath
+	for _, p := range positions {
+		if p < 1 || p > RedactPathMax {
+			return fmt.Errorf("segment position %d is not 1 to %d", p, RedactPathMax)
+		}
+		out |= 1 << p
+	}
+	*r = out
+	return nil
+}
+
+// MarshalYAML writes true, false or the positions.
+func (r RedactPath) MarshalYAML() (any, error) {
+	if r <= redactAll {
+		return r == redactAll, nil
+	}
+	var out []int
+	for p := 1; p <= RedactPathMax; p++ {
+		if r&(1<<p) != 0 {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// Segment reports whether the 1-based segment position i is redacted.
+func (r RedactPath) Segment(i int) bool {
+	return r == redactAll || i >= 1 && i <= RedactPathMax && r&(1<<i) != 0
+}
+
+// Redacted is the escaped URL path p ("/a/b%2Fc/d") with the segments r
+// names replaced by "***"; empty segments stay empty.
+func (r RedactPath) Redacted(p string) string {
+	if r == 0 || p == "" {
+		return p
+	}
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	for i, s := range segs {
+		if s != "" && r.Segment(i+1) {
+			segs[i] = "***"
+		}
+	}
+	lead := ""
+	if strings.HasPrefix(p, "/") {
+		lead = "/"
+	}
+	return lead + strings.Join(segs, "/")
 }

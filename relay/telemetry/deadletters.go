@@ -128,7 +128,7 @@ var badInputAdvice = map[string]string{
 	"payload_too_large": "send smaller payloads, or raise max_body if the receiver accepts them, then replay",
 	"blocked_target": "the URL resolves to a private or link-local address: if the receiver is internal on purpose, list its network in allowed_cidrs " +
 		"(a link-local or metadata address opens only for an entry inside its range, such as 169.254.170.2/32), then replay",
-	"invalid_row": "the outbox table lacks a contract column: restore it, then replay",
+	"invalid_row": "a row broke the outbox contract (a column missing or unreadable, an endpoint name over 200 bytes): fix the table or the writer, then replay",
 	"messages_off": "written with outbox.Emit while outbox_messages is off, never attempted: if the application emits events, set outbox_messages: true, " +
 		"restrict pg_logical_emit_message to its role (postbox doctor prints the statements), then replay: postbox replay --dead-letters --endpoint {endpoint}; " +
 		"if it does not, a database role forged them: find it (postbox doctor) and do not replay",

@@ -299,6 +299,9 @@ type AttemptRecord struct {
 	ErrorClass string    `json:"error_class"`
 	// Response is the start of the response body, redacted.
 	Response string `json:"response"`
+	// ResponseHidden: the CLI left Response out because log_payloads is
+	// off (a partner's body may echo the payload).
+	ResponseHidden bool `json:"response_hidden,omitempty"`
 	// Target is where it went: scheme://host/path, never the query.
 	Target   string `json:"target"`
 	Instance string `json:"instance"`

@@ -5,17 +5,19 @@
 // It binds to loopback by default. Bound elsewhere it needs a token. With a
 // token, /metrics, /readyz and /status require "Authorization: Bearer
 // <token>"; /healthz never does; the console checks its own requests (see
-// package console).
+// package console). With a certificate (TLS) it speaks HTTPS only.
 package admin
 
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,7 +38,44 @@ type Checks struct {
 type Server struct {
 	srv *http.Server
 	ln  net.Listener
+	tls *TLS
 	log zerolog.Logger
+}
+
+// TLS is the admin listener's certificate. Reload swaps it whole, so a
+// handshake sees the old pair or the new one, never half of each; the
+// connections already open keep theirs.
+type TLS struct {
+	cert atomic.Pointer[tls.Certificate]
+}
+
+// LoadTLS reads a PEM certificate (chain) and its key.
+func LoadTLS(certFile, keyFile string) (*TLS, error) {
+	t := &TLS{}
+	if err := t.Reload(certFile, keyFile); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Reload reads the pair again (a rotated certificate, on SIGHUP); on an
+// error the certificate in use stays.
+func (t *TLS) Reload(certFile, keyFile string) error {
+	c, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return err
+	}
+	t.cert.Store(&c)
+	return nil
+}
+
+func (t *TLS) config() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return t.cert.Load(), nil
+		},
+	}
 }
 
 // ErrTokenRequired refuses a non-loopback listener without a token.
@@ -45,8 +84,8 @@ var ErrTokenRequired = errors.New("admin: admin_token is required when admin_lis
 // Listen binds addr now, so a taken port fails at start, not later.
 // console, when not nil, serves every path the listener does not. token
 // is asked on every request, so a reloaded admin_token applies at once
-// and the old one stops working.
-func Listen(addr string, token func() string, reg *prometheus.Registry, checks Checks, console http.Handler, log zerolog.Logger) (*Server, error) {
+// and the old one stops working. certs, when not nil, makes it HTTPS.
+func Listen(addr string, token func() string, reg *prometheus.Registry, checks Checks, console http.Handler, certs *TLS, log zerolog.Logger) (*Server, error) {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, err
 	}
@@ -57,7 +96,10 @@ func Listen(addr string, token func() string, reg *prometheus.Registry, checks C
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{ln: ln, log: log.With().Str("component", "admin").Logger()}
+	if certs != nil {
+		ln = tls.NewListener(ln, certs.config())
+	}
+	s := &Server{ln: ln, tls: certs, log: log.With().Str("component", "admin").Logger()}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.Handle("GET /healthz", handler(func(w http.ResponseWriter, r *http.Request) error {
@@ -106,6 +148,9 @@ func Listen(addr string, token func() string, reg *prometheus.Registry, checks C
 
 // Addr is the address the server listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// TLS is the server's certificate, nil when it speaks plain HTTP.
+func (s *Server) TLS() *TLS { return s.tls }
 
 // Serve serves until Shutdown.
 func (s *Server) Serve() {

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/postbox-relay/postbox/relay/config"
 )
 
 // SessionTTLDefault is how long a console sign-in lasts.
@@ -58,9 +60,11 @@ func cookieName(r *http.Request) string {
 	return "postbox_console"
 }
 
-// sessionOf works out the request's session from the token in force.
-func (c *Console) sessionOf(r *http.Request, token string) session {
-	s := session{open: c.loopback && loopbackHost(r.Host), tokenSet: token != ""}
+// sessionOf works out the request's session from the configuration in
+// force: its admin_token, and whether loopback must prove it too.
+func (c *Console) sessionOf(r *http.Request, cfg *config.Config) session {
+	token := cfg.AdminToken
+	s := session{open: c.loopback && loopbackHost(r.Host) && !(token != "" && cfg.AdminTokenOnLoopback), tokenSet: token != ""}
 	if token == "" {
 		return s
 	}

@@ -159,7 +159,7 @@ func badRequest(format string, args ...any) error {
 func (c *Console) page(h func(*request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cfg := c.cfg()
-		rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg.AdminToken)}
+		rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg)}
 		if !rq.s.canRead() {
 			if rq.s.tokenSet {
 				http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
@@ -199,7 +199,7 @@ func (c *Console) action(h func(*request) (string, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
 		cfg := c.cfg()
-		rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg.AdminToken)}
+		rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg)}
 		switch {
 		case !rq.s.tokenSet:
 			c.message(rq, http.StatusForbidden, "Actions are disabled",
@@ -376,7 +376,7 @@ func plural(n int, what string) string {
 // loginForm shows the sign-in form.
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 	cfg := c.cfg()
-	rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg.AdminToken)}
+	rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg)}
 	if !rq.s.tokenSet {
 		c.message(rq, http.StatusNotFound, "No sign-in", "No admin_token is configured: there is nothing to sign in to.",
 			"Set admin_token (or POSTBOX_ADMIN_TOKEN) to enable actions and sign-in.", true)
@@ -394,7 +394,7 @@ type loginPage struct {
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
 	cfg := c.cfg()
-	rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg.AdminToken)}
+	rq := &request{w: w, r: r, cfg: cfg, s: c.sessionOf(r, cfg)}
 	switch {
 	case !rq.s.tokenSet:
 		c.message(rq, http.StatusNotFound, "No sign-in", "No admin_token is configured: there is nothing to sign in to.", "", true)

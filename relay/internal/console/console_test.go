@@ -43,6 +43,8 @@ type setupOpts struct {
 	token       string
 	loopback    bool
 	logPayloads bool
+	// tokenOnLoopback is admin_token_on_loopback.
+	tokenOnLoopback bool
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -56,6 +58,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	f := config.Default()
 	f.AdminToken = o.token
 	f.LogPayloads = o.logPayloads
+	f.AdminTokenOnLoopback = o.tokenOnLoopback
 	f.SearchKeys = []string{"click_id"}
 	f.Endpoints = map[string]config.EndpointConfig{"shop": {URL: ptr("https://shop.example/hooks")}}
 	cfg, err := f.Resolve()
@@ -221,6 +224,32 @@ func TestForeignHostIsNotLoopback(t *testing.T) {
 	require.Equal(t, "/login?next=%2Fendpoints", a.header.Get("Location"))
 	require.Equal(t, http.StatusOK, tb.get(t, tb.client(t), "/endpoints", rebind, bearer(token)).status)
 	require.Equal(t, http.StatusOK, tb.get(t, tb.client(t), "/endpoints").status, "addressed to 127.0.0.1")
+}
+
+// TestTokenOnLoopback: with admin_token_on_loopback, a request addressed
+// to localhost (a sidecar's, or one an SSRF in the application makes) reads
+// no page without the token; a reload that turns it off opens them again.
+func TestTokenOnLoopback(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{loopback: true, token: token, tokenOnLoopback: true})
+	id := tb.deadLetter(t, "shop", "http 401")
+	c := tb.client(t)
+	for _, path := range []string{"/", "/endpoints", "/dead-letters", "/events?payload=click_id%3Dc-1", "/events/" + id} {
+		a := tb.get(t, c, path)
+		require.Equal(t, http.StatusSeeOther, a.status, path)
+		require.True(t, strings.HasPrefix(a.header.Get("Location"), "/login?next="), path)
+		require.NotContains(t, a.body, "order.created", path)
+	}
+	page := tb.get(t, c, "/events/"+id, bearer(token))
+	require.Equal(t, http.StatusOK, page.status)
+	require.Contains(t, page.body, "order.created", "what the refusals held back")
+	tb.signIn(t, c)
+	require.Equal(t, http.StatusOK, tb.get(t, c, "/events/"+id).status, "signed in")
+
+	cfg := *tb.cfg.Load()
+	cfg.AdminTokenOnLoopback = false
+	tb.cfg.Store(&cfg)
+	require.Equal(t, http.StatusOK, tb.get(t, tb.client(t), "/events/"+id).status, "loopback reads without the token again")
 }
 
 func TestOffLoopbackEveryPageNeedsTheToken(t *testing.T) {

@@ -20,7 +20,9 @@
 // # Who may read and act
 //
 // Reading: when the listener is bound to loopback, a request addressed to
-// a loopback host (localhost, 127.0.0.1, [::1]) reads without a token.
+// a loopback host (localhost, 127.0.0.1, [::1]) reads without a token,
+// unless admin_token_on_loopback is set (for hosts and pods where others
+// share loopback).
 // Any other request (the listener bound elsewhere, or a Host header that
 // names something else: a proxy, or a DNS-rebinding page) must prove
 // admin_token: by "Authorization: Bearer <token>", or by the session

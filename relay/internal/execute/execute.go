@@ -26,6 +26,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/protect"
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // Event is what Resolve needs to know of an event.
@@ -42,7 +43,8 @@ type Target struct {
 	Endpoint config.Endpoint
 	URL      string
 	// Recorded is what an attempt records of URL: without its query
-	// string, fragment and user info (logsafe.URL).
+	// string, fragment and user info (logsafe.URL), and with the path
+	// segments of the endpoint's redact_path as ***.
 	Recorded string
 	Body     []byte // nil for GET
 	Reason   string // a dead-letter reason, "" when deliverable
@@ -73,6 +75,10 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	case ev.Invalid != "":
 		t.Reason = ev.Invalid
 		return t
+	case len(ev.Endpoint) > store.MaxEndpointLen:
+		// A row's name; stored cut (store.StoredEndpoint), and refused
+		// again when replayed.
+		return fail("invalid_row", "the endpoint name is %d bytes, above the %d postbox accepts", len(ev.Endpoint), store.MaxEndpointLen)
 	case ev.URL != "" && ep.URL != "" && !ep.AllowRowURL:
 		// The endpoint's headers and secrets are for its own URL: a row
 		// may not send them elsewhere.
@@ -106,9 +112,9 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	}
 	var target parsedURL
 	if tpl == nil && raw == ep.URL {
-		target = endpointURL(raw)
+		target = endpointURL(raw, ep.RedactPath)
 	} else {
-		target = parseURL(t.URL)
+		target = parseURL(t.URL, ep.RedactPath)
 	}
 	if target.err != nil {
 		return fail(policy.ReasonInvalidURL, "%v", target.err)
@@ -149,14 +155,14 @@ type parsedURL struct {
 	err      error
 }
 
-func parseURL(raw string) parsedURL {
+func parseURL(raw string, redact config.RedactPath) parsedURL {
 	u, err := config.ParseTargetURL(raw)
 	if err != nil {
 		return parsedURL{err: err}
 	}
 	host := u.Hostname()
 	addr, _ := netip.ParseAddr(strings.Trim(host, "[]"))
-	return parsedURL{host: host, addr: addr, recorded: logsafe.Parsed(u)}
+	return parsedURL{host: host, addr: addr, recorded: logsafe.Parsed(redactPath(u, redact))}
 }
 
 // settingsKey is where ep's settings are written: its own section, or
@@ -169,18 +175,39 @@ func settingsKey(ep config.Endpoint) string {
 	return "defaults"
 }
 
+// redactPath is u with the path segments redact names as *** (u itself
+// when it names none): what is recorded, and so what the console, the CLI
+// and the log show, never holds a token a partner put in its URL's path.
+func redactPath(u *url.URL, redact config.RedactPath) *url.URL {
+	if redact == 0 {
+		return u
+	}
+	r := *u
+	r.RawPath = redact.Redacted(u.EscapedPath())
+	r.Path, _ = url.PathUnescape(r.RawPath)
+	r.Opaque = ""
+	return &r
+}
+
 // endpointURLs holds parseURL of endpoints' own URLs, where most attempts
 // go: a few strings, each parsed once, where parsing them for every
 // attempt cost a few percent of the relay's CPU. The guard is not kept:
 // every attempt passes the one in force.
 var endpointURLs sync.Map
 
-func endpointURL(raw string) parsedURL {
-	if p, ok := endpointURLs.Load(raw); ok {
+// urlKey keys endpointURLs: a reload may change an endpoint's redact_path.
+type urlKey struct {
+	raw    string
+	redact config.RedactPath
+}
+
+func endpointURL(raw string, redact config.RedactPath) parsedURL {
+	k := urlKey{raw, redact}
+	if p, ok := endpointURLs.Load(k); ok {
 		return p.(parsedURL)
 	}
-	p := parseURL(raw)
-	endpointURLs.Store(raw, p)
+	p := parseURL(raw, redact)
+	endpointURLs.Store(k, p)
 	return p
 }
 
@@ -372,8 +399,9 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		ev = x.log.Warn()
 	}
 	if cfg.LogPayloads {
-		// Only with log_payloads: the full URL and the body sent.
-		ev = ev.Str("url", t.URL).Bytes("body", t.Body)
+		// Only with log_payloads: the full URL (its redact_path segments
+		// still hidden) and the body sent.
+		ev = ev.Str("url", loggedURL(t.URL, ep.RedactPath)).Bytes("body", t.Body)
 	}
 	if j.Lane != "" {
 		ev = ev.Str("lane", j.Lane)
@@ -382,6 +410,18 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		Int("status_code", resp.StatusCode).Dur("duration", resp.Duration).Stringer("outcome", res.Status).
 		Str("reason", res.LastError).Dur("retry_in", res.Delay).Msg("attempt")
 	return res
+}
+
+// loggedURL is raw, query string included, with redact_path applied.
+func loggedURL(raw string, redact config.RedactPath) string {
+	if redact == 0 {
+		return raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return logsafe.Redacted
+	}
+	return redactPath(u, redact).String()
 }
 
 // signal is what an attempt says about its endpoint's health: a success,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // An endpoint's own URL is parsed once, but every attempt to it passes the
@@ -154,3 +155,72 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestRedactPathIsRecorded: redact_path's segments are *** in what an
+// attempt records, for an endpoint's own URL (cached), a template's and a
+// row's under the defaults' redact_path: true; the request still goes to
+// the real path. A reload that changes redact_path applies to the cached
+// URL too.
+func TestRedactPathIsRecorded(t *testing.T) {
+	parse := func(yaml string) *config.Config {
+		t.Helper()
+		cfg, err := config.Parse([]byte(yaml))
+		require.NoError(t, err)
+		return cfg
+	}
+	cfg := parse(`allow_private_targets: true
+defaults:
+  redact_path: true
+endpoints:
+  slack:
+    url: https://hooks.slack.example/services/T0001/B0002/xoxSecretPart?x=1
+    redact_path: [4]
+  telegram:
+    url: https://api.telegram.example/bot{payload.token}/sendMessage
+    redact_path: [1]
+  plain:
+    url: https://plain.example/a/b
+    redact_path: false
+  inherits:
+    url: https://inherits.example/a/b
+`)
+	ev := func(endpoint, url string) Target {
+		return Resolve(cfg, Event{EventID: "e", Endpoint: endpoint, URL: url, Payload: []byte(`{"token":"123:tgSecret"}`)})
+	}
+	for range 2 { // the second from the cache
+		s := ev("slack", "")
+		require.Empty(t, s.Reason)
+		require.Equal(t, "https://hooks.slack.example/services/T0001/B0002/xoxSecretPart?x=1", s.URL, "sent to the real path")
+		require.Equal(t, "https://hooks.slack.example/services/T0001/B0002/***", s.Recorded)
+	}
+	tg := ev("telegram", "")
+	require.Contains(t, tg.URL, "123:tgSecret")
+	require.Equal(t, "https://api.telegram.example/***/sendMessage", tg.Recorded)
+	require.Equal(t, "https://plain.example/a/b", ev("plain", "").Recorded, "an endpoint's own setting replaces the defaults'")
+	require.Equal(t, "https://inherits.example/***/***", ev("inherits", "").Recorded)
+	row := ev("ghost", "https://pb.example/u/9/s%2Fecret/?k=v")
+	require.Empty(t, row.Reason)
+	require.Equal(t, "https://pb.example/***/***/***/", row.Recorded, "unconfigured: the defaults', every segment")
+	require.Equal(t, "https://hooks.slack.example/services/T0001/B0002/***?x=1", loggedURL(ev("slack", "").URL, cfg.Endpoints["slack"].RedactPath))
+
+	reloaded := parse(`endpoints:
+  slack:
+    url: https://hooks.slack.example/services/T0001/B0002/xoxSecretPart?x=1
+    redact_path: [2, 3, 4]
+`)
+	got := Resolve(reloaded, Event{EventID: "e", Endpoint: "slack", Payload: []byte(`{}`)})
+	require.Equal(t, "https://hooks.slack.example/services/***/***/***", got.Recorded)
+}
+
+// TestOverlongEndpointNameIsRefused: a name over store.MaxEndpointLen
+// bytes, as a row or as the cut name a replay reads back, is an invalid
+// row, even with a URL of its own; one of exactly the limit is not.
+func TestOverlongEndpointNameIsRefused(t *testing.T) {
+	cfg := &config.Config{MaxBody: 1 << 20, Guard: deliver.Guard{AllowAll: true}}
+	for _, name := range []string{strings.Repeat("a", store.MaxEndpointLen+1), store.StoredEndpoint(strings.Repeat("é", 500))} {
+		got := Resolve(cfg, Event{EventID: "e", Endpoint: name, URL: "https://pb.example/x", Payload: []byte(`{}`)})
+		require.True(t, strings.HasPrefix(got.Reason, "invalid_row: the endpoint name is "), got.Reason)
+	}
+	got := Resolve(cfg, Event{EventID: "e", Endpoint: strings.Repeat("a", store.MaxEndpointLen), URL: "https://pb.example/x", Payload: []byte(`{}`)})
+	require.Empty(t, got.Reason)
+}

@@ -498,6 +498,9 @@ const (
 // alone (no other could claim it from the queue), it is written in_flight
 // all the same and kept by id (dispatch.Dispatcher.ReserveKeep).
 func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LSN, commitTime time.Time, fast, alone bool) (store.NewEvent, route) {
+	// Rows from the stream, messages and the reconciliation alike: a name
+	// too long to keep is stored cut, and Resolve refuses it.
+	row.Endpoint = store.StoredEndpoint(row.Endpoint)
 	ev := store.NewEvent{
 		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID, Message: row.Message,

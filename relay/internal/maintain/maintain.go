@@ -346,6 +346,7 @@ func (m *Maintainer) upkeep(ctx context.Context) error {
 		{"latency histograms", func() (int64, error) { return st.PurgeHistograms(ctx, telemetry.Window) }},
 		{"finished deliveries", func() (int64, error) { return st.PurgeDeliveries(ctx, cfg.DeliveryRetention) }},
 		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention) }},
+		{"idle lanes", func() (int64, error) { return st.PurgeIdleLanes(ctx, cfg.DeliveryRetention, config.LaneSep) }},
 	}
 	var errs []error
 	for _, p := range purges {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -815,7 +816,7 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 		       o.headers::text, o.created_at::timestamptz
 		FROM `+s.Table.Ident()+` o
 		WHERE o.id > $1
-		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = o.endpoint)
+		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = left(o.endpoint, `+endpointKept+`))
 		  AND ($3::text = '' OR (SELECT pg_visible_in_snapshot(
 		        ((((snap.xmax8 >> 32) - CASE WHEN o.xmin::text::int8 > (snap.xmax8 & 4294967295) THEN 1 ELSE 0 END) << 32)
 		          | o.xmin::text::int8)::text::xid8, snap.s) FROM snap))
@@ -910,9 +911,37 @@ func purgeOutboxSQL(table string) string {
 		), gone AS (
 		  DELETE FROM ` + table + ` o USING w
 		  WHERE o.id = w.id AND w.old
-		    AND EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = w.event_id AND e.endpoint = w.endpoint)
+		    AND EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = w.event_id AND e.endpoint = left(w.endpoint, ` + endpointKept + `))
 		  RETURNING o.id
 		)
 		SELECT (SELECT count(*) FROM gone), coalesce((SELECT max(id) FROM w), 0), (SELECT count(*) FROM w),
 		       coalesce((SELECT NOT bool_and(old) FROM w), false)`
+}
+
+// endpointKept is StoredEndpoint's cut in SQL: left(name, it).
+var endpointKept = strconv.Itoa(MaxEndpointLen + 1)
+
+// MaxEndpointLen is the longest endpoint name, in bytes, a row may give:
+// the console shows names in lists and headings, and a name is part of
+// several index keys (an index entry has a size limit). A longer one is a
+// dead letter (invalid_row), stored under StoredEndpoint's cut of it.
+const MaxEndpointLen = 200
+
+// StoredEndpoint is the name an event of endpoint name is stored under:
+// the name itself, or for one longer than MaxEndpointLen its first
+// MaxEndpointLen+1 characters, which SQL's left() gives too (so the
+// reconciliation and the outbox purge match a row to its event), and
+// which is still too long to be delivered when replayed.
+func StoredEndpoint(name string) string {
+	if len(name) <= MaxEndpointLen {
+		return name
+	}
+	n := 0
+	for i := range name {
+		if n == MaxEndpointLen+1 {
+			return name[:i]
+		}
+		n++
+	}
+	return name
 }

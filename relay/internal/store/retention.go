@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,4 +115,42 @@ func (s *Store) PurgeEvents(ctx context.Context, retention time.Duration) (int64
 		}
 	}
 	return total, nil
+}
+
+// PurgeIdleLanes deletes the health and rate-limit rows of lanes of row
+// URLs ("name → host:port", see config.Lane) that nothing has changed for
+// longer than retention and that have no delivery queued or in flight:
+// rows can name any host, so their lanes would otherwise be kept forever.
+// An endpoint's own row (a bare name) is kept. A lane used again starts
+// closed and unthrottled, as a new one does. sep is config.LaneSep
+// (config imports this package).
+func (s *Store) PurgeIdleLanes(ctx context.Context, retention time.Duration, sep string) (int64, error) {
+	n, err := s.purge(ctx, "idle lanes' health", `
+		DELETE FROM postbox.endpoint_health WHERE endpoint IN (
+		  SELECT h.endpoint FROM postbox.endpoint_health h
+		  WHERE strpos(h.endpoint, $3) > 0
+		    AND coalesce(greatest(h.opened_at, h.last_success_at, h.last_failure_at, h.paused_until, h.probe_started_at, h.stats_at),
+		                 '-infinity') < now() - $1 * interval '1 second'
+		    AND `+laneIdle("h.endpoint")+`
+		  LIMIT $2)`, retention.Seconds(), purgeBatch, sep)
+	if err != nil {
+		return n, err
+	}
+	m, err := s.purge(ctx, "idle lanes' rate buckets", `
+		DELETE FROM postbox.rate_buckets WHERE endpoint IN (
+		  SELECT b.endpoint FROM postbox.rate_buckets b
+		  WHERE strpos(b.endpoint, $3) > 0 AND b.updated_at < now() - $1 * interval '1 second'
+		    AND `+laneIdle("b.endpoint")+`
+		  LIMIT $2)`, retention.Seconds(), purgeBatch, sep)
+	return n + m, err
+}
+
+// laneIdle is the condition that the lane named by column has no delivery
+// queued (due, parked or retrying) or in flight, each by its own index.
+func laneIdle(column string) string {
+	var conds []string
+	for _, q := range []string{queuedPending, queuedRetry, queuedParked, "d.status = 'in_flight'"} {
+		conds = append(conds, "NOT EXISTS (SELECT 1 FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = "+column+" AND "+q+")")
+	}
+	return strings.Join(conds, " AND ")
 }

@@ -319,3 +319,58 @@ func TestPurgeAttemptsAndHistograms(t *testing.T) {
 	require.Equal(t, 1, count(`SELECT count(*) FROM postbox.latency_histogram WHERE bin > now() - interval '1 hour'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM postbox.latency_histogram`))
 }
+
+// TestPurgeIdleLanesKeepsBusyAndNamedOnes: a row URL's lane that nothing
+// changed for the retention and that has nothing queued or in flight
+// loses its health and rate rows; a lane with a queued delivery, one used
+// recently, and an endpoint's own row (a bare name) keep theirs.
+func TestPurgeIdleLanesKeepsBusyAndNamedOnes(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	const sep = " → "
+	idle, queued, inFlight, recent, named := "rows"+sep+"idle.example:443", "rows"+sep+"queued.example:443",
+		"rows"+sep+"busy.example:443", "rows"+sep+"recent.example:443", "shop"
+	old := 8 * 24 * time.Hour
+	for _, h := range []struct {
+		lane string
+		age  time.Duration
+	}{{idle, old}, {queued, old}, {inFlight, old}, {recent, time.Hour}, {named, old}} {
+		_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_health (endpoint, last_success_at, last_failure_at)
+			VALUES ($1, now() - $2 * interval '1 second', now() - $2 * interval '1 second' - interval '1 hour')`, h.lane, h.age.Seconds())
+		require.NoError(t, err)
+		_, err = s.Pool.Exec(ctx, `INSERT INTO postbox.rate_buckets (endpoint, tokens, updated_at) VALUES ($1, 1, now() - $2 * interval '1 second')`,
+			h.lane, h.age.Seconds())
+		require.NoError(t, err)
+	}
+	evs := ingest(t, s, "rows", "", "")
+	for i, lane := range []string{queued, inFlight} {
+		_, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET lane = $2 WHERE id = $1`, evs[i].deliveryID, lane)
+		require.NoError(t, err)
+	}
+	set(t, s, evs[0].deliveryID, state.Failed, old)
+	set(t, s, evs[1].deliveryID, state.InFlight, old)
+
+	n, err := s.PurgeIdleLanes(ctx, week, sep)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), n, "the idle lane's health and rate rows")
+	left := func(table string) []string {
+		rows, err := s.Pool.Query(ctx, `SELECT endpoint FROM postbox.`+table+` ORDER BY endpoint`)
+		require.NoError(t, err)
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return names
+	}
+	want := []string{queued, inFlight, recent, named}
+	slices.Sort(want)
+	require.Equal(t, want, left("endpoint_health"))
+	require.Equal(t, want, left("rate_buckets"))
+
+	// Once the queued one is delivered, its lane goes too.
+	set(t, s, evs[0].deliveryID, state.Delivered, old)
+	n, err = s.PurgeIdleLanes(ctx, week, sep)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), n, "its health and rate rows")
+	require.NotContains(t, left("endpoint_health"), queued)
+	require.NotContains(t, left("rate_buckets"), queued)
+}

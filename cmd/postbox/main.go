@@ -179,6 +179,12 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	ep := cfg.Endpoint(*endpoint)
+	if !ep.Configured {
+		// Still printed: rows naming an endpoint that is not configured
+		// (with their own url) are signed with it. A misspelt name is
+		// caught here.
+		fmt.Fprintf(stderr, "warning: no endpoint %s is configured: these are the secrets rows naming it are signed with; check the name\n", printable(*endpoint))
+	}
 	secrets := cfg.SigningSecrets(ep)
 	if len(secrets) == 0 {
 		fmt.Fprintln(stderr, "postbox: no signing secrets are configured: deliveries are not signed (set signing.secrets)")

@@ -86,6 +86,7 @@ type Relay struct {
 	hardStop context.CancelFunc
 	stopped  chan struct{}
 	err      error
+	fatal    atomic.Pointer[error] // a fault no waiting cures, for Err
 }
 
 // services are the relay's parts, each owning its goroutines. They start in
@@ -221,7 +222,7 @@ func (r *Relay) start(ctx context.Context) error {
 	s.claimer = claim.New(env, s.disp, s.prot)
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
 	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Kept: s.claimer.Wake, Alone: env.Alone,
-		Linger: r.opts.IngestLinger})
+		Linger: r.opts.IngestLinger, Fatal: r.fail})
 	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload,
 		WalsenderCPU: s.ingest.WalsenderCPU})
 
@@ -270,12 +271,17 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	if err := store.Preflight(ctx, pool); err != nil {
 		return nil, err
 	}
-	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&env.DBName); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT current_database(), current_user`).Scan(&env.DBName, &env.Store.Role); err != nil {
 		return nil, fmt.Errorf("read database name: %w", err)
 	}
-	if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
-		return nil, fmt.Errorf("migrate: %w", err)
+	if cfg.Migrate {
+		if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	} else if err := store.CheckSchema(ctx, pool, cfg.Table); err != nil {
+		return nil, err
 	}
+	r.logMissing(ctx, pool, cfg)
 	if err := env.Store.Heartbeat(ctx, pool, env.Instance(false), cfg.Lease, false); err != nil {
 		return nil, fmt.Errorf("register this instance: %w", err)
 	}
@@ -385,8 +391,39 @@ func (r *Relay) Stop(ctx context.Context) error {
 	close(done)
 	watch.Wait()
 	r.hardStop()
+	if f := r.fatal.Load(); f != nil && r.err == nil {
+		r.err = *f
+	}
 	close(r.stopped)
 	return r.err
+}
+
+// fail stops the relay for a fault no waiting cures (a slot of another
+// database): Err returns it, and postbox run exits with it.
+func (r *Relay) fail(err error) {
+	if !r.fatal.CompareAndSwap(nil, &err) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Load().ShutdownGrace+ReleaseTimeoutDefault)
+		defer cancel()
+		_ = r.Stop(ctx)
+	}()
+}
+
+// logMissing logs each privilege the role lacks that postbox run uses,
+// with its GRANT: run starts all the same (a grant given meanwhile
+// takes effect without a restart), and the statements that need it fail
+// until then.
+func (r *Relay) logMissing(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) {
+	missing, err := store.MissingPrivileges(ctx, pool, cfg.Table)
+	if err != nil {
+		r.log.Warn().Err(err).Msg("could not read the role's privileges")
+		return
+	}
+	for _, m := range missing {
+		r.log.Error().Str("lacks", m.What).Str("needed_by", m.Why).Str("fix", m.Grant).Msg("PRIVILEGE MISSING: the role lacks " + m.What + "; " + m.Grant)
+	}
 }
 
 // shutdown stops the services in reverse order of their start.

@@ -276,6 +276,10 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	}
 	if cfg.Migrate {
 		if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
+			if store.Refused(err) {
+				return nil, fmt.Errorf("migrate: %w: this role may not change the schema; run postbox migrate as its owner, "+
+					"and postbox run with migrate: false (or --no-migrate)", err)
+			}
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 	} else if err := store.CheckSchema(ctx, pool, cfg.Table); err != nil {

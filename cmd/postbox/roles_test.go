@@ -151,7 +151,17 @@ func TestRolesAndGrants(t *testing.T) {
 			if setup == "A" {
 				r.exec(t, r.owner, r.sql(blocks["A2"]))
 			}
-			relayCfg := writeConfig(t, r.as(r.relay), body)
+			relayCfg := writeConfig(t, r.as(r.relay), body+"migrate: false\n")
+			if setup == "A" {
+				// Left migrating, the relay's role is told why it cannot.
+				migrating := writeConfig(t, r.as(r.relay), body)
+				code, checks := doctorChecks(t, "--config", migrating)
+				require.Equal(t, exitFailure, code)
+				require.Contains(t, strings.Join(findings(checks, "error"), "\n"), "may not change schema postbox: postbox run would fail at start → migrate: false")
+				p := startPostbox(t, nil, "run", "--config", migrating)
+				require.Equal(t, exitFailure, p.wait(t, time.Minute))
+				require.Contains(t, p.out.String(), "this role may not change the schema; run postbox migrate as its owner")
+			}
 
 			code, checks := doctorChecks(t, "--config", relayCfg, "--app-role", r.app)
 			require.Empty(t, findings(checks, "error"))
@@ -162,7 +172,7 @@ func TestRolesAndGrants(t *testing.T) {
 				}
 			}
 
-			p := startPostbox(t, nil, "run", "--no-migrate", "--config", relayCfg)
+			p := startPostbox(t, nil, "run", "--config", relayCfg)
 			waitStreaming(t, r.super)
 			r.exec(t, r.app, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('partner', '{"n": 1}')`)
 			waitForT(t, time.Minute, "the application's row delivered", func() bool {
@@ -191,6 +201,15 @@ func TestRolesAndGrants(t *testing.T) {
 			warns = strings.Join(findings(checks, "warn"), "\n")
 			require.Contains(t, warns, "is postbox's own role")
 			require.Regexp(t, `has SELECT, (UPDATE, )?DELETE on postbox.outbox → REVOKE`, warns)
+			if setup == "B" {
+				// The application's migrations role owns the table and
+				// the publication: no role for the application to run as.
+				_, checks = doctorChecks(t, "--config", relayCfg, "--app-role", r.appOwner)
+				warns = strings.Join(findings(checks, "warn"), "\n")
+				require.Contains(t, warns, "owns table postbox.outbox: it holds every privilege on it → ALTER TABLE postbox.outbox OWNER TO "+r.owner)
+				require.Contains(t, warns, "owns publication postbox")
+				require.Contains(t, warns, "may create objects in schema postbox → REVOKE CREATE ON SCHEMA postbox FROM "+r.appOwner)
+			}
 		})
 	}
 }
@@ -212,7 +231,7 @@ func TestDoctorNamesWhatTheRelayRoleLacks(t *testing.T) {
 	require.Equal(t, exitOK, code, out+errOut)
 	_, err = r.super.Exec(ctx, `DROP PUBLICATION postbox`)
 	require.NoError(t, err)
-	relayCfg := writeConfig(t, r.as(r.relay), body)
+	relayCfg := writeConfig(t, r.as(r.relay), body+"migrate: false\n")
 
 	code, checks := doctorChecks(t, "--config", relayCfg)
 	require.Equal(t, exitFailure, code)

@@ -20,15 +20,18 @@ import (
 // an error of the doctor's own.
 func roleChecks(ctx context.Context, q store.Querier, cfg *config.Config, role string) []Check {
 	var out []Check
-	var schemaExists, mayCreate bool
+	var schemaExists, mayCreate, mayMigrate bool
 	var readable *bool // nil: no schema_migrations
 	err := q.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'postbox'),
 		       has_database_privilege(current_database(), 'CREATE'),
+		       coalesce((SELECT pg_has_role(current_user, nspowner, 'USAGE') OR has_schema_privilege(oid, 'CREATE')
+		                 FROM pg_namespace WHERE nspname = 'postbox'), true)
+		         AND (has_database_privilege(current_database(), 'CREATE') OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)),
 		       (SELECT has_table_privilege(c.oid, 'SELECT') AND has_schema_privilege(c.relnamespace, 'USAGE')
 		        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		        WHERE n.nspname = 'postbox' AND c.relname = 'schema_migrations')`).
-		Scan(&schemaExists, &mayCreate, &readable)
+		Scan(&schemaExists, &mayCreate, &mayMigrate, &readable)
 	var version *int
 	if err == nil && readable != nil && *readable {
 		var v int
@@ -41,6 +44,11 @@ func roleChecks(ctx context.Context, q store.Querier, cfg *config.Config, role s
 	want := len(store.Migrations())
 	c := Check{Name: "schema", Severity: OK}
 	switch {
+	case schemaExists && cfg.Migrate && !mayMigrate:
+		// Migrate's statements take CREATE on the database and the
+		// schema even where they find everything made.
+		c.Severity, c.Detail = Error, fmt.Sprintf("migrate is on, and role %s may not change schema postbox: postbox run would fail at start", role)
+		c.Fix = "migrate: false in the configuration (or postbox run --no-migrate), and postbox migrate as the schema's owner"
 	case !schemaExists && cfg.Migrate && !mayCreate:
 		c.Severity, c.Detail = Error, fmt.Sprintf("schema postbox does not exist, and role %s may not create it", role)
 		c.Fix = "postbox migrate as the owner role (docs/operations.md, \"Roles and grants\"), then postbox run --no-migrate"

@@ -188,6 +188,13 @@ func needs(err error, m Missing) error {
 	return err
 }
 
+// Refused reports whether err is the server's refusal for want of a
+// privilege (SQLSTATE 42501).
+func Refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeInsufficientPrivilege
+}
+
 // NeedsPrivilege is needs, for the other packages' statements.
 func NeedsPrivilege(err error, m Missing) error { return needs(err, m) }
 

@@ -254,6 +254,10 @@ func outboxModeCheck(ctx context.Context, q store.Querier, keepSize string) Chec
 			c.Detail = "no events yet (postbox run creates its schema)"
 			return c
 		}
+		if store.Refused(err) {
+			c.Severity, c.Detail = Warn, "postbox.events is not readable by postbox's role (see privileges)"
+			return c
+		}
 		c.Severity, c.Detail = Warn, "could not read postbox.events: "+err.Error()
 		return c
 	}

@@ -181,15 +181,17 @@ func AppRole(ctx context.Context, q store.Querier, cfg *config.Config, role stri
 		SELECT kind, obj, pg_get_userbyid(n.nspowner)::text FROM r, pg_namespace n, LATERAL (
 		  SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END, n.nspname || '.' || c.relname
 		  FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind IN ('r', 'p', 'S', 'v', 'm') AND pg_has_role(r.oid, c.relowner, 'USAGE')
+		    AND (n.nspname = 'postbox' OR c.relname = $4) -- of another schema, the outbox table alone
 		  UNION ALL
-		  SELECT 'FUNCTION', p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = n.oid AND pg_has_role(r.oid, p.proowner, 'USAGE')
+		  SELECT 'FUNCTION', p.oid::regprocedure::text FROM pg_proc p
+		  WHERE n.nspname = 'postbox' AND p.pronamespace = n.oid AND pg_has_role(r.oid, p.proowner, 'USAGE')
 		  UNION ALL
-		  SELECT 'SCHEMA', n.nspname WHERE pg_has_role(r.oid, n.nspowner, 'USAGE')
+		  SELECT 'SCHEMA', n.nspname WHERE n.nspname = 'postbox' AND pg_has_role(r.oid, n.nspowner, 'USAGE')
 		  UNION ALL
 		  SELECT 'PUBLICATION', p.pubname FROM pg_publication p WHERE n.nspname = 'postbox' AND p.pubname = $2 AND pg_has_role(r.oid, p.pubowner, 'USAGE')
 		) o(kind, obj)
 		WHERE n.nspname IN ('postbox', $3)
-		ORDER BY 1, 2`, role, cfg.Publication, cfg.Table.Schema())
+		ORDER BY 1, 2`, role, cfg.Publication, cfg.Table.Schema(), cfg.Table.Name())
 	if err != nil {
 		return nil, fmt.Errorf("doctor: read what role %s owns: %w", role, err)
 	}

@@ -152,11 +152,13 @@ func newInstanceID() string {
 
 // Start binds the admin listener, connects (waiting, with backoff, while
 // the database is unreachable, for as long as ctx allows), checks the
-// server, migrates postbox's schema, registers this instance, and starts
-// streaming and delivering in the background. Every start-up problem comes
-// back from Start: a taken admin address, a server without
-// wal_level=logical, a failed migration, or ctx ending before the database
-// answered. Once Start has returned nil, only Stop ends the relay.
+// server, migrates postbox's schema (or, with migrate: false, checks its
+// version), registers this instance, and starts streaming and delivering
+// in the background. Every start-up problem comes back from Start: a
+// taken admin address, a server without wal_level=logical, a failed
+// migration, or ctx ending before the database answered. Once Start has
+// returned nil, only Stop ends the relay, or a fault no waiting cures (a
+// slot of another database), which Err then returns.
 func (r *Relay) Start(ctx context.Context) error {
 	r.life.Lock()
 	defer r.life.Unlock()
@@ -259,9 +261,9 @@ func (r *Relay) start(ctx context.Context) error {
 	return nil
 }
 
-// boot checks the server, migrates, and registers this instance: claims
-// belong to registered instances, and another instance releases those of
-// unknown owners.
+// boot checks the server, migrates (or checks the schema), and registers
+// this instance: claims belong to registered instances, and another
+// instance releases those of unknown owners.
 func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (*service.Env, error) {
 	env := service.NewEnv(&r.cfg)
 	env.Store = &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}

@@ -80,7 +80,8 @@ type Deps struct {
 	// could claim from the queue what this one would keep.
 	Alone func() bool
 	// Fatal stops the relay for a fault no waiting cures (a slot of
-	// another database); the stream loop has ended when it is called.
+	// another database). The stream loop returns after calling it, so it
+	// must not wait for the supervisor's Stop.
 	Fatal func(error)
 	// Linger is how long the ingest of a live transaction waits for more
 	// (LingerDefault when zero); a test lengthens it to see what else

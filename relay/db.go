@@ -10,6 +10,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
 
 // Connect opens a pool of at most maxConns connections (the pool's default
@@ -19,10 +20,15 @@ func Connect(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, 
 	return store.Open(ctx, dbURL, maxConns)
 }
 
-// Migrate creates or upgrades postbox's schema and the outbox table of cfg
-// and returns the schema version.
+// Migrate creates or upgrades postbox's schema, the outbox table of cfg
+// and its publication, and returns the schema version. The publication is
+// made here, by the role that migrates: it takes the table's owner, which
+// a relay role of least privilege is not.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (int, error) {
 	if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
+		return 0, fmt.Errorf("migrate: %w", err)
+	}
+	if err := wal.EnsurePublication(ctx, pool, cfg.Publication, cfg.Table); err != nil {
 		return 0, fmt.Errorf("migrate: %w", err)
 	}
 	return store.SchemaVersion(ctx, pool)

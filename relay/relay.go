@@ -86,6 +86,7 @@ type Relay struct {
 	hardStop context.CancelFunc
 	stopped  chan struct{}
 	err      error
+	fatal    atomic.Pointer[error] // a fault no waiting cures, for Err
 }
 
 // services are the relay's parts, each owning its goroutines. They start in
@@ -151,11 +152,13 @@ func newInstanceID() string {
 
 // Start binds the admin listener, connects (waiting, with backoff, while
 // the database is unreachable, for as long as ctx allows), checks the
-// server, migrates postbox's schema, registers this instance, and starts
-// streaming and delivering in the background. Every start-up problem comes
-// back from Start: a taken admin address, a server without
-// wal_level=logical, a failed migration, or ctx ending before the database
-// answered. Once Start has returned nil, only Stop ends the relay.
+// server, migrates postbox's schema (or, with migrate: false, checks its
+// version), registers this instance, and starts streaming and delivering
+// in the background. Every start-up problem comes back from Start: a
+// taken admin address, a server without wal_level=logical, a failed
+// migration, or ctx ending before the database answered. Once Start has
+// returned nil, only Stop ends the relay, or a fault no waiting cures (a
+// slot of another database), which Err then returns.
 func (r *Relay) Start(ctx context.Context) error {
 	r.life.Lock()
 	defer r.life.Unlock()
@@ -228,7 +231,7 @@ func (r *Relay) start(ctx context.Context) error {
 	s.claimer = claim.New(env, s.disp, s.prot)
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
 	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Kept: s.claimer.Wake, Alone: env.Alone,
-		Linger: r.opts.IngestLinger})
+		Linger: r.opts.IngestLinger, Fatal: r.fail})
 	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload,
 		WalsenderCPU: s.ingest.WalsenderCPU})
 
@@ -266,9 +269,9 @@ func (r *Relay) start(ctx context.Context) error {
 	return nil
 }
 
-// boot checks the server, migrates, and registers this instance: claims
-// belong to registered instances, and another instance releases those of
-// unknown owners.
+// boot checks the server, migrates (or checks the schema), and registers
+// this instance: claims belong to registered instances, and another
+// instance releases those of unknown owners.
 func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (*service.Env, error) {
 	env := service.NewEnv(&r.cfg)
 	env.Store = &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
@@ -278,12 +281,21 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	if err := store.Preflight(ctx, pool); err != nil {
 		return nil, err
 	}
-	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&env.DBName); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT current_database(), current_user`).Scan(&env.DBName, &env.Store.Role); err != nil {
 		return nil, fmt.Errorf("read database name: %w", err)
 	}
-	if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
-		return nil, fmt.Errorf("migrate: %w", err)
+	if cfg.Migrate {
+		if err := store.Migrate(ctx, pool, cfg.Table); err != nil {
+			if store.Refused(err) {
+				return nil, fmt.Errorf("migrate: %w: this role may not change the schema; run postbox migrate as its owner, "+
+					"and postbox run with migrate: false (or --no-migrate)", err)
+			}
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	} else if err := store.CheckSchema(ctx, pool, cfg.Table); err != nil {
+		return nil, err
 	}
+	r.logMissing(ctx, pool, cfg)
 	if err := env.Store.Heartbeat(ctx, pool, env.Instance(false), cfg.Lease, false); err != nil {
 		return nil, fmt.Errorf("register this instance: %w", err)
 	}
@@ -393,8 +405,39 @@ func (r *Relay) Stop(ctx context.Context) error {
 	close(done)
 	watch.Wait()
 	r.hardStop()
+	if f := r.fatal.Load(); f != nil && r.err == nil {
+		r.err = *f
+	}
 	close(r.stopped)
 	return r.err
+}
+
+// fail stops the relay for a fault no waiting cures (a slot of another
+// database): Err returns it, and postbox run exits with it.
+func (r *Relay) fail(err error) {
+	if !r.fatal.CompareAndSwap(nil, &err) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Load().ShutdownGrace+ReleaseTimeoutDefault)
+		defer cancel()
+		_ = r.Stop(ctx)
+	}()
+}
+
+// logMissing logs each privilege the role lacks that postbox run uses,
+// with its GRANT: run starts all the same (a grant given meanwhile
+// takes effect without a restart), and the statements that need it fail
+// until then.
+func (r *Relay) logMissing(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) {
+	missing, err := store.MissingPrivileges(ctx, pool, cfg.Table)
+	if err != nil {
+		r.log.Warn().Err(err).Msg("could not read the role's privileges")
+		return
+	}
+	for _, m := range missing {
+		r.log.Error().Str("lacks", m.What).Str("needed_by", m.Why).Str("fix", m.Grant).Msg("PRIVILEGE MISSING: the role lacks " + m.What + "; " + m.Grant)
+	}
 }
 
 // shutdown stops the services in reverse order of their start.

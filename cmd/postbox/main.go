@@ -35,7 +35,8 @@ const usage = `postbox delivers webhooks and affiliate postbacks from a PostgreS
 Usage: postbox <command> [flags]
 
 Commands:
-  run           stream the outbox and deliver until SIGTERM
+  run           stream the outbox and deliver until SIGTERM (--no-migrate: check the
+                schema's version, never change it, for a role without DDL rights)
   migrate       create or upgrade the outbox table and postbox's schema
   status        the health summary and firing alerts (--check: exit 1 while any fires)
   endpoints     per endpoint: breaker state, pause, p50/p95/p99 over 24 h, samples, failures
@@ -53,7 +54,8 @@ Commands:
   event ID      one event's story: commit (LSN, time), ingest, every delivery and
                 attempt, replays; --json prints the story, or a list of stories when
                 the id went to several endpoints
-  doctor        check the database for postbox and explain what to fix (exit 1 on errors)
+  doctor        check the database for postbox and explain what to fix (exit 1 on errors);
+                --app-role NAME: warn of each privilege that role has beyond INSERT on the outbox
   secret new    print a fresh signing secret (whsec_…)
   secret show --endpoint NAME
                 print the secret(s) that endpoint's partner verifies with
@@ -179,6 +181,12 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	ep := cfg.Endpoint(*endpoint)
+	if !ep.Configured {
+		// Still printed: rows naming an endpoint that is not configured
+		// (with their own url) are signed with it. A misspelt name is
+		// caught here.
+		fmt.Fprintf(stderr, "warning: no endpoint %s is configured: these are the secrets rows naming it are signed with; check the name\n", printable(*endpoint))
+	}
 	secrets := cfg.SigningSecrets(ep)
 	if len(secrets) == 0 {
 		fmt.Fprintln(stderr, "postbox: no signing secrets are configured: deliveries are not signed (set signing.secrets)")
@@ -231,7 +239,7 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
-	fmt.Fprintf(stdout, "schema postbox at version %d; outbox table %s ready\n", v, cfg.Table)
+	fmt.Fprintf(stdout, "schema postbox at version %d; outbox table %s and publication %s ready\n", v, cfg.Table, cfg.Publication)
 	return exitOK
 }
 
@@ -240,6 +248,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 	fs := newFlagSet("run", stderr, &cf)
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile to this file (for performance work)")
 	memProfile := fs.String("memprofile", "", "write an allocation profile to this file on exit (for performance work)")
+	noMigrate := fs.Bool("no-migrate", false, "never change the schema: check it is at this version and exit if not (migrate: false); for a role without DDL rights")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -271,6 +280,9 @@ func cmdRun(ctx context.Context, args []string, _ io.Writer, stderr io.Writer) i
 	cfg, code := loadConfig(cf.config, stderr)
 	if cfg == nil {
 		return code
+	}
+	if *noMigrate {
+		cfg.Migrate = false
 	}
 	log := newLogger(cfg, stderr)
 	for _, f := range cfg.ExposedFiles(cf.config) {

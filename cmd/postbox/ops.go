@@ -589,12 +589,18 @@ func ms(v *float64) string {
 
 func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("postbox doctor", flag.ContinueOnError)
+	appRole := fs.String("app-role", "", "also warn of each privilege this role (the application's) has beyond INSERT on the outbox")
 	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
 	if env == nil {
 		return code
 	}
 	defer closeEnv()
 	checks, err := doctor.Run(ctx, env.pool, env.cfg, time.Now)
+	if err == nil && *appRole != "" {
+		var app []doctor.Check
+		app, err = doctor.AppRole(ctx, env.pool, env.cfg, *appRole)
+		checks = append(checks, app...)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure

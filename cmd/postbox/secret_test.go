@@ -46,6 +46,17 @@ func TestSecretShow(t *testing.T) {
 	require.Equal(t, current+"\n"+previous+"\n", out)
 	require.Contains(t, errOut, "could forge deliveries to the others")
 
+	// A name no endpoint has (a misspelling, or a row-URL endpoint's):
+	// its derived secret, with a warning; a configured one has none.
+	code, out, errOut = postbox(t, "secret", "show", "--endpoint", "nosuch", "--config", derived)
+	require.Equal(t, 0, code, errOut)
+	master, err := outbox.ParseSecret(current)
+	require.NoError(t, err)
+	require.Equal(t, outbox.DeriveSecret(master, "nosuch").Reveal(), strings.Fields(out)[0])
+	require.Contains(t, errOut, "warning: no endpoint nosuch is configured")
+	_, _, errOut = postbox(t, "secret", "show", "--endpoint", "a", "--config", derived)
+	require.NotContains(t, errOut, "is configured")
+
 	code, _, errOut = postbox(t, "secret", "show", "--config", derived)
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "--endpoint NAME")

@@ -77,6 +77,9 @@ type Config struct {
 	Defaults Endpoint
 	// Endpoints are the configured endpoints' effective settings.
 	Endpoints map[string]Endpoint
+
+	// Migrate: run migrates at start (migrate:); otherwise it checks.
+	Migrate bool
 }
 
 // Alerts are the thresholds at which postbox's alerts fire.
@@ -238,7 +241,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		OutboxRetention: c.OutboxRetention.D(), EventRetention: c.EventRetention.D(), DeliveryRetention: c.DeliveryRetention.D(),
 		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys, Messages: c.OutboxMessages, MessageRoles: c.OutboxMessageRoles,
 		MaxBody: int64(c.MaxBody), ShutdownGrace: c.ShutdownGrace.D(), Lease: c.Lease.D(), SweepInterval: c.SweepInterval.D(),
-		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), WalsenderNice: c.WalsenderNice, CPUBatch: c.CPUScheduling == "batch", LeaderLease: c.LeaderLease.D(),
+		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), WalsenderNice: c.WalsenderNice, CPUBatch: c.CPUScheduling == "batch", LeaderLease: c.LeaderLease.D(), Migrate: c.Migrate,
 		MaxConcurrency: c.MaxConcurrency, MetricsEndpointLabels: c.MetricsEndpointLabels,
 		Alerts:      c.Alerts.resolve(),
 		SecretFiles: c.secretFiles(),

@@ -317,6 +317,7 @@ func TestSidecarExampleConfig(t *testing.T) {
 	require.Len(t, cfg.Secrets, 2, "both keys of a rotation sign")
 	require.Equal(t, "GET", cfg.Endpoint("acme-network").Method)
 	require.True(t, cfg.Endpoint("billing").Ordered)
+	require.False(t, cfg.Migrate, "the relay's role has no DDL rights: the Job migrates")
 }
 
 // The file is what was written; validating it reads nothing, resolving it

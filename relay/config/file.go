@@ -133,6 +133,10 @@ type File struct {
 	// "batch" (SCHED_BATCH, where Linux has it), which leaves a CPU to
 	// the process running there when postbox is woken, or "normal".
 	CPUScheduling string `yaml:"cpu_scheduling"`
+	// Migrate: run applies missing schema migrations at start; false (or
+	// run --no-migrate) only checks the schema's version, for a role
+	// without DDL rights.
+	Migrate bool `yaml:"migrate"`
 	// LeaderLease is how long the streaming instance's leadership outlives
 	// its last renewal: a standby takes over that long after the leader
 	// dies or freezes.
@@ -272,6 +276,7 @@ func Default() *File {
 		StallTimeout:          Duration(StallTimeoutDefault),
 		LeaderLease:           Duration(LeaderLeaseDefault),
 		CPUScheduling:         CPUSchedulingDefault,
+		Migrate:               true,
 		MetricsEndpointLabels: MetricsEndpointLabelsDefault,
 		MaxConcurrency:        MaxConcurrencyDefault,
 		Alerts: AlertsConfig{

@@ -55,8 +55,8 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 		       current_user,
 		       (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
 		       clock_timestamp(),
-		       to_regclass($1) IS NOT NULL,
-		       current_setting('synchronous_commit'), current_database()`, cfg.Table.String()).
+		       EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2),
+		       current_setting('synchronous_commit'), current_database()`, cfg.Table.Schema(), cfg.Table.Name()).
 		Scan(&s.versionNum, &s.version, &s.walLevel, &s.maxSlots, &s.slotsUsed, &s.maxSenders, &s.sendersUsed,
 			&s.keepSize, &s.senderTimeout, &s.role, &s.canReplicate, &s.dbNow, &s.tableExists, &s.syncCommit, &s.database)
 	if err != nil {
@@ -139,12 +139,16 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 	} else {
 		add("outbox_table", OK, cfg.Table.String(), "")
 	}
+	out = append(out, roleChecks(ctx, q, cfg, s.role)...)
 	out = append(out, publicationCheck(ctx, q, cfg))
 	out = append(out, outboxModeCheck(ctx, q, s.keepSize), messagesCheck(ctx, q, cfg))
 
 	switch {
 	case !st.Exists:
 		add("slot", OK, fmt.Sprintf("%s does not exist yet: postbox run creates it", cfg.Slot), "")
+	case st.Database != s.database:
+		add("slot", Error, fmt.Sprintf("%s belongs to database %s, not %s: postbox run stops on it", cfg.Slot, st.Database, s.database),
+			"give this relay a slot name of its own (slot: in the configuration); slots are the cluster's, not a database's")
 	case st.Plugin != "pgoutput":
 		add("slot", Error, fmt.Sprintf("%s uses plugin %s", cfg.Slot, st.Plugin), "drop it, or give postbox another slot name")
 	case st.WALStatus == "lost":
@@ -158,7 +162,7 @@ func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() ti
 	default:
 		add("slot", OK, fmt.Sprintf("%s streamed (wal_status %s, retains %s)", cfg.Slot, st.WALStatus, telemetry.FormatBytes(st.RetainedBytes)), "")
 	}
-	if st.Active && st.ActivePID != 0 {
+	if st.Active && st.ActivePID != 0 && st.Database == s.database {
 		c, err := walsenderCheck(ctx, q, st.ActivePID, WalsenderSample, cfg.CPUBatch)
 		if err != nil {
 			return nil, err
@@ -218,7 +222,7 @@ func publicationCheck(ctx context.Context, q store.Querier, cfg *config.Config) 
 	}
 	switch {
 	case !found:
-		c.Severity, c.Detail = OK, cfg.Publication+" does not exist yet: postbox run creates it (FOR TABLE "+want+", publish = 'insert')"
+		return missingPublication(ctx, q, cfg)
 	case !covers:
 		c.Severity, c.Detail = Error, fmt.Sprintf("%s does not publish %s", cfg.Publication, want)
 		c.Fix = fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, want)
@@ -248,6 +252,10 @@ func outboxModeCheck(ctx context.Context, q store.Querier, keepSize string) Chec
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // not migrated yet
 			c.Detail = "no events yet (postbox run creates its schema)"
+			return c
+		}
+		if store.Refused(err) {
+			c.Severity, c.Detail = Warn, "postbox.events is not readable by postbox's role (see privileges)"
 			return c
 		}
 		c.Severity, c.Detail = Warn, "could not read postbox.events: "+err.Error()

@@ -79,6 +79,10 @@ type Deps struct {
 	// Alone reports whether no other instance is registered: one that is
 	// could claim from the queue what this one would keep.
 	Alone func() bool
+	// Fatal stops the relay for a fault no waiting cures (a slot of
+	// another database). The stream loop returns after calling it, so it
+	// must not wait for the supervisor's Stop.
+	Fatal func(error)
 	// Linger is how long the ingest of a live transaction waits for more
 	// (LingerDefault when zero); a test lengthens it to see what else
 	// ends it.
@@ -207,6 +211,14 @@ func (s *Supervisor) loop(ctx context.Context) {
 		case errors.Is(err, wal.ErrSlotMissing):
 			s.log.Error().Err(err).Msg("REPLICATION SLOT LOST: dropped, or this server is a promoted standby without it; recreating it and reconciling the outbox table")
 			continue
+		case errors.Is(err, wal.ErrSlotElsewhere):
+			// Retrying would only repeat it: the relay stops, and run
+			// exits with it.
+			s.log.Error().Err(err).Msg("stopping: no waiting cures this")
+			if s.deps.Fatal != nil {
+				s.deps.Fatal(err)
+			}
+			return
 		case errors.Is(err, wal.ErrSlotInvalidated):
 			s.log.Error().Err(err).Msg("REPLICATION SLOT INVALIDATED (max_slot_wal_keep_size exceeded?): recreating it and reconciling the outbox table")
 			if derr := s.dropSlot(ctx); derr != nil {
@@ -385,7 +397,7 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 	}
 	switch {
 	case slot.Exists && slot.Database != s.env.DBName:
-		return store.Checkpoint{}, fmt.Errorf("replication slot %s belongs to database %s, not %s: give this relay a slot name of its own (slot:)", cfg.Slot, slot.Database, s.env.DBName)
+		return store.Checkpoint{}, &wal.SlotElsewhereError{Slot: cfg.Slot, SlotDatabase: slot.Database, Database: s.env.DBName}
 	case slot.Exists && slot.Plugin != "pgoutput":
 		return store.Checkpoint{}, fmt.Errorf("replication slot %s uses plugin %s, not pgoutput: drop it or choose another slot name", cfg.Slot, slot.Plugin)
 	case slot.Exists && slot.WALStatus == "lost":

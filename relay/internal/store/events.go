@@ -448,7 +448,7 @@ func (ic *IngestConn) Insert(ctx context.Context, evs []NewEvent, deleteOutbox b
 	if len(outboxIDs) > 0 {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return nil, fmt.Errorf("delete ingested outbox rows: %w", err)
+			return nil, fmt.Errorf("delete ingested outbox rows: %w", needs(err, ic.s.outboxNeeds("DELETE", "the ingest (outbox_retention 0)")))
 		}
 	}
 	if err := br.Close(); err != nil {
@@ -822,7 +822,7 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 		          | o.xmin::text::int8)::text::xid8, snap.s) FROM snap))
 		ORDER BY o.id LIMIT $2`, after, limit, snapshot, maxBody)
 	if err != nil {
-		return nil, fmt.Errorf("read outbox: %w", err)
+		return nil, fmt.Errorf("read outbox: %w", needs(err, s.outboxNeeds("SELECT", "reconciliation")))
 	}
 	defer rows.Close()
 	var out []OutboxRow
@@ -868,7 +868,10 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 		}
 		out = append(out, r)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read outbox: %w", needs(err, s.outboxNeeds("SELECT", "reconciliation")))
+	}
+	return out, nil
 }
 
 // PurgeIngestedOutbox looks at up to window outbox rows, in the order of
@@ -890,7 +893,7 @@ func (s *Store) PurgeIngestedOutbox(ctx context.Context, retention time.Duration
 	var young bool
 	err = s.Pool.QueryRow(ctx, purgeOutboxSQL(s.Table.Ident()), retention.Seconds(), after, window).Scan(&deleted, &last, &seen, &young)
 	if err != nil {
-		return 0, 0, fmt.Errorf("purge outbox: %w", err)
+		return 0, 0, fmt.Errorf("purge outbox: %w", needs(err, s.outboxNeeds("SELECT, DELETE", "the outbox purge")))
 	}
 	if seen < window || young {
 		return deleted, 0, nil

@@ -115,3 +115,51 @@ func SchemaVersion(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	err := pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM postbox.schema_migrations`).Scan(&v)
 	return v, err
 }
+
+// SchemaError is a schema that run, with migrate off, cannot run on.
+type SchemaError struct{ Msg string }
+
+func (e *SchemaError) Error() string { return e.Msg }
+
+// CheckSchema changes nothing: it checks that postbox's schema is at the
+// version of this binary's migrations and that the outbox table exists,
+// for a relay that runs without DDL rights (migrate: false). It reads the
+// catalogs first, so a role that may not look into the schema hears which
+// GRANT it lacks rather than "permission denied".
+func CheckSchema(ctx context.Context, q Querier, table outbox.Table) error {
+	const off = "and migrate is off (migrate: false, or run --no-migrate)"
+	var role string
+	var usage, readable, outboxExists *bool
+	err := q.QueryRow(ctx, `
+		SELECT current_user,
+		       (SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = 'postbox'),
+		       (SELECT has_table_privilege(c.oid, 'SELECT') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		        WHERE n.nspname = 'postbox' AND c.relname = 'schema_migrations'),
+		       (SELECT true FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)`,
+		table.Schema(), table.Name()).Scan(&role, &usage, &readable, &outboxExists)
+	if err != nil {
+		return fmt.Errorf("check the schema: %w", err)
+	}
+	want := len(Migrations())
+	switch {
+	case usage == nil || readable == nil:
+		return &SchemaError{fmt.Sprintf("schema postbox does not exist (or has no schema_migrations), %s: run postbox migrate as the schema's owner role first", off)}
+	case !*usage:
+		return &SchemaError{fmt.Sprintf("role %s may not use schema postbox: as its owner, GRANT USAGE ON SCHEMA postbox TO %s", role, Ident(role))}
+	case !*readable:
+		return &SchemaError{fmt.Sprintf("role %s may not read postbox.schema_migrations: as the schema's owner, GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA postbox TO %s", role, Ident(role))}
+	}
+	var v int
+	if err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM postbox.schema_migrations`).Scan(&v); err != nil {
+		return fmt.Errorf("check the schema: %w", err)
+	}
+	switch {
+	case v < want:
+		return &SchemaError{fmt.Sprintf("schema postbox is at version %d, this postbox needs %d, %s: run postbox migrate as the schema's owner role, then start again", v, want, off)}
+	case v > want:
+		return &SchemaError{fmt.Sprintf("schema postbox is at version %d, newer than this postbox knows (%d): run the newer postbox", v, want)}
+	case outboxExists == nil:
+		return &SchemaError{fmt.Sprintf("outbox table %s does not exist, %s: run postbox migrate, or apply outbox/schema.sql in the application's migrations", table, off)}
+	}
+	return nil
+}

@@ -33,6 +33,9 @@ type Store struct {
 	Pool  *pgxpool.Pool
 	Table outbox.Table
 	Slot  string
+	// Role is the connected role, for the GRANT a refused statement's
+	// error names (empty: a placeholder).
+	Role string
 }
 
 // Open connects a pool for dbURL with the session settings postbox relies

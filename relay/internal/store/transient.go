@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -65,6 +66,11 @@ func Cause(err error) string {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return ""
 	}
+	var pe *PrivilegeError
+	if errors.As(err, &pe) {
+		// Never "lost": a role set up without it never had it.
+		return fmt.Sprintf("permission denied: the role lacks %s, which %s needs: %s", pe.What, pe.Why, pe.Grant)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -91,7 +97,7 @@ func Cause(err error) string {
 		case "42703":
 			return "a column is missing: was the outbox table altered?"
 		case "42501":
-			return "permission denied: the role lost a privilege postbox needs"
+			return "permission denied: the role lacks a privilege postbox needs (postbox doctor names each, with the GRANT that gives it)"
 		}
 		if strings.HasPrefix(pgErr.Code, "08") {
 			return "the connection to the database broke"

@@ -32,7 +32,23 @@ var (
 	ErrSlotInvalidated = errors.New("replication slot has been invalidated")
 	// ErrStalled: nothing arrived from the server within the stall timeout.
 	ErrStalled = errors.New("replication connection stalled")
+	// ErrSlotElsewhere: a slot of the configured name belongs to another
+	// database of the cluster (slots are the cluster's, not a
+	// database's). No waiting cures it.
+	ErrSlotElsewhere = errors.New("replication slot belongs to another database")
 )
+
+// SlotElsewhereError is ErrSlotElsewhere with the slot's and the
+// databases' names.
+type SlotElsewhereError struct{ Slot, SlotDatabase, Database string }
+
+func (e *SlotElsewhereError) Error() string {
+	return fmt.Sprintf("replication slot %s belongs to database %s, not %s: give this relay a slot name of its own (slot:)",
+		e.Slot, e.SlotDatabase, e.Database)
+}
+
+// Is makes errors.Is(err, ErrSlotElsewhere) hold.
+func (e *SlotElsewhereError) Is(target error) bool { return target == ErrSlotElsewhere }
 
 // classify maps a server error on the replication connection to the slot
 // errors above, keeping the original in the chain.
@@ -77,9 +93,19 @@ func EnsurePublication(ctx context.Context, q store.Querier, publication string,
 		return nil // another instance made it first
 	}
 	if err != nil {
-		return fmt.Errorf("create publication %s: %w", publication, err)
+		// CREATE PUBLICATION takes the table's owner: where the
+		// application's migrations own it, they make the publication.
+		return fmt.Errorf("create publication %s: %w", publication, store.NeedsPrivilege(err, store.Missing{
+			What: "ownership of " + table.String() + " (or the publication made by its owner)", Why: "creating publication " + publication,
+			Grant: "as the table's owner: " + PublicationSQL(publication, table)}))
 	}
 	return nil
+}
+
+// PublicationSQL is the statement that creates the publication postbox
+// reads: the outbox table's inserts only.
+func PublicationSQL(publication string, table outbox.Table) string {
+	return "CREATE PUBLICATION " + store.Ident(publication) + " FOR TABLE " + table.String() + " WITH (publish = 'insert')"
 }
 
 // SlotState describes a replication slot.

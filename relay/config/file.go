@@ -7,8 +7,10 @@
 //     validates, and resolves every endpoint against the defaults, with
 //     durations as time.Duration and templates parsed.
 //
-// Each default lives once, as an exported …Default constant; those of the
-// machinery (the stream's, the dispatcher's) come from their packages.
+// Each default is an exported …Default constant, here: the relay passes
+// the resolved values to the machinery (the stream, the dispatcher), which
+// does not import this package; a test in relay keeps the fallbacks those
+// have for callers that pass nothing the same.
 package config
 
 import (
@@ -24,8 +26,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/dispatch"
-	"github.com/postbox-relay/postbox/relay/internal/wal"
 )
 
 // Defaults of the global and per-endpoint settings.
@@ -42,11 +42,11 @@ const (
 	ShutdownGraceDefault         = 20 * time.Second
 	LeaseDefault                 = 15 * time.Second
 	SweepIntervalDefault         = 5 * time.Second
-	StatusIntervalDefault        = wal.StatusIntervalDefault
-	StallTimeoutDefault          = wal.StallTimeoutDefault
+	StatusIntervalDefault        = 10 * time.Second
+	StallTimeoutDefault          = 3 * StatusIntervalDefault
 	LeaderLeaseDefault           = 3 * time.Second
 	MetricsEndpointLabelsDefault = 50
-	MaxConcurrencyDefault        = dispatch.MaxConcurrencyDefault
+	MaxConcurrencyDefault        = 256
 	DeadLettersPerHourDefault    = 1
 	OldestPendingDefault         = 30 * time.Minute
 	EndpointP95Default           = 2 * time.Second

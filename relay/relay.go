@@ -25,6 +25,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/execute"
+	"github.com/postbox-relay/postbox/relay/internal/guard"
 	"github.com/postbox-relay/postbox/relay/internal/ingest"
 	"github.com/postbox-relay/postbox/relay/internal/maintain"
 	"github.com/postbox-relay/postbox/relay/internal/protect"
@@ -136,7 +137,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	copts := opts.HTTP
 	copts.UserAgent = "postbox/" + Version
 	if copts.DialContext == nil {
-		copts.DialContext = deliver.GuardedDialer(func() deliver.Guard { return r.cfg.Load().Guard }, copts.BeneathGuard)
+		copts.DialContext = guard.Dialer(func() guard.Guard { return r.cfg.Load().Guard }, copts.BeneathGuard)
 	}
 	r.client = deliver.NewClient(copts)
 	r.hardCtx, r.hardStop = context.WithCancel(context.Background())

@@ -32,7 +32,7 @@ import (
 // address and records it, so even a guard that regressed could not reach
 // the metadata or private addresses; the test asserts none got there. The
 // dialer's own refusal of the metadata addresses is
-// TestGuardedDialerRefusesBeforeConnecting's (relay/internal/deliver).
+// TestGuardedDialerRefusesBeforeConnecting's (relay/internal/guard).
 func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/guard"
 )
 
 // Config is the resolved configuration a relay runs on: defaults applied,
@@ -33,7 +34,7 @@ type Config struct {
 	LogLevel    string
 	LogPayloads bool
 	// Guard is the SSRF guard: allow_private_targets and allowed_cidrs.
-	Guard             deliver.Guard
+	Guard             guard.Guard
 	OutboxRetention   time.Duration
 	EventRetention    time.Duration
 	DeliveryRetention time.Duration
@@ -273,7 +274,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		return nil, keyErr("admin_tls_cert", "admin_tls_cert and admin_tls_key go together: set both or neither")
 	}
 	out.AdminTLSCert, out.AdminTLSKey = c.AdminTLSCert, c.AdminTLSKey
-	out.Guard = deliver.Guard{AllowAll: c.AllowPrivateTargets}
+	out.Guard = guard.Guard{AllowAll: c.AllowPrivateTargets}
 	for i, cidr := range c.AllowedCIDRs {
 		p, err := netip.ParsePrefix(cidr)
 		if err != nil {

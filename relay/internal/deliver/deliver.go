@@ -58,7 +58,7 @@ type Options struct {
 	// DialContext replaces the dialer (the SSRF guard plugs in here).
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// BeneathGuard, for tests, is asked about every address the relay's
-	// guard lets through, just before the connect (see GuardedDialer).
+	// guard lets through, just before the connect (see guard.Dialer).
 	BeneathGuard func(netip.AddrPort) error
 	// Now is the clock for webhook-timestamp; time.Now when nil.
 	Now func() time.Time

@@ -17,7 +17,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/guard"
 )
 
 // Backoff returns the wait before retry n (n ≥ 1 is the number of attempts
@@ -140,7 +140,7 @@ func isSuccessStatus(code int, s config.Success) bool {
 }
 
 func classifyError(a Attempt) Verdict {
-	var blocked *deliver.BlockedError
+	var blocked *guard.BlockedError
 	if errors.As(a.Err, &blocked) {
 		return Verdict{Kind: Permanent, Reason: ReasonBlockedTarget + ": " + blocked.Error()}
 	}

@@ -1,4 +1,8 @@
-package deliver
+// Package guard is the SSRF guard: which addresses deliveries may connect
+// to, and a dialer that checks each address at connect time. It imports
+// nothing of postbox, so that the packages that refuse (execute), dial
+// (deliver) and classify (policy) share it without importing each other.
+package guard
 
 import (
 	"context"
@@ -172,7 +176,7 @@ func classify(addr netip.Addr) string {
 	return ""
 }
 
-// GuardedDialer returns a dialer that checks every address it is about to
+// Dialer returns a dialer that checks every address it is about to
 // connect to against the guard current at that moment, after DNS
 // resolution, at connect time: a name that resolves (or re-resolves: DNS
 // rebinding) to a blocked address is refused before any packet is sent.
@@ -180,7 +184,7 @@ func classify(addr netip.Addr) string {
 // beneath, when not nil, is asked after the guard passed an address and
 // before the connect: tests give it a tripwire that refuses (and reports)
 // anything but loopback, so a guard that regressed still dials nothing.
-func GuardedDialer(guard func() Guard, beneath func(netip.AddrPort) error) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func Dialer(guard func() Guard, beneath func(netip.AddrPort) error) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{
 		Timeout:   10 * time.Second,
 		KeepAlive: 30 * time.Second,

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/guard"
+	"github.com/postbox-relay/postbox/relay/macro"
 )
 
 // Config is the resolved configuration a relay runs on: defaults applied,
@@ -115,8 +115,8 @@ type Endpoint struct {
 	Body       string
 	// URLTemplate and BodyTemplate are the parsed URL and body when they
 	// carry macros (nil otherwise).
-	URLTemplate  *deliver.Template
-	BodyTemplate *deliver.Template
+	URLTemplate  *macro.Template
+	BodyTemplate *macro.Template
 	Success      Success
 	RetryOn      []int
 	Ordered      bool
@@ -410,8 +410,8 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 		}
 		ep.URL = *ec.URL
 		ep.URLTemplate = nil
-		if deliver.HasMacros(ep.URL) {
-			t, err := deliver.ParseTemplate(ep.URL, true)
+		if macro.Contains(ep.URL) {
+			t, err := macro.Parse(ep.URL, true)
 			if err != nil {
 				return ep, keyErr(key+".url", "%v", err)
 			}
@@ -419,7 +419,7 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 		}
 	}
 	if ec.Body != nil {
-		t, err := deliver.ParseTemplate(*ec.Body, false)
+		t, err := macro.Parse(*ec.Body, false)
 		if err != nil {
 			return ep, keyErr(key+".body", "%v", err)
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/macro"
 )
 
 // Event is what Resolve needs to know of an event.
@@ -57,11 +58,11 @@ type Target struct {
 func Resolve(cfg *config.Config, ev Event) Target {
 	ep := cfg.Endpoint(ev.Endpoint)
 	t := Target{Endpoint: ep}
-	raw, tpl := ev.URL, (*deliver.Template)(nil)
+	raw, tpl := ev.URL, (*macro.Template)(nil)
 	if raw == "" {
 		raw, tpl = ep.URL, ep.URLTemplate
 	}
-	vals := deliver.Values{EventID: ev.EventID, EventType: ev.EventType, Endpoint: ev.Endpoint, CreatedAt: ev.CreatedAt, Payload: ev.Payload}
+	vals := macro.Values{EventID: ev.EventID, EventType: ev.EventType, Endpoint: ev.Endpoint, CreatedAt: ev.CreatedAt, Payload: ev.Payload}
 	fail := func(code, format string, args ...any) Target {
 		t.Reason = code + ": " + fmt.Sprintf(format, args...)
 		return t
@@ -95,8 +96,8 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	case len(ev.Payload) > int(cfg.MaxBody):
 		return fail(policy.ReasonPayloadTooLarge, "%d bytes is above max_body (%d)", len(ev.Payload), cfg.MaxBody)
 	}
-	if tpl == nil && deliver.HasMacros(raw) {
-		parsed, err := deliver.ParseTemplate(raw, true)
+	if tpl == nil && macro.Contains(raw) {
+		parsed, err := macro.Parse(raw, true)
 		if err != nil {
 			return fail(policy.ReasonTemplateError, "the row's url: %v", err)
 		}
@@ -106,7 +107,7 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	if tpl != nil {
 		u, err := tpl.ExpandURL(vals)
 		if err != nil {
-			return fail(policy.ReasonTemplateError, "%s", strings.TrimPrefix(err.Error(), deliver.ErrTemplate.Error()+": "))
+			return fail(policy.ReasonTemplateError, "%s", strings.TrimPrefix(err.Error(), macro.ErrTemplate.Error()+": "))
 		}
 		t.URL = u
 	}
@@ -133,11 +134,11 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		if ep.BodyTemplate != nil {
 			expand := ep.BodyTemplate.ExpandJSON
 			if strings.HasPrefix(strings.ToLower(headerValue(ep.Headers, "Content-Type")), "application/x-www-form-urlencoded") {
-				expand = func(v deliver.Values) (string, error) { return ep.BodyTemplate.ExpandBody(v, url.QueryEscape) }
+				expand = func(v macro.Values) (string, error) { return ep.BodyTemplate.ExpandBody(v, url.QueryEscape) }
 			}
 			b, err := expand(vals)
 			if err != nil {
-				return fail(policy.ReasonTemplateError, "body: %s", strings.TrimPrefix(err.Error(), deliver.ErrTemplate.Error()+": "))
+				return fail(policy.ReasonTemplateError, "body: %s", strings.TrimPrefix(err.Error(), macro.ErrTemplate.Error()+": "))
 			}
 			t.Body = []byte(b)
 		}

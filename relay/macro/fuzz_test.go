@@ -1,4 +1,4 @@
-package deliver
+package macro
 
 import (
 	"encoding/json"
@@ -61,7 +61,7 @@ func FuzzTemplate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, tpl string, isURL bool, payload, field string) {
 		v := Values{EventID: field, EventType: field, Endpoint: field,
 			CreatedAt: time.Date(2026, 3, 1, 12, 34, 56, 0, time.UTC), Payload: []byte(payload)}
-		tp, err := ParseTemplate(tpl, isURL)
+		tp, err := Parse(tpl, isURL)
 		if err != nil {
 			require.NotEmpty(t, err.Error())
 			return
@@ -100,14 +100,14 @@ func checkURL(t *testing.T, tp Template, v Values) {
 }
 
 func checkBody(t *testing.T, tpl string, v Values) {
-	tp, _ := ParseTemplate(tpl, false)
+	tp, _ := Parse(tpl, false)
 	if _, err := tp.ExpandBody(v, func(s string) string { return s }); err != nil {
 		require.True(t, errors.Is(err, ErrTemplate), "error %v is a template error", err)
 	}
 
 	// In a JSON string: a value never closes the string, whatever it holds.
 	if lit := tp.literal(); utf8.ValidString(lit) && !strings.ContainsAny(lit, "\"\\") && !hasControl(lit) {
-		doc, err := ParseTemplate(`{"v": "`+tpl+`"}`, false)
+		doc, err := Parse(`{"v": "`+tpl+`"}`, false)
 		if err != nil {
 			// A brace the template left open can take the wrapper's
 			// closing quote and brace into a macro ({payload|"}).
@@ -125,7 +125,7 @@ func checkBody(t *testing.T, tpl string, v Values) {
 
 	// In a form value: a value never adds a field.
 	if lit := tp.literal(); !strings.ContainsAny(lit, "&=%;") {
-		form, err := ParseTemplate("v="+tpl+"&w=2", false)
+		form, err := Parse("v="+tpl+"&w=2", false)
 		require.NoError(t, err)
 		if got, err := form.ExpandBody(v, url.QueryEscape); err == nil && form.literal() == "v="+lit+"&w=2" {
 			q, err := url.ParseQuery(got)

@@ -1,4 +1,8 @@
-package deliver
+// Package macro is the template dialect of endpoint URLs and bodies (and
+// of rows' URLs): parsing, which the configuration uses to validate what
+// was written, and expansion, which the relay uses for each event. It
+// imports nothing of postbox, so that the configuration can stay data.
+package macro
 
 import (
 	"bytes"
@@ -57,9 +61,9 @@ var ErrTemplate = errors.New("template_error")
 
 var macroNames = map[string]bool{"event_id": true, "event_type": true, "endpoint": true, "created_at": true, "payload": true}
 
-// ParseTemplate parses s. For a URL template (isURL), macros may not stand
+// Parse parses s. For a URL template (isURL), macros may not stand
 // in the scheme or host.
-func ParseTemplate(s string, isURL bool) (Template, error) {
+func Parse(s string, isURL bool) (Template, error) {
 	t := Template{raw: s}
 	var lit strings.Builder
 	where := inPath
@@ -156,8 +160,8 @@ func parseMacro(text string) (*macro, error) {
 	return m, nil
 }
 
-// HasMacros reports whether s contains a macro.
-func HasMacros(s string) bool { return strings.ContainsRune(s, '{') }
+// Contains reports whether s contains a macro.
+func Contains(s string) bool { return strings.ContainsRune(s, '{') }
 
 // Values are what macros expand to for one event.
 type Values struct {

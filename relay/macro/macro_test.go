@@ -1,4 +1,4 @@
-package deliver_test
+package macro_test
 
 import (
 	"encoding/json"
@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/macro"
 )
 
-var values = deliver.Values{
+var values = macro.Values{
 	EventID:   "8f14e45f-ceea-467f-a8f1-3d9d1a2b3c4d",
 	EventType: "conversion",
 	Endpoint:  "partner-42",
@@ -23,7 +23,7 @@ var values = deliver.Values{
 
 func expandURL(t *testing.T, tpl string) string {
 	t.Helper()
-	tp, err := deliver.ParseTemplate(tpl, true)
+	tp, err := macro.Parse(tpl, true)
 	require.NoError(t, err)
 	out, err := tp.ExpandURL(values)
 	require.NoError(t, err)
@@ -45,14 +45,14 @@ func TestTemplateEncodesByPosition(t *testing.T) {
 func TestTemplateDefaultsAndMissing(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "https://t.example/?s1=&s2=none&n=x", expandURL(t, "https://t.example/?s1={payload.sub1|}&s2={payload.sub2|none}&n={payload.nothing|x}"))
-	tp, err := deliver.ParseTemplate("https://t.example/?cid={payload.click}", true)
+	tp, err := macro.Parse("https://t.example/?cid={payload.click}", true)
 	require.NoError(t, err)
 	_, err = tp.ExpandURL(values)
-	require.ErrorIs(t, err, deliver.ErrTemplate)
+	require.ErrorIs(t, err, macro.ErrTemplate)
 	require.Contains(t, err.Error(), "{payload.click} has no value")
-	tp, _ = deliver.ParseTemplate("https://t.example/?x={payload.items}", true)
+	tp, _ = macro.Parse("https://t.example/?x={payload.items}", true)
 	_, err = tp.ExpandURL(values)
-	require.True(t, errors.Is(err, deliver.ErrTemplate))
+	require.True(t, errors.Is(err, macro.ErrTemplate))
 	require.Contains(t, err.Error(), "not a value")
 }
 
@@ -62,19 +62,19 @@ func TestTemplateRefusesBadSyntax(t *testing.T) {
 		"https://{payload.host}/x", "https://t.example/{payload}", "https://t.example/{nope}",
 		"https://t.example/{event_id.x}", "https://t.example/{unclosed", "https://t.example/}",
 	} {
-		_, err := deliver.ParseTemplate(bad, true)
+		_, err := macro.Parse(bad, true)
 		require.Error(t, err, bad)
 	}
 }
 
 func TestBodyTemplate(t *testing.T) {
 	t.Parallel()
-	tp, err := deliver.ParseTemplate(`{"click":"{payload.click_id}","amount":{payload.payout},"note":"{payload.quote|he said "hi"}"}`, false)
+	tp, err := macro.Parse(`{"click":"{payload.click_id}","amount":{payload.payout},"note":"{payload.quote|he said "hi"}"}`, false)
 	require.NoError(t, err)
 	out, err := tp.ExpandJSON(values)
 	require.NoError(t, err)
 	require.JSONEq(t, `{"click":"abc&d=1 x/y","amount":12.50,"note":"he said \"hi\""}`, out)
-	form, _ := deliver.ParseTemplate("cid={payload.click_id}&amt={payload.payout}", false)
+	form, _ := macro.Parse("cid={payload.click_id}&amt={payload.payout}", false)
 	out, err = form.ExpandBody(values, url.QueryEscape)
 	require.NoError(t, err)
 	require.Equal(t, "cid=abc%26d%3D1+x%2Fy&amt=12.50", out)
@@ -85,7 +85,7 @@ func TestBodyTemplate(t *testing.T) {
 // value cannot add keys to the body.
 func TestBodyMacrosOutsideQuotesAreOneValue(t *testing.T) {
 	t.Parallel()
-	tp, err := deliver.ParseTemplate(`{"amount": {payload.amount}, "ok": {payload.ok}, "note": "{payload.amount}", "esc": "a\\", "after": {payload.amount}}`, false)
+	tp, err := macro.Parse(`{"amount": {payload.amount}, "ok": {payload.ok}, "note": "{payload.amount}", "esc": "a\\", "after": {payload.amount}}`, false)
 	require.NoError(t, err)
 	evil := values
 	evil.Payload = []byte(`{"amount": "1, \"admin\": true", "ok": true}`)
@@ -110,20 +110,20 @@ func TestBodyMacrosOutsideQuotesAreOneValue(t *testing.T) {
 // go elsewhere on the partner's host.
 func TestPathMacrosRefuseDots(t *testing.T) {
 	t.Parallel()
-	tp, err := deliver.ParseTemplate("https://t.example/pb/{payload.seg}/x?v={payload.seg}", true)
+	tp, err := macro.Parse("https://t.example/pb/{payload.seg}/x?v={payload.seg}", true)
 	require.NoError(t, err)
 	for _, seg := range []string{".", ".."} {
 		v := values
 		v.Payload = []byte(`{"seg": "` + seg + `"}`)
 		_, err := tp.ExpandURL(v)
-		require.ErrorIs(t, err, deliver.ErrTemplate, seg)
+		require.ErrorIs(t, err, macro.ErrTemplate, seg)
 	}
 	v := values
 	v.Payload = []byte(`{"seg": "..."}`)
 	out, err := tp.ExpandURL(v)
 	require.NoError(t, err)
 	require.Equal(t, "https://t.example/pb/.../x?v=...", out)
-	q, err := deliver.ParseTemplate("https://t.example/pb?v={payload.seg}", true)
+	q, err := macro.Parse("https://t.example/pb?v={payload.seg}", true)
 	require.NoError(t, err)
 	v.Payload = []byte(`{"seg": ".."}`)
 	out, err = q.ExpandURL(v)

@@ -137,7 +137,7 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	copts := opts.HTTP
 	copts.UserAgent = "postbox/" + Version
 	if copts.DialContext == nil {
-		copts.DialContext = guard.Dialer(func() guard.Guard { return r.cfg.Load().Guard }, copts.BeneathGuard)
+		copts.DialContext = guard.Dialer(func() guard.Guard { return execute.Guard(r.cfg.Load()) }, copts.BeneathGuard)
 	}
 	r.client = deliver.NewClient(copts)
 	r.hardCtx, r.hardStop = context.WithCancel(context.Background())

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/guard"
 	"github.com/postbox-relay/postbox/relay/macro"
 )
 
@@ -33,12 +32,15 @@ type Config struct {
 	AdminToken  string
 	LogLevel    string
 	LogPayloads bool
-	// Guard is the SSRF guard: allow_private_targets and allowed_cidrs.
-	Guard             guard.Guard
-	OutboxRetention   time.Duration
-	EventRetention    time.Duration
-	DeliveryRetention time.Duration
-	AttemptRetention  time.Duration
+	// AllowPrivateTargets and AllowedCIDRs are what the SSRF guard opens
+	// (allow_private_targets, allowed_cidrs, each entry masked); the guard
+	// itself is built from the configuration in force at each check.
+	AllowPrivateTargets bool
+	AllowedCIDRs        []netip.Prefix
+	OutboxRetention     time.Duration
+	EventRetention      time.Duration
+	DeliveryRetention   time.Duration
+	AttemptRetention    time.Duration
 	// Messages: events written with outbox.Emit (logical decoding
 	// messages) are delivered (outbox_messages). Off by default: any role
 	// that may run pg_logical_emit_message (PUBLIC, unless revoked) could
@@ -112,14 +114,13 @@ type Endpoint struct {
 	// OwnSecrets: Secrets were set for this endpoint itself, not inherited.
 	OwnSecrets bool
 	Headers    map[string]string
-	Body       string
-	// URLTemplate and BodyTemplate are the parsed URL and body when they
-	// carry macros (nil otherwise).
-	URLTemplate  *macro.Template
-	BodyTemplate *macro.Template
-	Success      Success
-	RetryOn      []int
-	Ordered      bool
+	// Body is the body template as written (nil: the payload is the
+	// body); the URL and body are validated here and compiled where used,
+	// so that an Endpoint is data a reload or a table can replace whole.
+	Body    *string
+	Success Success
+	RetryOn []int
+	Ordered bool
 	// RedactPath: the URL path segments attempts record as ***.
 	RedactPath RedactPath
 	// AllowRowURL: rows may give their own url although the endpoint has
@@ -274,13 +275,13 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		return nil, keyErr("admin_tls_cert", "admin_tls_cert and admin_tls_key go together: set both or neither")
 	}
 	out.AdminTLSCert, out.AdminTLSKey = c.AdminTLSCert, c.AdminTLSKey
-	out.Guard = guard.Guard{AllowAll: c.AllowPrivateTargets}
+	out.AllowPrivateTargets = c.AllowPrivateTargets
 	for i, cidr := range c.AllowedCIDRs {
 		p, err := netip.ParsePrefix(cidr)
 		if err != nil {
 			return nil, keyErr(fmt.Sprintf("allowed_cidrs[%d]", i), "%q is not a CIDR such as 10.1.0.0/16", cidr)
 		}
-		out.Guard.Allowed = append(out.Guard.Allowed, p.Masked())
+		out.AllowedCIDRs = append(out.AllowedCIDRs, p.Masked())
 	}
 	for i, r := range c.OutboxMessageRoles {
 		if r == "" || slices.Contains(c.OutboxMessageRoles[:i], r) {
@@ -409,21 +410,18 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 			return ep, keyErr(key+".url", "%v", err)
 		}
 		ep.URL = *ec.URL
-		ep.URLTemplate = nil
 		if macro.Contains(ep.URL) {
-			t, err := macro.Parse(ep.URL, true)
-			if err != nil {
+			if _, err := macro.Parse(ep.URL, true); err != nil {
 				return ep, keyErr(key+".url", "%v", err)
 			}
-			ep.URLTemplate = &t
 		}
 	}
 	if ec.Body != nil {
-		t, err := macro.Parse(*ec.Body, false)
-		if err != nil {
+		if _, err := macro.Parse(*ec.Body, false); err != nil {
 			return ep, keyErr(key+".body", "%v", err)
 		}
-		ep.Body, ep.BodyTemplate = *ec.Body, &t
+		body := *ec.Body
+		ep.Body = &body
 	}
 	if ec.Method != nil {
 		m := strings.ToUpper(*ec.Method)

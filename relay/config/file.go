@@ -5,7 +5,8 @@
 //     it. Its Validate is pure and fast, and names the offending key.
 //   - Config is what a relay runs on: Resolve reads the secrets files,
 //     validates, and resolves every endpoint against the defaults, with
-//     durations as time.Duration and templates parsed.
+//     durations as time.Duration and templates validated (they are
+//     compiled where they are used).
 //
 // Each default is an exported …Default constant, here: the relay passes
 // the resolved values to the machinery (the stream, the dispatcher), which

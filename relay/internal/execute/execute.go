@@ -58,9 +58,9 @@ type Target struct {
 func Resolve(cfg *config.Config, ev Event) Target {
 	ep := cfg.Endpoint(ev.Endpoint)
 	t := Target{Endpoint: ep}
-	raw, tpl := ev.URL, (*macro.Template)(nil)
+	raw := ev.URL
 	if raw == "" {
-		raw, tpl = ep.URL, ep.URLTemplate
+		raw = ep.URL
 	}
 	vals := macro.Values{EventID: ev.EventID, EventType: ev.EventType, Endpoint: ev.Endpoint, CreatedAt: ev.CreatedAt, Payload: ev.Payload}
 	fail := func(code, format string, args ...any) Target {
@@ -96,10 +96,17 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	case len(ev.Payload) > int(cfg.MaxBody):
 		return fail(policy.ReasonPayloadTooLarge, "%d bytes is above max_body (%d)", len(ev.Payload), cfg.MaxBody)
 	}
-	if tpl == nil && macro.Contains(raw) {
-		parsed, err := macro.Parse(raw, true)
+	var tpl *macro.Template
+	if macro.Contains(raw) {
+		// The endpoint's own template is compiled once per source; a
+		// row's, for its event alone.
+		parse, whose := macro.Parse, "the row's url"
+		if ev.URL == "" {
+			parse, whose = compile, "the endpoint's url"
+		}
+		parsed, err := parse(raw, true)
 		if err != nil {
-			return fail(policy.ReasonTemplateError, "the row's url: %v", err)
+			return fail(policy.ReasonTemplateError, "%s: %v", whose, err)
 		}
 		tpl = &parsed
 	}
@@ -125,16 +132,20 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		return fail(policy.ReasonRowURLNotAllowed, "%s is not in %s.row_url_hosts", target.host, settingsKey(ep))
 	}
 	if target.addr.IsValid() {
-		if err := cfg.Guard.Check(target.addr); err != nil {
+		if err := Guard(cfg).Check(target.addr); err != nil {
 			return fail(policy.ReasonBlockedTarget, "%v", err)
 		}
 	}
 	if ep.Method != http.MethodGet {
 		t.Body = ev.Payload
-		if ep.BodyTemplate != nil {
-			expand := ep.BodyTemplate.ExpandJSON
+		if ep.Body != nil {
+			body, err := compile(*ep.Body, false)
+			if err != nil {
+				return fail(policy.ReasonTemplateError, "body: %v", err)
+			}
+			expand := body.ExpandJSON
 			if strings.HasPrefix(strings.ToLower(headerValue(ep.Headers, "Content-Type")), "application/x-www-form-urlencoded") {
-				expand = func(v macro.Values) (string, error) { return ep.BodyTemplate.ExpandBody(v, url.QueryEscape) }
+				expand = func(v macro.Values) (string, error) { return body.ExpandBody(v, url.QueryEscape) }
 			}
 			b, err := expand(vals)
 			if err != nil {

@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/guard"
 )
 
 // An event written with outbox.Emit resolves to a messages_off dead letter
@@ -16,7 +15,7 @@ import (
 // request once they are on; an outbox row is the same either way.
 func TestMessagesResolveOnlyWhenOn(t *testing.T) {
 	ep := config.Endpoint{Name: "own", Configured: true, URL: "http://127.0.0.1:8080/hook", Method: "POST"}
-	off := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, Guard: guard.Guard{AllowAll: true}}
+	off := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, AllowPrivateTargets: true}
 	on := *off
 	on.Messages = true
 	msg := Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`), Message: true}

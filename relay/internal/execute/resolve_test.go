@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/guard"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -20,7 +19,7 @@ func TestEndpointURLsPassTheCurrentGuard(t *testing.T) {
 	ep := config.Endpoint{Name: "own", Configured: true, URL: "http://10.0.0.8:8080/hook", Method: "POST"}
 	refusing := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}}
 	allowing := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep},
-		Guard: guard.Guard{Allowed: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}}
+		AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
 	ev := Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`)}
 	for range 2 {
 		t1 := Resolve(refusing, ev)
@@ -33,7 +32,7 @@ func TestEndpointURLsPassTheCurrentGuard(t *testing.T) {
 
 	// A row's URL is recorded without its query string and user info.
 	row := config.Endpoint{Name: "rows", Configured: true, Method: "GET"}
-	cfg0 := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"rows": row}, Guard: guard.Guard{AllowAll: true}}
+	cfg0 := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"rows": row}, AllowPrivateTargets: true}
 	got := Resolve(cfg0, Event{EventID: "e", Endpoint: "rows", URL: "https://u:p@pb.example/x?click_id=c1#f", Payload: []byte(`{}`)})
 	require.Empty(t, got.Reason)
 	require.Equal(t, "https://pb.example/x", got.Recorded)
@@ -216,7 +215,7 @@ endpoints:
 // bytes, as a row or as the cut name a replay reads back, is an invalid
 // row, even with a URL of its own; one of exactly the limit is not.
 func TestOverlongEndpointNameIsRefused(t *testing.T) {
-	cfg := &config.Config{MaxBody: 1 << 20, Guard: guard.Guard{AllowAll: true}}
+	cfg := &config.Config{MaxBody: 1 << 20, AllowPrivateTargets: true}
 	for _, name := range []string{strings.Repeat("a", store.MaxEndpointLen+1), store.StoredEndpoint(strings.Repeat("é", 500))} {
 		got := Resolve(cfg, Event{EventID: "e", Endpoint: name, URL: "https://pb.example/x", Payload: []byte(`{}`)})
 		require.True(t, strings.HasPrefix(got.Reason, "invalid_row: the endpoint name is "), got.Reason)

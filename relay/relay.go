@@ -101,7 +101,7 @@ type services struct {
 	recorder *record.Recorder     // the recording loop
 	claimer  *claim.Claimer       // the claim loop and the LISTEN loop
 	ingest   *ingest.Supervisor   // the stream loop and each session's lease keeper, ingester and reconciler
-	maint    *maintain.Maintainer // heartbeat, telemetry and secrets loops
+	maint    *maintain.Maintainer // the maintenance services, one duty each
 }
 
 // New returns a Relay for cfg, a resolved configuration (config.Load,

@@ -599,7 +599,3 @@ func (r *Relay) AdminAddr() string {
 	}
 	return ""
 }
-
-// Burst is how many events a rate may send at once: one second's worth,
-// at least one, at most the rate's own count.
-func Burst(rate config.Rate) float64 { return protect.Burst(rate) }

@@ -16,7 +16,10 @@
 //	                        it until idle for 5 s
 //	internal/ingest         the stream loop; per session the lease keeper,
 //	                        the ingester and the reconciler
-//	internal/maintain       heartbeat, telemetry, secrets watcher
+//	internal/maintain       one loop per duty: heartbeat, rescuer,
+//	                        outbox purger, telemetry, percentiles,
+//	                        retention, idle lanes, walsender watch,
+//	                        secrets watcher
 //
 // internal/protect (breakers, pauses, rate limits) and internal/execute
 // (one attempt) own none: the dispatcher's goroutines run them. Services

@@ -102,7 +102,7 @@ type services struct {
 	recorder *record.Recorder     // the recording loop
 	claimer  *claim.Claimer       // the claim loop and the LISTEN loop
 	ingest   *ingest.Supervisor   // the stream loop and each session's lease keeper, ingester and reconciler
-	maint    *maintain.Maintainer // heartbeat, telemetry and secrets loops
+	maint    *maintain.Maintainer // the maintenance services, one duty each
 }
 
 // New returns a Relay for cfg, a resolved configuration (config.Load,
@@ -600,7 +600,3 @@ func (r *Relay) AdminAddr() string {
 	}
 	return ""
 }
-
-// Burst is how many events a rate may send at once: one second's worth,
-// at least one, at most the rate's own count.
-func Burst(rate config.Rate) float64 { return protect.Burst(rate) }

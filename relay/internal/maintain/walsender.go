@@ -1,38 +1,68 @@
 package maintain
 
 import (
+	"context"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/postbox-relay/postbox/internal/proc"
+	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+)
+
+// Walsender watch cadence.
+const (
+	// WalsenderFirstDefault is when the walsender is first read after
+	// start; WalsenderIntervalDefault how often after that.
+	WalsenderFirstDefault    = time.Second
+	WalsenderIntervalDefault = 15 * time.Second
 )
 
 // Thresholds of walsenderWatch.
 const (
 	// walsenderStarvedReadings is how many readings in a row must find
-	// the walsender starved before a warning: a minute at the telemetry
-	// loop's cadence, so that a burst does not warn.
+	// the walsender starved before a warning: a minute at
+	// WalsenderIntervalDefault, so that a burst does not warn.
 	walsenderStarvedReadings = 4
 	// walsenderWarnEvery is how often a warning is repeated while the
 	// walsender stays starved.
 	walsenderWarnEvery = time.Hour
 )
 
-// walsenderWatch reads, at each turn of the telemetry loop, the CPU of the
-// walsender streaming this instance's session where it runs on this
-// machine, and warns when it was starved (wal.Starved) for a minute: the
-// database's CPUs are saturated, and committed rows reach postbox late
-// for it, which no setting of postbox's delivery changes. It says so once
-// again when the walsender keeps up. It is the telemetry loop's alone.
+// walsenderWatch reads, every interval, the CPU of the walsender streaming
+// this instance's session where it runs on this machine, and warns when it
+// was starved (wal.Starved) for a minute: the database's CPUs are
+// saturated, and committed rows reach postbox late for it, which no
+// setting of postbox's delivery changes. It says so once again when the
+// walsender keeps up.
 type walsenderWatch struct {
+	periodic
+	env *service.Env
+	log zerolog.Logger
+	cpu func() (pid int, c proc.CPU, ok bool)
+
+	// The readings, the loop's alone.
 	pid      int
 	prev     proc.CPU
 	prevAt   time.Time
 	starved  int // readings in a row that found it starved
 	warnedAt time.Time
 	warned   bool // a warning stands, not yet followed by a recovery
+}
+
+func newWalsenderWatch(env *service.Env, cpu func() (int, proc.CPU, bool)) *walsenderWatch {
+	w := &walsenderWatch{env: env, log: env.Logger("maintain"), cpu: cpu}
+	w.first, w.interval = WalsenderFirstDefault, WalsenderIntervalDefault
+	return w
+}
+
+// Start runs the watch.
+func (w *walsenderWatch) Start(ctx context.Context) error {
+	return w.start(ctx, func(context.Context) {
+		pid, c, ok := w.cpu()
+		w.observe(w.log, pid, c, ok, w.env.Config().CPUBatch, time.Now())
+	})
 }
 
 // walsenderVerdict is what one reading calls for.

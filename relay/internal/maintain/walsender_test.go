@@ -2,6 +2,7 @@ package maintain
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -100,4 +101,23 @@ func TestWalsenderWatchLogsTheFix(t *testing.T) {
 		require.Contains(t, lines[0], `"pid":42`)
 		require.Contains(t, lines[0], tc.fix)
 	}
+}
+
+// The watch, running, reads the walsender every interval and warns once it
+// was starved for its number of readings.
+func TestWalsenderWatchWarnsWhileRunning(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, nil)
+	var c proc.CPU
+	w := newWalsenderWatch(tb.env, func() (int, proc.CPU, bool) {
+		c.Ran += 3 * time.Second
+		c.Waited += 4 * time.Second
+		return 42, c, true
+	})
+	require.Equal(t, WalsenderFirstDefault, w.first)
+	require.Equal(t, WalsenderIntervalDefault, w.interval)
+	w.first, w.interval = 0, time.Millisecond
+	require.NoError(t, w.Start(context.Background()))
+	defer w.Stop()
+	require.Eventually(t, func() bool { return strings.Contains(tb.log.String(), "WALSENDER STARVED") }, wait, tick)
 }

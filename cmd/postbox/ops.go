@@ -490,11 +490,12 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitUsage
 	}
 	if *fromLSN != "" {
-		var err error
-		if f.FromLSN, err = pglogrepl.ParseLSN(*fromLSN); err != nil {
+		lsn, err := pglogrepl.ParseLSN(*fromLSN)
+		if err != nil {
 			fmt.Fprintln(stderr, "postbox: --from-lsn: want a WAL position such as 0/16B3748")
 			return exitUsage
 		}
+		f.FromLSN = uint64(lsn)
 	}
 	f.EventIDs = ids
 	if !f.DeadLetters && f.Endpoint == "" && f.Since.IsZero() && f.Until.IsZero() && f.FromLSN == 0 && len(ids) == 0 {

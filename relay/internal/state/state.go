@@ -7,46 +7,33 @@ package state
 import (
 	"strconv"
 	"time"
+
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-// Delivery is a delivery's state, as postbox.deliveries.status stores it.
-type Delivery string
+// The delivery and breaker states live in postboxtype, the public words;
+// these names stand in for them until every package uses those.
+type (
+	Delivery = postboxtype.DeliveryState
+	Breaker  = postboxtype.BreakerState
+)
 
-// Delivery states.
 const (
-	Pending    Delivery = "pending"
-	InFlight   Delivery = "in_flight"
-	Delivered  Delivery = "delivered"
-	Failed     Delivery = "failed"
-	DeadLetter Delivery = "dead_letter"
-	// Replayed is a dead letter a replay has superseded with a new
-	// delivery (whose replay_of points at it).
-	Replayed Delivery = "replayed"
-	// Released is not stored: a result with it returns a claimed delivery
-	// to the queue without counting an attempt.
-	Released Delivery = "released"
+	Pending         = postboxtype.DeliveryPending
+	InFlight        = postboxtype.DeliveryInFlight
+	Delivered       = postboxtype.DeliveryDelivered
+	Failed          = postboxtype.DeliveryFailed
+	DeadLetter      = postboxtype.DeliveryDeadLetter
+	Replayed        = postboxtype.DeliveryReplayed
+	BreakerClosed   = postboxtype.BreakerClosed
+	BreakerOpen     = postboxtype.BreakerOpen
+	BreakerHalfOpen = postboxtype.BreakerHalfOpen
 )
 
-func (d Delivery) String() string { return string(d) }
-
-// Queued reports whether a delivery in state d is still to be attempted
-// (waiting, in flight, or waiting to retry).
-func (d Delivery) Queued() bool {
-	return d == Pending || d == InFlight || d == Failed
-}
-
-// Breaker is an endpoint's circuit breaker state, as
-// postbox.endpoint_health.state stores it.
-type Breaker string
-
-// Breaker states.
-const (
-	BreakerClosed   Breaker = "closed"
-	BreakerOpen     Breaker = "open"
-	BreakerHalfOpen Breaker = "half_open"
-)
-
-func (b Breaker) String() string { return string(b) }
+// Released is not stored: a result with it returns a claimed delivery to
+// the queue without counting an attempt. Only the dispatcher and the
+// recorder see it, so it stays out of the public words.
+const Released postboxtype.DeliveryState = "released"
 
 // Signal is what an attempt says about its endpoint's health.
 type Signal int

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Health is an endpoint's row in postbox.endpoint_health: its circuit
@@ -332,10 +333,9 @@ func (s *Store) TakeTokens(ctx context.Context, endpoint string, want int, perSe
 	return granted, wait, nil
 }
 
-// PauseIndefinite is paused_until for a pause without an end: one that
-// lasts until it is resumed. A date rather than 'infinity', which time.Time
-// cannot hold.
-var PauseIndefinite = time.Date(9999, time.January, 1, 0, 0, 0, 0, time.UTC)
+// PauseIndefinite stands in for postboxtype.PauseIndefinite until every
+// package uses that.
+var PauseIndefinite = postboxtype.PauseIndefinite
 
 // Pause holds endpoint's deliveries until until (PauseIndefinite when
 // zero), on every instance: claims skip the endpoint and attempts already

@@ -8,39 +8,15 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-// ReplayFilter selects events to deliver again. Zero fields do not filter.
-type ReplayFilter struct {
-	// DeadLetters selects only events whose latest delivery is a dead letter.
-	DeadLetters bool
-	Endpoint    string
-	// Since and Until bound the events' commit time (their ingest time
-	// when the commit time is unknown).
-	Since, Until time.Time
-	// FromLSN selects events committed at or after this WAL position.
-	FromLSN  pglogrepl.LSN
-	EventIDs []string
-	// Limit caps how many events one replay enqueues (0: no cap).
-	Limit int
-	// NoMessages leaves out events written with outbox.Emit (outbox_messages
-	// is off): selected, marked MessagesOff, not enqueued.
-	NoMessages bool
-}
-
-// ReplayItem is an event a replay selects.
-type ReplayItem struct {
-	EventID    string         `json:"event_id"`
-	Endpoint   string         `json:"endpoint"`
-	EventType  string         `json:"event_type"`
-	CommitLSN  string         `json:"commit_lsn,omitempty"`
-	Committed  time.Time      `json:"committed_at"`
-	LastStatus state.Delivery `json:"last_status"` // of its latest delivery; "" when it has none
-	Queued     bool           `json:"already_queued"`
-	// MessagesOff: written with outbox.Emit and left out (NoMessages).
-	MessagesOff bool `json:"messages_off,omitempty"`
-}
+// ReplayFilter and ReplayItem stand in for the public words until every
+// package uses those.
+type (
+	ReplayFilter = postboxtype.ReplayFilter
+	ReplayItem   = postboxtype.ReplayItem
+)
 
 // replayCandidatesSQL selects the events of a replay with their latest
 // delivery, leaving out those whose payload was too large to store. $1 dead letters only, $2 endpoint, $3 since, $4 until, $5 from
@@ -79,7 +55,7 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 	}
 	var lsn *string
 	if f.FromLSN != 0 {
-		l := f.FromLSN.String()
+		l := pglogrepl.LSN(f.FromLSN).String()
 		lsn = &l
 	}
 	ids := f.EventIDs

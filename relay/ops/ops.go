@@ -12,13 +12,14 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // ReplayFilter selects the events a replay enqueues again.
-type ReplayFilter = store.ReplayFilter
+type ReplayFilter = postboxtype.ReplayFilter
 
 // ReplayItem is one selected event.
-type ReplayItem = store.ReplayItem
+type ReplayItem = postboxtype.ReplayItem
 
 // Replay enqueues a new delivery for each event f selects (keeping its
 // event id, so receivers still deduplicate), spread out at rate events a
@@ -34,7 +35,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f Repla
 
 // PauseIndefinite is the paused_until of a pause without an end (Pause
 // with a zero until): it lasts until Resume.
-var PauseIndefinite = store.PauseIndefinite
+var PauseIndefinite = postboxtype.PauseIndefinite
 
 // Pause holds endpoint's deliveries until until, or until Resume when until
 // is zero, on every instance. Nothing is dropped: its events are ingested

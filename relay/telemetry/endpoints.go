@@ -8,8 +8,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Window is the rolling window of the latency percentiles.
@@ -281,11 +281,11 @@ func roundMS(vs ...*float64) {
 
 // BreakerState is an endpoint's circuit breaker state, as the State
 // fields report it.
-type BreakerState = state.Breaker
+type BreakerState = postboxtype.BreakerState
 
 // Circuit breaker states, as the State fields report them.
 const (
-	BreakerClosed   = state.BreakerClosed
-	BreakerOpen     = state.BreakerOpen
-	BreakerHalfOpen = state.BreakerHalfOpen
+	BreakerClosed   = postboxtype.BreakerClosed
+	BreakerOpen     = postboxtype.BreakerOpen
+	BreakerHalfOpen = postboxtype.BreakerHalfOpen
 )

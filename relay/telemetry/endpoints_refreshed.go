@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // EndpointQueuesSQL counts the unfinished and dead-lettered deliveries per
@@ -58,7 +59,7 @@ func LoadEndpointsRefreshed(ctx context.Context, q store.Querier, endpoint strin
 		if !ok {
 			i = len(out)
 			at[name] = i
-			out = append(out, EndpointStats{Endpoint: name, State: BreakerClosed})
+			out = append(out, EndpointStats{Endpoint: name, State: postboxtype.BreakerClosed})
 		}
 		switch status {
 		case "pending":

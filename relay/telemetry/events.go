@@ -10,8 +10,8 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Event search limits.
@@ -36,8 +36,8 @@ var (
 
 // EventStatuses are the delivery states a search can filter by.
 var EventStatuses = []string{
-	string(state.Pending), string(state.InFlight), string(state.Failed),
-	string(state.Delivered), string(state.DeadLetter), string(state.Replayed),
+	string(postboxtype.DeliveryPending), string(postboxtype.DeliveryInFlight), string(postboxtype.DeliveryFailed),
+	string(postboxtype.DeliveryDelivered), string(postboxtype.DeliveryDeadLetter), string(postboxtype.DeliveryReplayed),
 }
 
 // EventFilter selects events. Zero fields do not filter.
@@ -191,7 +191,7 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 			narrow = " AND d.endpoint = " + endpoint
 		}
 		cond := fmt.Sprintf(latestStatusSQL, arg(f.Status), narrow)
-		if f.Status == string(state.InFlight) {
+		if f.Status == string(postboxtype.DeliveryInFlight) {
 			cond = "(" + cond + " OR " + underWaySQL + ")"
 		}
 		conds = append(conds, cond)

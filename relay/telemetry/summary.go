@@ -14,9 +14,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Slot is the replication slot as the summary reports it.
@@ -31,13 +31,13 @@ type Slot struct {
 
 // Breaker is an endpoint held back by its breaker or a pause.
 type Breaker struct {
-	Endpoint            string       `json:"endpoint"`
-	State               BreakerState `json:"state"`
-	ConsecutiveFailures int          `json:"consecutive_failures"`
-	OpenedAt            *time.Time   `json:"opened_at,omitempty"`
-	ReopensAt           *time.Time   `json:"reopens_at,omitempty"`
-	PausedUntil         *time.Time   `json:"paused_until,omitempty"`
-	LastError           string       `json:"last_error,omitempty"`
+	Endpoint            string                   `json:"endpoint"`
+	State               postboxtype.BreakerState `json:"state"`
+	ConsecutiveFailures int                      `json:"consecutive_failures"`
+	OpenedAt            *time.Time               `json:"opened_at,omitempty"`
+	ReopensAt           *time.Time               `json:"reopens_at,omitempty"`
+	PausedUntil         *time.Time               `json:"paused_until,omitempty"`
+	LastError           string                   `json:"last_error,omitempty"`
 }
 
 // Instance is a registered postbox.
@@ -188,7 +188,7 @@ func loadSummary(ctx context.Context, q store.Querier, slotName string, delivery
 		if paused != nil && paused.After(s.At) {
 			b.PausedUntil = paused
 		}
-		if b.State == state.BreakerClosed {
+		if b.State == postboxtype.BreakerClosed {
 			b.OpenedAt, b.ReopensAt = nil, nil
 		}
 		s.Breakers = append(s.Breakers, b)

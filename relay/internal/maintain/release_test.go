@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -42,8 +42,8 @@ func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
 	ic, err := s.AcquireIngest(ctx, "ingest")
 	require.NoError(t, err)
 	_, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
-		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
+		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending},
+		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending},
 	}, false)
 	require.NoError(t, err)
 	require.NoError(t, ic.Commit(ctx, 0, false))
@@ -97,7 +97,7 @@ func TestAPurgeGoesOnWhereTheLastStopped(t *testing.T) {
 	for rows.Next() {
 		var id string
 		require.NoError(t, rows.Scan(&id))
-		evs = append(evs, store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending})
+		evs = append(evs, store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending})
 	}
 	require.NoError(t, rows.Err())
 	ic, err := s.AcquireIngest(ctx, "ingest")

@@ -17,7 +17,7 @@ import (
 // breaker, its streaks, a receiver's pause, and its latency statistics.
 type Health struct {
 	Endpoint            string
-	State               state.Breaker
+	State               postboxtype.BreakerState
 	ConsecutiveFailures int
 	FailureThreshold    int // the threshold in force (halved for a slow endpoint)
 	Cooldown            time.Duration
@@ -91,7 +91,7 @@ var errHealthChanged = errors.New("endpoint health changed: record again with it
 // a delivery: the healthy endpoint's usual batch.
 func allSucceeded(rs []state.Result) bool {
 	for _, r := range rs {
-		if r.Signal != state.SignalSuccess || r.Status != state.Delivered || r.Pause > 0 {
+		if r.Signal != state.SignalSuccess || r.Status != postboxtype.DeliveryDelivered || r.Pause > 0 {
 			return false
 		}
 	}
@@ -139,7 +139,7 @@ func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, l
 	for _, name := range locking {
 		cur, ok := locked[name]
 		if !ok {
-			cur = Health{Endpoint: name, State: state.BreakerClosed}
+			cur = Health{Endpoint: name, State: postboxtype.BreakerClosed}
 		}
 		written = append(written, HealthChange{Old: cur, New: apply(cur, byEndpoint[name])})
 	}

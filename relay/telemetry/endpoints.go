@@ -18,22 +18,22 @@ const Window = 24 * time.Hour
 // EndpointStats is one endpoint's state, latency over the rolling window,
 // and queue. Field names follow the seed's columns.
 type EndpointStats struct {
-	Endpoint            string       `json:"endpoint"`
-	State               BreakerState `json:"state"`
-	P50MS               *float64     `json:"p50_ms"`
-	P95MS               *float64     `json:"p95_ms"`
-	P99MS               *float64     `json:"p99_ms"`
-	SampleCount         int64        `json:"sample_count"`
-	ConsecutiveFailures int          `json:"consecutive_failures"`
-	Pending             int64        `json:"pending"`
-	AwaitingRetry       int64        `json:"awaiting_retry"`
-	InFlight            int64        `json:"in_flight"`
-	DeadLetter          int64        `json:"dead_letter"`
-	LastSuccessAt       *time.Time   `json:"last_success_at"`
-	LastFailureAt       *time.Time   `json:"last_failure_at"`
-	LastError           string       `json:"last_error"`
-	LastStatusCode      *int         `json:"last_status_code"`
-	PausedUntil         *time.Time   `json:"paused_until,omitempty"`
+	Endpoint            string                   `json:"endpoint"`
+	State               postboxtype.BreakerState `json:"state"`
+	P50MS               *float64                 `json:"p50_ms"`
+	P95MS               *float64                 `json:"p95_ms"`
+	P99MS               *float64                 `json:"p99_ms"`
+	SampleCount         int64                    `json:"sample_count"`
+	ConsecutiveFailures int                      `json:"consecutive_failures"`
+	Pending             int64                    `json:"pending"`
+	AwaitingRetry       int64                    `json:"awaiting_retry"`
+	InFlight            int64                    `json:"in_flight"`
+	DeadLetter          int64                    `json:"dead_letter"`
+	LastSuccessAt       *time.Time               `json:"last_success_at"`
+	LastFailureAt       *time.Time               `json:"last_failure_at"`
+	LastError           string                   `json:"last_error"`
+	LastStatusCode      *int                     `json:"last_status_code"`
+	PausedUntil         *time.Time               `json:"paused_until,omitempty"`
 }
 
 // ExactSamples is how many samples an endpoint may have in the window and
@@ -278,14 +278,3 @@ func roundMS(vs ...*float64) {
 		}
 	}
 }
-
-// BreakerState is an endpoint's circuit breaker state, as the State
-// fields report it.
-type BreakerState = postboxtype.BreakerState
-
-// Circuit breaker states, as the State fields report them.
-const (
-	BreakerClosed   = postboxtype.BreakerClosed
-	BreakerOpen     = postboxtype.BreakerOpen
-	BreakerHalfOpen = postboxtype.BreakerHalfOpen
-)

@@ -1,7 +1,8 @@
 // Package state holds the words the dispatcher, the store and the services
-// share: a delivery's state, a circuit breaker's state, what an attempt says
-// about its endpoint's health, and the result of an attempt. It imports
-// nothing of postbox, so any package can use it without importing another.
+// share but nobody outside the relay sees: what an attempt says about its
+// endpoint's health, and the result of an attempt. The delivery and breaker
+// states themselves are public words, in postboxtype; state imports nothing
+// else of postbox, so any package can use it without importing another.
 package state
 
 import (
@@ -9,25 +10,6 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/postboxtype"
-)
-
-// The delivery and breaker states live in postboxtype, the public words;
-// these names stand in for them until every package uses those.
-type (
-	Delivery = postboxtype.DeliveryState
-	Breaker  = postboxtype.BreakerState
-)
-
-const (
-	Pending         = postboxtype.DeliveryPending
-	InFlight        = postboxtype.DeliveryInFlight
-	Delivered       = postboxtype.DeliveryDelivered
-	Failed          = postboxtype.DeliveryFailed
-	DeadLetter      = postboxtype.DeliveryDeadLetter
-	Replayed        = postboxtype.DeliveryReplayed
-	BreakerClosed   = postboxtype.BreakerClosed
-	BreakerOpen     = postboxtype.BreakerOpen
-	BreakerHalfOpen = postboxtype.BreakerHalfOpen
 )
 
 // Released is not stored: a result with it returns a claimed delivery to
@@ -72,9 +54,9 @@ type Result struct {
 	// Lane is the delivery's lane when it is not its endpoint's own (see
 	// dispatch.Job): its breaker and pause are the lane's.
 	Lane string
-	// Status is Delivered, Failed (retry after Delay), DeadLetter, or
+	// Status is delivered, failed (retry after Delay), dead_letter, or
 	// Released (back to the queue after Delay, no attempt counted).
-	Status Delivery
+	Status postboxtype.DeliveryState
 	Delay  time.Duration
 	// Attempted counts toward max_attempts and sets last_error and the
 	// other last_* columns.

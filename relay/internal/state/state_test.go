@@ -6,25 +6,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
-	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-func TestDeliveryQueued(t *testing.T) {
+func TestReleasedNotQueued(t *testing.T) {
 	t.Parallel()
 
-	for d, queued := range map[postboxtype.DeliveryState]bool{
-		postboxtype.DeliveryPending: true, postboxtype.DeliveryInFlight: true, postboxtype.DeliveryFailed: true,
-		postboxtype.DeliveryDelivered: false, postboxtype.DeliveryDeadLetter: false, postboxtype.DeliveryReplayed: false, state.Released: false, "": false,
-	} {
-		require.Equal(t, queued, d.Queued(), "%q", d)
-	}
+	require.False(t, state.Released.Queued())
 }
 
 func TestStrings(t *testing.T) {
 	t.Parallel()
 
-	require.Equal(t, "dead_letter", postboxtype.DeliveryDeadLetter.String())
-	require.Equal(t, "half_open", postboxtype.BreakerHalfOpen.String())
 	require.Equal(t, "failure", state.SignalFailure.String())
 	require.Equal(t, "signal(7)", state.Signal(7).String())
 }

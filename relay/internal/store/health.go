@@ -333,18 +333,14 @@ func (s *Store) TakeTokens(ctx context.Context, endpoint string, want int, perSe
 	return granted, wait, nil
 }
 
-// PauseIndefinite stands in for postboxtype.PauseIndefinite until every
-// package uses that.
-var PauseIndefinite = postboxtype.PauseIndefinite
-
-// Pause holds endpoint's deliveries until until (PauseIndefinite when
+// Pause holds endpoint's deliveries until until (postboxtype.PauseIndefinite when
 // zero), on every instance: claims skip the endpoint and attempts already
 // claimed go back to the queue unspent. It replaces any pause the endpoint
 // has, longer or shorter; a receiver's Retry-After later only extends it
 // (see protect.Apply). Instances hear of it at once (NOTIFY).
 func (s *Store) Pause(ctx context.Context, endpoint string, until time.Time) error {
 	if until.IsZero() {
-		until = PauseIndefinite
+		until = postboxtype.PauseIndefinite
 	}
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `

@@ -11,13 +11,6 @@ import (
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-// ReplayFilter and ReplayItem stand in for the public words until every
-// package uses those.
-type (
-	ReplayFilter = postboxtype.ReplayFilter
-	ReplayItem   = postboxtype.ReplayItem
-)
-
 // replayCandidatesSQL selects the events of a replay with their latest
 // delivery, leaving out those whose payload was too large to store. $1 dead letters only, $2 endpoint, $3 since, $4 until, $5 from
 // LSN, $6 event ids, $7 limit.
@@ -45,7 +38,7 @@ LIMIT CASE WHEN $7 > 0 THEN $7 END`
 // spread out at that many a second, to trickle a large replay. Replays
 // read postbox's event log, so they work after the slot has moved on, for
 // as long as event_retention keeps the events.
-func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate float64) ([]ReplayItem, int, error) {
+func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun bool, rate float64) ([]postboxtype.ReplayItem, int, error) {
 	var since, until *time.Time
 	if !f.Since.IsZero() {
 		since = &f.Since
@@ -62,7 +55,7 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 	if ids == nil {
 		ids = []string{}
 	}
-	var items []ReplayItem
+	var items []postboxtype.ReplayItem
 	enqueued := 0
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, replayCandidatesSQL, f.DeadLetters, f.Endpoint, since, until, lsn, ids, f.Limit)
@@ -72,7 +65,7 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 		var pks, lastIDs []int64
 		var endpoints []string
 		for rows.Next() {
-			var it ReplayItem
+			var it postboxtype.ReplayItem
 			var pk int64
 			var last *int64
 			var message bool

@@ -9,20 +9,6 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
-// DeadLetter is one dead-lettered delivery.
-type DeadLetter struct {
-	DeliveryID     int64     `json:"delivery_id"`
-	EventID        string    `json:"event_id"`
-	Endpoint       string    `json:"endpoint"`
-	EventType      string    `json:"event_type"`
-	AttemptCount   int       `json:"attempt_count"`
-	LastError      string    `json:"last_error"`
-	LastStatusCode *int      `json:"last_status_code"`
-	CreatedAt      time.Time `json:"created_at"`
-	DeadAt         time.Time `json:"dead_at"`
-	CommitLSN      string    `json:"commit_lsn,omitempty"`
-}
-
 // ListDeadLetters returns dead letters since since (newest first), of one
 // endpoint when endpoint is set, at most limit.
 func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time, limit int) ([]DeadLetter, error) {

@@ -40,6 +40,17 @@ var EventStatuses = []string{
 	string(postboxtype.DeliveryDelivered), string(postboxtype.DeliveryDeadLetter), string(postboxtype.DeliveryReplayed),
 }
 
+// The event, delivery and attempt rows stand in for postboxtype's until
+// every package uses those.
+type (
+	EventSummary  = postboxtype.EventSummary
+	EventStory    = postboxtype.EventStory
+	DeliveryStory = postboxtype.DeliveryStory
+	AttemptRecord = postboxtype.AttemptRecord
+	AttemptRow    = postboxtype.AttemptRow
+	DeadLetter    = postboxtype.DeadLetter
+)
+
 // EventFilter selects events. Zero fields do not filter.
 type EventFilter struct {
 	Endpoint string
@@ -55,18 +66,6 @@ type EventFilter struct {
 	// Limit caps the answer: EventLimitDefault when 0, at most
 	// EventLimitMax.
 	Limit int
-}
-
-// EventSummary is one event found by SearchEvents.
-type EventSummary struct {
-	EventID   string `json:"event_id"`
-	Endpoint  string `json:"endpoint"`
-	EventType string `json:"event_type"`
-	// Status is its latest delivery's state.
-	Status string `json:"status"`
-	// Attempts counts the attempts of all its deliveries (a replay's too).
-	Attempts    int        `json:"attempts"`
-	CommittedAt *time.Time `json:"committed_at"`
 }
 
 // CheckSearchKeys returns an error wrapping ErrSearchKeyNotConfigured when
@@ -256,57 +255,6 @@ func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]EventS
 	return out, nil
 }
 
-// EventStory is everything postbox knows of one event for one endpoint:
-// its commit, its ingest, and every delivery (a replay adds one) with every
-// attempt.
-type EventStory struct {
-	EventID     string          `json:"event_id"`
-	Endpoint    string          `json:"endpoint"`
-	EventType   string          `json:"event_type"`
-	CommitLSN   string          `json:"commit_lsn"` // "" when found by reconciliation
-	CommittedAt *time.Time      `json:"committed_at"`
-	CreatedAt   time.Time       `json:"created_at"`
-	IngestedAt  time.Time       `json:"ingested_at"`
-	Deliveries  []DeliveryStory `json:"deliveries"`
-	// UnderWayAt is the instance whose memory holds the event in flight
-	// while its delivery is not written yet (an event under way: its
-	// first attempt's outcome writes it).
-	UnderWayAt string `json:"under_way_at,omitempty"`
-}
-
-// DeliveryStory is one delivery of an event and its attempts.
-type DeliveryStory struct {
-	ID     int64  `json:"id"`
-	Status string `json:"status"`
-	// ReplayOf is the delivery this one replays.
-	ReplayOf    *int64          `json:"replay_of,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
-	DeliveredAt *time.Time      `json:"delivered_at"`
-	LastError   string          `json:"last_error"`
-	Attempts    []AttemptRecord `json:"attempts"`
-}
-
-// AttemptRecord is one HTTP attempt, as postbox.attempts keeps it.
-type AttemptRecord struct {
-	// Attempt is the delivery's attempt number, from 1 (0: unknown, for
-	// samples carried over from before attempts were kept).
-	Attempt    int       `json:"attempt"`
-	StartedAt  time.Time `json:"started_at"`
-	StatusCode *int      `json:"status_code"` // nil when no response came
-	DurationMS float64   `json:"duration_ms"`
-	Error      string    `json:"error"`
-	ErrorClass string    `json:"error_class"`
-	// Response is the start of the response body, redacted.
-	Response string `json:"response"`
-	// ResponseHidden: the CLI left Response out because log_payloads is
-	// off (a partner's body may echo the payload).
-	ResponseHidden bool `json:"response_hidden,omitempty"`
-	// Target is where it went: scheme://host/path, never the query.
-	Target   string `json:"target"`
-	Instance string `json:"instance"`
-}
-
 // canonicalUUID returns s as PostgreSQL's canonical text of a uuid, or
 // false when s is not one (hyphens anywhere and braces around are
 // accepted, as PostgreSQL does).
@@ -418,7 +366,7 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 	for rows.Next() {
 		var a AttemptRecord
 		var deliveryID int64
-		if err := rows.Scan(append([]any{&deliveryID}, a.scanTargets()...)...); err != nil {
+		if err := rows.Scan(append([]any{&deliveryID}, attemptScanTargets(&a)...)...); err != nil {
 			return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 		}
 		roundMS(&a.DurationMS)
@@ -472,22 +420,12 @@ SELECT id AS delivery_id, endpoint, 1 AS attempt, delivered_at - last_response_m
 FROM postbox.deliveries WHERE status = 'delivered' AND attempted_by IS NOT NULL`
 
 // attemptColumns are an AttemptRecord's columns of postbox.attempts a, in
-// scanTargets order.
+// attemptScanTargets order.
 const attemptColumns = `a.attempt, a.started_at, a.status_code, a.duration_ms::float8, coalesce(a.error, ''),
        coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance`
 
-func (a *AttemptRecord) scanTargets() []any {
+func attemptScanTargets(a *AttemptRecord) []any {
 	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance}
-}
-
-// AttemptRow is an attempt with the delivery and event it was made for.
-type AttemptRow struct {
-	AttemptRecord
-	// EventID is "" for samples carried over from before attempts were
-	// kept, and for attempts whose delivery has been purged.
-	EventID    string `json:"event_id"`
-	Endpoint   string `json:"endpoint"`
-	DeliveryID int64  `json:"delivery_id"` // 0 when unknown
 }
 
 // recentAttemptsSQL is RecentAttempts' statement: the newest $2 of
@@ -525,7 +463,7 @@ func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit
 	out := []AttemptRow{}
 	for rows.Next() {
 		var a AttemptRow
-		if err := rows.Scan(append([]any{&a.DeliveryID, &a.Endpoint, &a.EventID}, a.scanTargets()...)...); err != nil {
+		if err := rows.Scan(append([]any{&a.DeliveryID, &a.Endpoint, &a.EventID}, attemptScanTargets(&a.AttemptRecord)...)...); err != nil {
 			return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
 		}
 		roundMS(&a.DurationMS)

@@ -433,7 +433,7 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if env.json {
 		if dls == nil {
-			dls = []telemetry.DeadLetter{}
+			dls = []postboxtype.DeadLetter{}
 		}
 		env.printJSON(map[string]any{"since": since.UTC(), "dead_letters": dls})
 		return exitOK

@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // ListDeadLetters returns dead letters since since (newest first), of one
 // endpoint when endpoint is set, at most limit.
-func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time, limit int) ([]DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time, limit int) ([]postboxtype.DeadLetter, error) {
 	rows, err := q.Query(ctx, `
 		SELECT d.id, e.event_id::text, d.endpoint, e.event_type, d.attempt_count, coalesce(d.last_error, ''),
 		       d.last_status_code, d.created_at, d.updated_at, coalesce(e.commit_lsn::text, '')
@@ -22,9 +23,9 @@ func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, sinc
 		return nil, fmt.Errorf("dead letters: %w", err)
 	}
 	defer rows.Close()
-	var out []DeadLetter
+	var out []postboxtype.DeadLetter
 	for rows.Next() {
-		var d DeadLetter
+		var d postboxtype.DeadLetter
 		if err := rows.Scan(&d.DeliveryID, &d.EventID, &d.Endpoint, &d.EventType, &d.AttemptCount, &d.LastError,
 			&d.LastStatusCode, &d.CreatedAt, &d.DeadAt, &d.CommitLSN); err != nil {
 			return nil, fmt.Errorf("dead letters: %w", err)

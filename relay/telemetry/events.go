@@ -224,12 +224,12 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 // time, by ingest time when the commit is unknown). It returns an error
 // wrapping ErrUnknownStatus for a status no delivery has; check payload
 // keys against the configuration with CheckSearchKeys first.
-func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]EventSummary, error) {
+func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]postboxtype.EventSummary, error) {
 	boundSQL, listSQL, args, err := searchEventsQuery(f)
 	if err != nil {
 		return nil, err
 	}
-	out := []EventSummary{}
+	out := []postboxtype.EventSummary{}
 	var bound *time.Time
 	if err := q.QueryRow(ctx, boundSQL, args...).Scan(&bound); err != nil {
 		return nil, fmt.Errorf("search events: %w", err)
@@ -243,7 +243,7 @@ func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]EventS
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var e EventSummary
+		var e postboxtype.EventSummary
 		if err := rows.Scan(&e.EventID, &e.Endpoint, &e.EventType, &e.Status, &e.Attempts, &e.CommittedAt); err != nil {
 			return nil, fmt.Errorf("search events: %w", err)
 		}
@@ -287,8 +287,8 @@ func printable(s string) string {
 // (in endpoint order), each with its deliveries in id order and their
 // attempts in order. For an id postbox does not hold it returns an empty
 // slice and an error wrapping ErrEventNotFound.
-func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventStory, error) {
-	stories := []EventStory{}
+func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]postboxtype.EventStory, error) {
+	stories := []postboxtype.EventStory{}
 	id, ok := canonicalUUID(eventID)
 	if !ok {
 		return stories, fmt.Errorf("%w %s (an event id is a UUID)", ErrEventNotFound, printable(eventID))
@@ -302,20 +302,20 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 	var pks []int64
 	byPK := map[int64]int{}
 	for rows.Next() {
-		var s EventStory
+		var s postboxtype.EventStory
 		var pk int64
 		if err := rows.Scan(&pk, &s.EventID, &s.Endpoint, &s.EventType, &s.CommitLSN, &s.CommittedAt, &s.CreatedAt, &s.IngestedAt); err != nil {
 			rows.Close()
-			return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: %w", id, err)
 		}
-		s.Deliveries = []DeliveryStory{}
+		s.Deliveries = []postboxtype.DeliveryStory{}
 		byPK[pk] = len(stories)
 		pks = append(pks, pk)
 		stories = append(stories, s)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: %w", id, err)
 	}
 	if len(stories) == 0 {
 		return stories, fmt.Errorf("%w %s", ErrEventNotFound, id)
@@ -325,19 +325,19 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 		SELECT id, event_pk, status, replay_of, created_at, updated_at, delivered_at, coalesce(last_error, '')
 		FROM postbox.deliveries WHERE event_pk = ANY($1) ORDER BY id`, pks)
 	if err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
 	}
 	type ref struct{ story, delivery int }
 	var ids []int64
 	byID := map[int64]ref{}
 	for rows.Next() {
-		var d DeliveryStory
+		var d postboxtype.DeliveryStory
 		var pk int64
 		if err := rows.Scan(&d.ID, &pk, &d.Status, &d.ReplayOf, &d.CreatedAt, &d.UpdatedAt, &d.DeliveredAt, &d.LastError); err != nil {
 			rows.Close()
-			return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
 		}
-		d.Attempts = []AttemptRecord{}
+		d.Attempts = []postboxtype.AttemptRecord{}
 		s := &stories[byPK[pk]]
 		byID[d.ID] = ref{byPK[pk], len(s.Deliveries)}
 		ids = append(ids, d.ID)
@@ -345,11 +345,11 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
 	}
 	if len(ids) < len(pks) {
 		if err := readUnderWay(ctx, q, pks, byPK, stories); err != nil {
-			return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: %w", id, err)
 		}
 	}
 	if len(ids) == 0 {
@@ -360,14 +360,14 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 		SELECT delivery_id, `+attemptColumns+`
 		FROM postbox.all_attempts a WHERE a.delivery_id = ANY($1) ORDER BY a.delivery_id, a.attempt, a.started_at`, ids)
 	if err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var a AttemptRecord
+		var a postboxtype.AttemptRecord
 		var deliveryID int64
 		if err := rows.Scan(append([]any{&deliveryID}, attemptScanTargets(&a)...)...); err != nil {
-			return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 		}
 		roundMS(&a.DurationMS)
 		r := byID[deliveryID]
@@ -375,14 +375,14 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 		d.Attempts = append(d.Attempts, a)
 	}
 	if err := rows.Err(); err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 	}
 	return stories, nil
 }
 
 // readUnderWay names the instance holding each of the stories' events
 // under way.
-func readUnderWay(ctx context.Context, q store.Querier, pks []int64, byPK map[int64]int, stories []EventStory) error {
+func readUnderWay(ctx context.Context, q store.Querier, pks []int64, byPK map[int64]int, stories []postboxtype.EventStory) error {
 	rows, err := q.Query(ctx, `SELECT event_pk, owner FROM postbox.events_under_way WHERE event_pk = ANY($1)`, pks)
 	if err != nil {
 		return fmt.Errorf("under way: %w", err)
@@ -419,12 +419,12 @@ SELECT id AS delivery_id, endpoint, 1 AS attempt, delivered_at - last_response_m
        attempted_by AS instance
 FROM postbox.deliveries WHERE status = 'delivered' AND attempted_by IS NOT NULL`
 
-// attemptColumns are an AttemptRecord's columns of postbox.attempts a, in
+// attemptColumns are an postboxtype.AttemptRecord's columns of postbox.attempts a, in
 // attemptScanTargets order.
 const attemptColumns = `a.attempt, a.started_at, a.status_code, a.duration_ms::float8, coalesce(a.error, ''),
        coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance`
 
-func attemptScanTargets(a *AttemptRecord) []any {
+func attemptScanTargets(a *postboxtype.AttemptRecord) []any {
 	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance}
 }
 
@@ -447,7 +447,7 @@ const recentAttemptsSQL = `
 
 // RecentAttempts returns endpoint's latest attempts, the newest first, at
 // most limit (EventLimitDefault when 0, at most EventLimitMax).
-func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit int) ([]AttemptRow, error) {
+func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit int) ([]postboxtype.AttemptRow, error) {
 	if endpoint == "" {
 		return nil, errors.New("recent attempts: no endpoint given")
 	}
@@ -460,9 +460,9 @@ func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit
 		return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
 	}
 	defer rows.Close()
-	out := []AttemptRow{}
+	out := []postboxtype.AttemptRow{}
 	for rows.Next() {
-		var a AttemptRow
+		var a postboxtype.AttemptRow
 		if err := rows.Scan(append([]any{&a.DeliveryID, &a.Endpoint, &a.EventID}, attemptScanTargets(&a.AttemptRecord)...)...); err != nil {
 			return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
 		}

@@ -107,7 +107,7 @@ type endpointPage struct {
 	Configured   bool
 	Stats        *telemetry.EndpointStats
 	Chart        template.HTML
-	Attempts     []telemetry.AttemptRow
+	Attempts     []postboxtype.AttemptRow
 	AttemptLimit int
 	// FailingNow: the last attempt failed (no success since).
 	FailingNow bool
@@ -181,7 +181,7 @@ type deadLettersPage struct {
 	WindowLabel      string
 	Since            time.Time
 	Analysis         []telemetry.Analysis
-	List             []telemetry.DeadLetter
+	List             []postboxtype.DeadLetter
 	Capped           bool
 }
 
@@ -231,7 +231,7 @@ type eventsPage struct {
 	Keys                                        []string
 	Statuses                                    []string
 	Searched, Capped, Filtered                  bool
-	Results                                     []telemetry.EventSummary
+	Results                                     []postboxtype.EventSummary
 	Error                                       string
 }
 
@@ -340,12 +340,12 @@ type eventPage struct {
 }
 
 type storyView struct {
-	telemetry.EventStory
+	postboxtype.EventStory
 	Deliveries []deliveryView
 }
 
 type deliveryView struct {
-	telemetry.DeliveryStory
+	postboxtype.DeliveryStory
 	Steps []step
 }
 
@@ -394,7 +394,7 @@ func (c *Console) event(rq *request) error {
 
 // steps tells a delivery's story: queued (or replayed), each attempt, and
 // how it ended.
-func (c *Console) steps(rq *request, d telemetry.DeliveryStory) []step {
+func (c *Console) steps(rq *request, d postboxtype.DeliveryStory) []step {
 	first := step{When: d.CreatedAt, What: "Queued for delivery"}
 	if d.ReplayOf != nil {
 		first.What = "Queued again by a replay"

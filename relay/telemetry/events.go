@@ -40,17 +40,6 @@ var EventStatuses = []string{
 	string(postboxtype.DeliveryDelivered), string(postboxtype.DeliveryDeadLetter), string(postboxtype.DeliveryReplayed),
 }
 
-// The event, delivery and attempt rows stand in for postboxtype's until
-// every package uses those.
-type (
-	EventSummary  = postboxtype.EventSummary
-	EventStory    = postboxtype.EventStory
-	DeliveryStory = postboxtype.DeliveryStory
-	AttemptRecord = postboxtype.AttemptRecord
-	AttemptRow    = postboxtype.AttemptRow
-	DeadLetter    = postboxtype.DeadLetter
-)
-
 // EventFilter selects events. Zero fields do not filter.
 type EventFilter struct {
 	Endpoint string
@@ -419,7 +408,7 @@ SELECT id AS delivery_id, endpoint, 1 AS attempt, delivered_at - last_response_m
        attempted_by AS instance
 FROM postbox.deliveries WHERE status = 'delivered' AND attempted_by IS NOT NULL`
 
-// attemptColumns are an postboxtype.AttemptRecord's columns of postbox.attempts a, in
+// attemptColumns are a postboxtype.AttemptRecord's columns of postbox.attempts a, in
 // attemptScanTargets order.
 const attemptColumns = `a.attempt, a.started_at, a.status_code, a.duration_ms::float8, coalesce(a.error, ''),
        coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance`

@@ -6,13 +6,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // ListDeadLetters returns dead letters since since (newest first), of one
 // endpoint when endpoint is set, at most limit.
-func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time, limit int) ([]postboxtype.DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, q Querier, endpoint string, since time.Time, limit int) ([]postboxtype.DeadLetter, error) {
 	rows, err := q.Query(ctx, `
 		SELECT d.id, e.event_id::text, d.endpoint, e.event_type, d.attempt_count, coalesce(d.last_error, ''),
 		       d.last_status_code, d.created_at, d.updated_at, coalesce(e.commit_lsn::text, '')
@@ -63,7 +62,7 @@ type Analysis struct {
 
 // AnalyzeDeadLetters groups the dead letters since since by endpoint (the
 // seed's analysis) and names each endpoint's pattern with advice.
-func AnalyzeDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time) ([]Analysis, error) {
+func AnalyzeDeadLetters(ctx context.Context, q Querier, endpoint string, since time.Time) ([]Analysis, error) {
 	rows, err := q.Query(ctx, `
 		WITH dl AS (
 		  SELECT endpoint, last_error, last_status_code, attempt_count, updated_at

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
@@ -95,7 +94,7 @@ GROUP BY endpoint`
 // windowPercentiles returns the percentiles over the window of every
 // endpoint with samples in it (or only endpoint's): exact up to
 // ExactSamples, from the histograms above.
-func windowPercentiles(ctx context.Context, q store.Querier, endpoint string) (map[string]windowStats, error) {
+func windowPercentiles(ctx context.Context, q Querier, endpoint string) (map[string]windowStats, error) {
 	rows, err := q.Query(ctx, windowTotalsSQL, Window.Seconds(), endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("latency window: %w", err)
@@ -148,7 +147,7 @@ func windowPercentiles(ctx context.Context, q store.Querier, endpoint string) (m
 // LoadEndpoints returns every endpoint's stats (or only endpoint's),
 // computed from the samples now, so the answer is current even when no
 // relay runs.
-func LoadEndpoints(ctx context.Context, q store.Querier, endpoint string) ([]EndpointStats, error) {
+func LoadEndpoints(ctx context.Context, q Querier, endpoint string) ([]EndpointStats, error) {
 	stats, err := windowPercentiles(ctx, q, endpoint)
 	if err != nil {
 		return nil, err
@@ -207,7 +206,7 @@ func LoadEndpoints(ctx context.Context, q store.Querier, endpoint string) ([]End
 // RefreshPercentiles stores each endpoint's p50/p95/p99 and sample count
 // over the window in endpoint_health (where the breaker reads the p95),
 // and clears the figures of endpoints without samples in it.
-func RefreshPercentiles(ctx context.Context, q store.Querier) error {
+func RefreshPercentiles(ctx context.Context, q Querier) error {
 	stats, err := windowPercentiles(ctx, q, "")
 	if err != nil {
 		return fmt.Errorf("refresh percentiles: %w", err)
@@ -246,7 +245,7 @@ func RefreshPercentiles(ctx context.Context, q store.Querier) error {
 // LoadStoredEndpoints returns the endpoints' stats as stored in
 // endpoint_health: percentiles as of the last refresh (at most a minute
 // old while a relay runs). Cheaper than LoadEndpoints, for metrics.
-func LoadStoredEndpoints(ctx context.Context, q store.Querier) ([]EndpointStats, error) {
+func LoadStoredEndpoints(ctx context.Context, q Querier) ([]EndpointStats, error) {
 	rows, err := q.Query(ctx, `
 		SELECT endpoint, state, p50_ms::float8, p95_ms::float8, p99_ms::float8, sample_count, consecutive_failures,
 		       last_success_at, last_failure_at, coalesce(last_error, ''), last_status_code,

@@ -10,7 +10,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
@@ -213,7 +212,7 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 // time, by ingest time when the commit is unknown). It returns an error
 // wrapping ErrUnknownStatus for a status no delivery has; check payload
 // keys against the configuration with CheckSearchKeys first.
-func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]postboxtype.EventSummary, error) {
+func SearchEvents(ctx context.Context, q Querier, f EventFilter) ([]postboxtype.EventSummary, error) {
 	boundSQL, listSQL, args, err := searchEventsQuery(f)
 	if err != nil {
 		return nil, err
@@ -276,7 +275,7 @@ func printable(s string) string {
 // (in endpoint order), each with its deliveries in id order and their
 // attempts in order. For an id postbox does not hold it returns an empty
 // slice and an error wrapping ErrEventNotFound.
-func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]postboxtype.EventStory, error) {
+func LoadEvent(ctx context.Context, q Querier, eventID string) ([]postboxtype.EventStory, error) {
 	stories := []postboxtype.EventStory{}
 	id, ok := canonicalUUID(eventID)
 	if !ok {
@@ -371,7 +370,7 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]postboxt
 
 // readUnderWay names the instance holding each of the stories' events
 // under way.
-func readUnderWay(ctx context.Context, q store.Querier, pks []int64, byPK map[int64]int, stories []postboxtype.EventStory) error {
+func readUnderWay(ctx context.Context, q Querier, pks []int64, byPK map[int64]int, stories []postboxtype.EventStory) error {
 	rows, err := q.Query(ctx, `SELECT event_pk, owner FROM postbox.events_under_way WHERE event_pk = ANY($1)`, pks)
 	if err != nil {
 		return fmt.Errorf("under way: %w", err)
@@ -436,7 +435,7 @@ const recentAttemptsSQL = `
 
 // RecentAttempts returns endpoint's latest attempts, the newest first, at
 // most limit (EventLimitDefault when 0, at most EventLimitMax).
-func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit int) ([]postboxtype.AttemptRow, error) {
+func RecentAttempts(ctx context.Context, q Querier, endpoint string, limit int) ([]postboxtype.AttemptRow, error) {
 	if endpoint == "" {
 		return nil, errors.New("recent attempts: no endpoint given")
 	}
@@ -504,7 +503,7 @@ const perMinuteSQL = `
 // DeliveriesPerMinute counts the attempts of every minute from since ago
 // to now (PerMinuteDefault when 0, at most PerMinuteMax), oldest first,
 // every minute present (zero when nothing was attempted in it).
-func DeliveriesPerMinute(ctx context.Context, q store.Querier, since time.Duration) ([]MinuteCount, error) {
+func DeliveriesPerMinute(ctx context.Context, q Querier, since time.Duration) ([]MinuteCount, error) {
 	if since <= 0 {
 		since = PerMinuteDefault
 	}
@@ -559,7 +558,7 @@ ORDER BY bin`
 // the rolling window (Window), oldest first, from the latency histograms
 // (each within 2 % of the exact percentile). Bins without attempts are
 // absent.
-func LatencySeries(ctx context.Context, q store.Querier, endpoint string) ([]LatencyPoint, error) {
+func LatencySeries(ctx context.Context, q Querier, endpoint string) ([]LatencyPoint, error) {
 	rows, err := q.Query(ctx, latencySeriesSQL, endpoint, Window.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("latency series of %s: %w", endpoint, err)

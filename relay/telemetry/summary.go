@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -128,7 +127,7 @@ SELECT count(*),
 FROM postbox.deliveries WHERE status = 'delivered' AND delivered_at >= now() - interval '1 hour'`
 
 // LoadSummary reads the health summary (without alerts; see Evaluate).
-func LoadSummary(ctx context.Context, q store.Querier, slotName string) (Summary, error) {
+func LoadSummary(ctx context.Context, q Querier, slotName string) (Summary, error) {
 	return loadSummary(ctx, q, slotName, true)
 }
 
@@ -136,11 +135,11 @@ func LoadSummary(ctx context.Context, q store.Querier, slotName string) (Summary
 // statistics (DeliveredLastHour, AvgDeliveryMSLastHour and the
 // commit-to-delivery percentiles stay empty): everything the gauges and
 // alerts need, at the cost of a few index lookups.
-func LoadQueueSummary(ctx context.Context, q store.Querier, slotName string) (Summary, error) {
+func LoadQueueSummary(ctx context.Context, q Querier, slotName string) (Summary, error) {
 	return loadSummary(ctx, q, slotName, false)
 }
 
-func loadSummary(ctx context.Context, q store.Querier, slotName string, deliveryHour bool) (Summary, error) {
+func loadSummary(ctx context.Context, q Querier, slotName string, deliveryHour bool) (Summary, error) {
 	s := Summary{Breakers: []Breaker{}, Alerts: []Alert{}}
 	var failedRetry, failedDead int64
 	err := q.QueryRow(ctx, SummarySQL).Scan(&s.Pending, &s.AwaitingRetry, &s.InFlight, &s.DeadLetter,

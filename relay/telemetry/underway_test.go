@@ -40,7 +40,7 @@ func TestEventsUnderWayAreInFlight(t *testing.T) {
 	require.NotNil(t, s.OldestPendingAgeSeconds)
 	require.Greater(t, *s.OldestPendingAgeSeconds, (30 * time.Minute).Seconds(), "events under way are the oldest undelivered")
 
-	for name, load := range map[string]func(context.Context, store.Querier, string) ([]telemetry.EndpointStats, error){
+	for name, load := range map[string]func(context.Context, telemetry.Querier, string) ([]telemetry.EndpointStats, error){
 		"computed": telemetry.LoadEndpoints, "refreshed": telemetry.LoadEndpointsRefreshed,
 	} {
 		eps, err := load(ctx, pool, "kept")

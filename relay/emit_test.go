@@ -12,9 +12,9 @@ import (
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -73,7 +73,7 @@ func TestEmittedEventsAreDelivered(t *testing.T) {
 			require.Equal(t, "t1", r.Header.Get("X-Tenant"))
 		}
 	}
-	require.Equal(t, state.DeadLetter, tb.delivery(t, big).Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, tb.delivery(t, big).Status)
 	require.Contains(t, tb.delivery(t, big).LastError, "payload_too_large")
 	rows, err := tb.pool.Query(ctx, `SELECT last_error FROM postbox.deliveries WHERE status = 'dead_letter' ORDER BY id`)
 	require.NoError(t, err)
@@ -105,7 +105,7 @@ func TestRepeatedEventIDIsDeliveredOnce(t *testing.T) {
 	id := outbox.NewEventID()
 	tb.insert(t, outbox.Event{ID: id, Endpoint: "hooks"})
 	tb.waitSettled(t, 1, 30*time.Second)
-	require.Equal(t, state.Delivered, tb.delivery(t, id).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, id).Status)
 	tb.insert(t, outbox.Event{ID: id, Endpoint: "hooks"})
 	after := tb.insert(t, outbox.Event{Endpoint: "hooks"})
 	waitUntil(t, 30*time.Second, "the event after the repeat", func() bool { return rc.byID()[after[0]] == 1 })
@@ -118,7 +118,7 @@ func TestRepeatedEventIDIsDeliveredOnce(t *testing.T) {
 	require.Equal(t, 1, deliveries, "one delivery for the event")
 	require.Zero(t, inFlight)
 	d := tb.delivery(t, id)
-	require.Equal(t, state.Delivered, d.Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, d.Status)
 	require.Equal(t, 1, d.Attempts, "the repeat's attempt is not recorded")
 	require.Contains(t, []int{1, 2}, rc.byID()[id], "at most one more request, with the same webhook-id")
 	require.Contains(t, tb.logs.String(), "event ingested before")
@@ -161,7 +161,7 @@ func TestForgedMessageIsNeverAttempted(t *testing.T) {
 	waitUntil(t, 30*time.Second, "the row after the message", func() bool { return rc.byID()[after[0]] == 1 })
 	tb.waitSettled(t, 2, 30*time.Second)
 	d := tb.delivery(t, forged)
-	require.Equal(t, state.DeadLetter, d.Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 	require.Zero(t, d.Attempts, "never attempted")
 	require.True(t, strings.HasPrefix(d.LastError, "messages_off: "), d.LastError)
 	require.Contains(t, d.LastError, "outbox_messages: true")
@@ -177,34 +177,34 @@ func TestForgedMessageIsNeverAttempted(t *testing.T) {
 	require.NotContains(t, tb.logs.String(), "987654321", "no payload in the logs")
 
 	// A replay under a configuration with messages off leaves it out.
-	items, n, err := ops.Replay(ctx, tb.pool, tb.resolved(t), ops.ReplayFilter{DeadLetters: true}, false, 0)
+	items, n, err := ops.Replay(ctx, tb.pool, tb.resolved(t), postboxtype.ReplayFilter{DeadLetters: true}, false, 0)
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.Len(t, items, 1)
 	require.True(t, items[0].MessagesOff)
-	require.Equal(t, state.DeadLetter, tb.delivery(t, forged).Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, tb.delivery(t, forged).Status)
 
 	// A replay from a configuration with messages on (another tool's, an
 	// operator's edit not yet loaded): the relay, with them off, refuses
 	// it at its attempt.
 	tb.cfg.OutboxMessages = true
 	on := tb.resolved(t)
-	_, n, err = ops.Replay(ctx, tb.pool, on, ops.ReplayFilter{EventIDs: []string{forged}}, false, 0)
+	_, n, err = ops.Replay(ctx, tb.pool, on, postboxtype.ReplayFilter{EventIDs: []string{forged}}, false, 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	waitUntil(t, 30*time.Second, "the replay refused", func() bool {
 		d := tb.delivery(t, forged)
-		return d.Status == state.DeadLetter && strings.HasPrefix(d.LastError, "messages_off")
+		return d.Status == postboxtype.DeliveryDeadLetter && strings.HasPrefix(d.LastError, "messages_off")
 	})
 	require.Zero(t, rc.byID()[forged], "still never sent")
 	require.Equal(t, 2.0, refusedMessages(t, r))
 
 	// With messages on in the relay, the replay delivers it, signed.
 	require.NoError(t, r.Reload(on))
-	_, n, err = ops.Replay(ctx, tb.pool, on, ops.ReplayFilter{DeadLetters: true, Endpoint: "partner"}, false, 0)
+	_, n, err = ops.Replay(ctx, tb.pool, on, postboxtype.ReplayFilter{DeadLetters: true, Endpoint: "partner"}, false, 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	waitUntil(t, 30*time.Second, "the replayed message delivered", func() bool { return tb.delivery(t, forged).Status == state.Delivered })
+	waitUntil(t, 30*time.Second, "the replayed message delivered", func() bool { return tb.delivery(t, forged).Status == postboxtype.DeliveryDelivered })
 	require.Equal(t, 1, rc.byID()[forged])
 	requireMessagesOffAlert(t, tb, false)
 }

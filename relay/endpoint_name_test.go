@@ -10,8 +10,8 @@ import (
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestOverlongEndpointNameIsAnInvalidRow: a row naming an endpoint longer
@@ -39,11 +39,11 @@ func TestOverlongEndpointNameIsAnInvalidRow(t *testing.T) {
 	streamed, fine := insert(accents), insert(atEdge)
 	tb.waitSettled(t, 3, 30*time.Second)
 
-	require.Equal(t, state.Delivered, tb.delivery(t, fine).Status, "a name of exactly the limit is delivered")
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, fine).Status, "a name of exactly the limit is delivered")
 	require.Equal(t, 1, rc.count(), "only that one reached the receiver")
 	for id, name := range map[string]string{reconciled: ascii, streamed: accents} {
 		d := tb.delivery(t, id)
-		require.Equal(t, state.DeadLetter, d.Status)
+		require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 		require.Zero(t, d.Attempts)
 		require.True(t, strings.HasPrefix(d.LastError, "invalid_row: the endpoint name is "), d.LastError)
 		var stored string

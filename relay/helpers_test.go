@@ -22,8 +22,8 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestMain runs the tests on a shared throwaway cluster and, when they
@@ -189,13 +189,13 @@ func (tb *testBundle) insert(t *testing.T, evs ...outbox.Event) []string {
 }
 
 // deliveries counts deliveries by status.
-func (tb *testBundle) deliveries(t *testing.T) map[state.Delivery]int {
+func (tb *testBundle) deliveries(t *testing.T) map[postboxtype.DeliveryState]int {
 	t.Helper()
 	rows, err := tb.pool.Query(context.Background(), `SELECT status, count(*) FROM postbox.deliveries GROUP BY status`)
 	require.NoError(t, err)
-	out := map[state.Delivery]int{}
+	out := map[postboxtype.DeliveryState]int{}
 	for rows.Next() {
-		var s state.Delivery
+		var s postboxtype.DeliveryState
 		var n int
 		require.NoError(t, rows.Scan(&s, &n))
 		out[s] = n
@@ -206,7 +206,7 @@ func (tb *testBundle) deliveries(t *testing.T) map[state.Delivery]int {
 
 // delivery is a delivery row as a test looks at it.
 type delivery struct {
-	Status       state.Delivery
+	Status       postboxtype.DeliveryState
 	Attempts     int
 	LastError    string
 	LastStatus   int
@@ -256,7 +256,7 @@ func (tb *testBundle) waitSettled(t *testing.T, n int, within time.Duration) {
 	t.Helper()
 	waitUntil(t, within, "deliveries settled", func() bool {
 		c := tb.deliveries(t)
-		return c[state.Delivered]+c[state.DeadLetter] >= n
+		return c[postboxtype.DeliveryDelivered]+c[postboxtype.DeliveryDeadLetter] >= n
 	})
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestBacklogOfADrainingLaneIsKeptNotQueued: a backlog arriving faster
@@ -92,7 +92,7 @@ func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) 
 	insertHundreds(t, tb, txs)
 	n = txs*per + 1
 	tb.waitSettled(t, n, 2*time.Minute)
-	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: n}, tb.deliveries(t))
 	rc.requireEachOnce(t, n)
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT n FROM claims_seen`).Scan(&claimed))
 	if sweep == 0 {
@@ -124,7 +124,7 @@ func TestEventsUnderWayLostTrackOfAreQueued(t *testing.T) {
 	exec(t, tb.pool, fmt.Sprintf(`INSERT INTO postbox.under_way (owner, first_event, last_event, created_at)
 		VALUES ('%s', %d, %d, now() - interval '1 minute')`, r.InstanceID(), first, last))
 	tb.waitSettled(t, 5, 30*time.Second)
-	require.Equal(t, map[state.Delivery]int{state.Delivered: 5}, tb.deliveries(t))
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: 5}, tb.deliveries(t))
 	rc.requireEachOnce(t, 5)
 	require.Zero(t, rangesLeft(t, tb))
 }
@@ -229,7 +229,7 @@ func TestKeptDeliveriesReturnToTheQueueWhenAnotherInstanceRegisters(t *testing.T
 		return count("in_flight") <= 10 && count("pending") > 100
 	})
 	tb.waitSettled(t, n, 2*time.Minute)
-	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: n}, tb.deliveries(t))
 	rc.requireEachOnce(t, n)
 }
 
@@ -289,7 +289,7 @@ func TestSessionEndsWhileEventsAreUnderWay(t *testing.T) {
 	insertHundreds(t, tb, txs/2)
 	n := txs*per + 1
 	tb.waitSettled(t, n, 2*time.Minute)
-	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t), "one delivery per event")
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: n}, tb.deliveries(t), "one delivery per event")
 	byID := rc.byID()
 	require.Len(t, byID, n, "every event arrived")
 	waitUntil(t, 5*time.Second, "the ranges deleted", func() bool { return rangesLeft(t, tb) == 0 })

@@ -18,7 +18,7 @@ import (
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/protect"
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 func durp(d time.Duration) *config.Duration { c := config.Duration(d); return &c }
@@ -240,7 +240,7 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 	require.LessOrEqual(t, len(probes), 1+int(time.Since(openedAt)/shortest), "no more probes than half-open periods")
 	for _, id := range held {
 		d := tb.delivery(t, id)
-		require.Equal(t, state.Pending, d.Status, "held, not attempted, while open")
+		require.Equal(t, postboxtype.DeliveryPending, d.Status, "held, not attempted, while open")
 		require.Zero(t, d.Attempts)
 	}
 
@@ -249,7 +249,7 @@ func TestBreakerProbesOnceAcrossInstances(t *testing.T) {
 	tb.waitSettled(t, len(first)+len(held), 30*time.Second)
 	for _, id := range held {
 		d := tb.delivery(t, id)
-		require.Equal(t, state.Delivered, d.Status)
+		require.Equal(t, postboxtype.DeliveryDelivered, d.Status)
 		require.Equal(t, 1, d.Attempts, "waiting while open spent no attempts")
 	}
 	s, cd := breaker()
@@ -274,7 +274,7 @@ func TestRateLimitSpacesDeliveries(t *testing.T) {
 	}
 	tb.insert(t, evs...)
 	tb.waitSettled(t, 200, time.Minute)
-	require.Equal(t, map[state.Delivery]int{state.Delivered: 200}, tb.deliveries(t), "none failed")
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: 200}, tb.deliveries(t), "none failed")
 	reqs := rc.requests()
 	require.Len(t, reqs, 200)
 	burst := protect.Burst(rate)
@@ -315,10 +315,10 @@ func TestRetryAfterSetsNextAttempt(t *testing.T) {
 	})
 	now := time.Now()
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, state.Failed, d.Status)
+	require.Equal(t, postboxtype.DeliveryFailed, d.Status)
 	require.InDelta(t, 120, d.NextAttempt.Sub(now).Seconds(), 5)
 	d = tb.delivery(t, ids[1])
-	require.Equal(t, state.Failed, d.Status)
+	require.Equal(t, postboxtype.DeliveryFailed, d.Status)
 	require.InDelta(t, 90, d.NextAttempt.Sub(now).Seconds(), 5)
 	var paused time.Time
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT paused_until FROM postbox.endpoint_health WHERE endpoint = 'seconds'`).Scan(&paused))
@@ -343,7 +343,7 @@ func TestBodyRuleFailureIsReadable(t *testing.T) {
 	ids := tb.insert(t, outbox.Event{Endpoint: "aff"})
 	tb.waitSettled(t, 1, 20*time.Second)
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, state.DeadLetter, d.Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 	require.Equal(t, 2, d.Attempts)
 	require.Equal(t, 200, d.LastStatus)
 	require.Equal(t, `max_attempts (2) exhausted: body rule: http 200 response lacks "success=true"`, d.LastError)

@@ -13,8 +13,8 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/internal/service"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/ops"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // A claim whose statement committed but whose answer was lost (the
@@ -35,7 +35,7 @@ func TestClaimsWhoseAnswerWasLostAreRescued(t *testing.T) {
 	require.NoError(t, ops.Pause(ctx, tb.pool, "p", time.Now().Add(time.Hour)))
 	time.Sleep(time.Second) // a few sweeps: the relay's view of the pause is refreshed on each
 	ids := tb.insert(t, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"}, outbox.Event{Endpoint: "p"})
-	waitUntil(t, 30*time.Second, "the deliveries queued", func() bool { return tb.deliveries(t)[state.Pending] == 3 })
+	waitUntil(t, 30*time.Second, "the deliveries queued", func() bool { return tb.deliveries(t)[postboxtype.DeliveryPending] == 3 })
 	tag, err := tb.pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'in_flight', lease_owner = $1, updated_at = now() - interval '1 minute'`, r.InstanceID())
 	require.NoError(t, err)
 	require.EqualValues(t, 3, tag.RowsAffected())

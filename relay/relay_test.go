@@ -15,9 +15,9 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/ops"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 func TestDeliversOnceSignedWithExactBody(t *testing.T) {
@@ -45,7 +45,7 @@ func TestDeliversOnceSignedWithExactBody(t *testing.T) {
 	require.Error(t, outbox.Verify([]string{outbox.NewSecret()}, got.Header, got.Body, time.Now()))
 
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, state.Delivered, d.Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, d.Status)
 	require.Equal(t, 1, d.Attempts)
 	require.Equal(t, 200, d.LastStatus)
 	require.NotNil(t, d.C2DMS, "commit-to-delivery time recorded")
@@ -94,7 +94,7 @@ func TestRetriesWithBackoffUntilSuccess(t *testing.T) {
 	// Signed afresh each time.
 	require.NotEqual(t, reqs[0].Header.Get(outbox.HeaderSignature), "")
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, state.Delivered, d.Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, d.Status)
 	require.Equal(t, 3, d.Attempts)
 }
 
@@ -116,19 +116,19 @@ func TestPermanentStatusesDeadLetterAfterOneAttempt(t *testing.T) {
 	require.Equal(t, 3, rc.count(), "no retries")
 	for i, code := range []int{400, 401, 404} {
 		d := tb.delivery(t, ids[i])
-		require.Equal(t, state.DeadLetter, d.Status)
+		require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 		require.Equal(t, 1, d.Attempts)
 		require.Equal(t, code, d.LastStatus)
 		require.Equal(t, fmt.Sprintf("http %d", code), d.LastError)
 		// The endpoint shows its latest failure, though a 4xx leaves its
 		// breaker alone.
-		var breaker state.Breaker
+		var breaker postboxtype.BreakerState
 		var lastErr string
 		var lastCode, streak int
 		require.NoError(t, tb.pool.QueryRow(context.Background(), `
 			SELECT state, coalesce(last_error, ''), coalesce(last_status_code, 0), consecutive_failures
 			FROM postbox.endpoint_health WHERE endpoint = $1`, fmt.Sprintf("ep%d", code)).Scan(&breaker, &lastErr, &lastCode, &streak))
-		require.Equal(t, []any{state.BreakerClosed, d.LastError, code, 0}, []any{breaker, lastErr, lastCode, streak})
+		require.Equal(t, []any{postboxtype.BreakerClosed, d.LastError, code, 0}, []any{breaker, lastErr, lastCode, streak})
 	}
 }
 
@@ -145,7 +145,7 @@ func TestServerErrorsDeadLetterAfterMaxAttempts(t *testing.T) {
 	tb.waitSettled(t, 1, 30*time.Second) // final, recorded after the last attempt returned
 	require.Equal(t, 5, rc.count(), "max_attempts defaults to 5")
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, state.DeadLetter, d.Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 	require.Equal(t, 5, d.Attempts)
 	require.Equal(t, "max_attempts (5) exhausted: http 500", d.LastError)
 }
@@ -192,7 +192,7 @@ func TestLargeTransactionAllDelivered(t *testing.T) {
 		SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
 	require.NoError(t, err)
 	tb.waitSettled(t, n, 3*time.Minute)
-	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: n}, tb.deliveries(t))
 	rc.requireEachOnce(t, n)
 	waitUntil(t, 30*time.Second, "ingested outbox rows deleted (outbox_retention 0)", func() bool {
 		var left int
@@ -229,7 +229,7 @@ func TestUpdatesAndDeletesAreIgnoredAndTheSlotAdvances(t *testing.T) {
 		return lsn >= afterLSN
 	})
 	require.Equal(t, 2, rc.count(), "updates and deletes deliver nothing")
-	require.Equal(t, map[state.Delivery]int{state.Delivered: 2}, tb.deliveries(t))
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: 2}, tb.deliveries(t))
 }
 
 func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
@@ -251,11 +251,11 @@ func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
 	wantPrefix := []string{"unknown_endpoint:", "invalid_url:", "invalid_url:", "payload_too_large:"}
 	for i, p := range wantPrefix {
 		d := tb.delivery(t, ids[i])
-		require.Equal(t, state.DeadLetter, d.Status, "event %d", i)
+		require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status, "event %d", i)
 		require.True(t, strings.HasPrefix(d.LastError, p), "event %d: %q should start with %q", i, d.LastError, p)
 		require.Zero(t, d.Attempts, "nothing was sent")
 	}
-	require.Equal(t, state.Delivered, tb.delivery(t, ids[4]).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, ids[4]).Status)
 	require.Equal(t, 1, rc.count())
 	var stored string
 	var dropped int
@@ -263,14 +263,14 @@ func TestBadInputBecomesDeadLettersAndTheStreamGoesOn(t *testing.T) {
 		`SELECT payload::text, payload_dropped FROM postbox.events WHERE event_id = $1`, ids[3]).Scan(&stored, &dropped))
 	require.Equal(t, "null", stored, "a payload above max_body is never stored")
 	require.Greater(t, dropped, 100, "the size it had (as PostgreSQL printed it)")
-	items, n, err := ops.Replay(context.Background(), tb.pool, tb.resolved(t), ops.ReplayFilter{DeadLetters: true, Endpoint: "good"}, false, 0)
+	items, n, err := ops.Replay(context.Background(), tb.pool, tb.resolved(t), postboxtype.ReplayFilter{DeadLetters: true, Endpoint: "good"}, false, 0)
 	require.NoError(t, err)
 	require.Empty(t, items, "with its payload gone it cannot be replayed")
 	require.Zero(t, n)
 	// The stream went on: a later event is delivered too.
 	later := tb.insert(t, outbox.Event{Endpoint: "good"})
 	tb.waitSettled(t, 6, 20*time.Second)
-	require.Equal(t, state.Delivered, tb.delivery(t, later[0]).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, later[0]).Status)
 }
 
 func TestReconcilesRowsWrittenWithoutASlot(t *testing.T) {
@@ -317,7 +317,7 @@ func TestGracefulStopRecordsAndConfirms(t *testing.T) {
 	close(release) // the in-flight attempt finishes within the grace period
 	require.NoError(t, <-stopped)
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, state.Delivered, d.Status, "the result was recorded before exit")
+	require.Equal(t, postboxtype.DeliveryDelivered, d.Status, "the result was recorded before exit")
 
 	var active bool
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, tb.cfg.Slot).Scan(&active))
@@ -349,7 +349,7 @@ func TestShutdownPastGraceReleasesTheAttempt(t *testing.T) {
 	defer cancel()
 	require.NoError(t, r.Stop(ctx))
 	d := tb.delivery(t, ids[0])
-	require.Equal(t, state.Pending, d.Status, "released back to the queue for the next instance")
+	require.Equal(t, postboxtype.DeliveryPending, d.Status, "released back to the queue for the next instance")
 	require.Zero(t, d.Attempts, "an interrupted attempt is not counted")
 }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -65,7 +65,7 @@ func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	tb.waitSettled(t, len(cases), 30*time.Second)
 	for i, id := range ids {
 		d := tb.delivery(t, id)
-		require.Equal(t, state.DeadLetter, d.Status)
+		require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 		require.True(t, strings.HasPrefix(d.LastError, want[i]), "%q should start with %q", d.LastError, want[i])
 	}
 	require.Zero(t, rc.count(), "nothing reached the listening receiver")
@@ -81,7 +81,7 @@ func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	tb2.start(t, relay.Options{})
 	ok := tb2.insert(t, outbox.Event{Endpoint: "row-url", URL: "http://localhost:" + port + "/hook"})
 	tb2.waitSettled(t, 1, 30*time.Second)
-	require.Equal(t, state.Delivered, tb2.delivery(t, ok[0]).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb2.delivery(t, ok[0]).Status)
 	require.Equal(t, 1, rc.count())
 }
 
@@ -131,7 +131,7 @@ func TestGetPostbackTemplate(t *testing.T) {
 	require.ErrorIs(t, outbox.Verify([]string{tb.secret}, r.Header, nil, time.Now()), outbox.ErrNoMatch, "not over an empty body")
 
 	d := tb.delivery(t, ids[1])
-	require.Equal(t, state.DeadLetter, d.Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 	require.Equal(t, "template_error: {payload.click_id} has no value (give it a default: {payload.click_id|…})", d.LastError)
 }
 
@@ -194,11 +194,11 @@ func TestRowURLsAndConfiguredEndpoints(t *testing.T) {
 	tb.waitSettled(t, 4, 30*time.Second)
 
 	refused := tb.delivery(t, ids[0])
-	require.Equal(t, state.DeadLetter, refused.Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, refused.Status)
 	require.Contains(t, refused.LastError, "row_url_not_allowed")
-	require.Equal(t, state.Delivered, tb.delivery(t, ids[1]).Status)
-	require.Equal(t, state.Delivered, tb.delivery(t, ids[2]).Status)
-	require.Equal(t, state.Delivered, tb.delivery(t, ids[3]).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, ids[1]).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, ids[2]).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, ids[3]).Status)
 
 	var paths []string
 	for _, r := range elsewhere.requests() {
@@ -253,10 +253,10 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 	} {
 		d := tb.delivery(t, ids[i])
 		if want == "" {
-			require.Equal(t, state.Delivered, d.Status, ids[i])
+			require.Equal(t, postboxtype.DeliveryDelivered, d.Status, ids[i])
 			continue
 		}
-		require.Equal(t, state.DeadLetter, d.Status, want)
+		require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status, want)
 		require.True(t, strings.HasPrefix(d.LastError, want), "%q should start with %q", d.LastError, want)
 	}
 	an, err := telemetry.AnalyzeDeadLetters(context.Background(), tb.pool, "zzz", time.Now().Add(-time.Hour))
@@ -274,9 +274,9 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 		outbox.Event{Endpoint: "zzz", URL: byName + "/allowed"},
 		outbox.Event{Endpoint: "zzz", URL: byIP + "/not-listed"})
 	tb.waitSettled(t, len(ids)+len(more), 30*time.Second)
-	require.Equal(t, state.Delivered, tb.delivery(t, more[0]).Status)
+	require.Equal(t, postboxtype.DeliveryDelivered, tb.delivery(t, more[0]).Status)
 	d := tb.delivery(t, more[1])
-	require.Equal(t, state.DeadLetter, d.Status)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
 	require.Equal(t, "row_url_not_allowed: 127.0.0.1 is not in defaults.row_url_hosts", d.LastError)
 
 	var paths []string

@@ -20,7 +20,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // idCounter is a lean receiver for large tests: it keeps only counts.
@@ -96,7 +96,7 @@ func TestHugeTransactionInBoundedMemory(t *testing.T) {
 	rc.mu.Lock()
 	require.Len(t, rc.ids, n, "every event arrived")
 	rc.mu.Unlock()
-	require.Equal(t, map[state.Delivery]int{state.Delivered: n}, tb.deliveries(t))
+	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: n}, tb.deliveries(t))
 	t.Logf("peak heap %.1f MB while ingesting and delivering %d events of one transaction", float64(peak.Load())/(1<<20), n)
 	require.Less(t, peak.Load(), uint64(80<<20), "the heap stays bounded (the transaction alone is ~25 MB of payload)")
 }
@@ -175,7 +175,7 @@ func TestFirstAttemptDoesNotWaitForTheIngestBefore(t *testing.T) {
 
 	require.NoError(t, lock.Rollback(ctx))
 	tb.waitSettled(t, 2, 20*time.Second)
-	require.Equal(t, 2, tb.deliveries(t)[state.Delivered])
+	require.Equal(t, 2, tb.deliveries(t)[postboxtype.DeliveryDelivered])
 	rc.requireEachOnce(t, 2)
 	for _, id := range append(first, second...) {
 		require.Equal(t, 1, tb.attempts(t, id), "event %s: its attempt is recorded", id)

@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -141,7 +142,7 @@ func cmdEvent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 // printStory prints an event's story for one endpoint.
-func printStory(w io.Writer, s telemetry.EventStory) {
+func printStory(w io.Writer, s postboxtype.EventStory) {
 	typ := ""
 	if s.EventType != "" {
 		typ = " (" + printable(s.EventType) + ")"
@@ -208,7 +209,7 @@ func printStory(w io.Writer, s telemetry.EventStory) {
 // hideResponses blanks the attempts' response bodies: a partner's body may
 // echo the payload or a token, which, as in the log and the console, only
 // log_payloads shows.
-func hideResponses(stories []telemetry.EventStory) {
+func hideResponses(stories []postboxtype.EventStory) {
 	for i := range stories {
 		for j := range stories[i].Deliveries {
 			for k := range stories[i].Deliveries[j].Attempts {

@@ -19,6 +19,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/doctor"
 	"github.com/postbox-relay/postbox/relay/ops"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -176,11 +177,11 @@ func printStatus(w io.Writer, s telemetry.Summary) {
 		fmt.Fprintln(w, "\nheld back:")
 		for _, b := range s.Breakers {
 			switch {
-			case b.PausedUntil != nil && !b.PausedUntil.Before(ops.PauseIndefinite):
+			case b.PausedUntil != nil && !b.PausedUntil.Before(postboxtype.PauseIndefinite):
 				fmt.Fprintf(w, "  %s  paused until resumed (postbox endpoints resume %s)\n", printable(b.Endpoint), shellQuote(b.Endpoint))
 			case b.PausedUntil != nil:
 				fmt.Fprintf(w, "  %s  paused until %s\n", printable(b.Endpoint), b.PausedUntil.UTC().Format(time.RFC3339))
-			case b.State == telemetry.BreakerOpen:
+			case b.State == postboxtype.BreakerOpen:
 				fmt.Fprintf(w, "  %s  breaker open since %s, probes at %s; %d consecutive failures, last: %s\n", printable(b.Endpoint),
 					b.OpenedAt.UTC().Format(time.RFC3339), b.ReopensAt.UTC().Format(time.RFC3339), b.ConsecutiveFailures, printable(b.LastError))
 			default:
@@ -242,7 +243,7 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		st := string(e.State)
 		if e.PausedUntil != nil {
 			st = "paused " + pausedUntil(*e.PausedUntil)
-			if e.State != telemetry.BreakerClosed {
+			if e.State != postboxtype.BreakerClosed {
 				st = string(e.State) + ", " + st
 			}
 		}
@@ -255,7 +256,7 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // pausedUntil says until when a pause lasts.
 func pausedUntil(t time.Time) string {
-	if !t.Before(ops.PauseIndefinite) {
+	if !t.Before(postboxtype.PauseIndefinite) {
 		return "until resumed"
 	}
 	return "until " + t.UTC().Format(time.RFC3339)
@@ -322,7 +323,7 @@ func cmdPause(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return exitFailure
 	}
 	if until.IsZero() {
-		until = ops.PauseIndefinite
+		until = postboxtype.PauseIndefinite
 	}
 	if env.json {
 		env.printJSON(map[string]any{"endpoint": name, "paused_until": until.UTC()})
@@ -432,7 +433,7 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if env.json {
 		if dls == nil {
-			dls = []telemetry.DeadLetter{}
+			dls = []postboxtype.DeadLetter{}
 		}
 		env.printJSON(map[string]any{"since": since.UTC(), "dead_letters": dls})
 		return exitOK
@@ -469,7 +470,7 @@ func (e *eventIDs) Set(v string) error {
 
 func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("postbox replay", flag.ContinueOnError)
-	var f ops.ReplayFilter
+	var f postboxtype.ReplayFilter
 	var ids eventIDs
 	fs.BoolVar(&f.DeadLetters, "dead-letters", false, "only events whose latest delivery is a dead letter")
 	fs.StringVar(&f.Endpoint, "endpoint", "", "only this endpoint's events")
@@ -490,11 +491,12 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitUsage
 	}
 	if *fromLSN != "" {
-		var err error
-		if f.FromLSN, err = pglogrepl.ParseLSN(*fromLSN); err != nil {
+		lsn, err := pglogrepl.ParseLSN(*fromLSN)
+		if err != nil {
 			fmt.Fprintln(stderr, "postbox: --from-lsn: want a WAL position such as 0/16B3748")
 			return exitUsage
 		}
+		f.FromLSN = uint64(lsn)
 	}
 	f.EventIDs = ids
 	if !f.DeadLetters && f.Endpoint == "" && f.Since.IsZero() && f.Until.IsZero() && f.FromLSN == 0 && len(ids) == 0 {
@@ -525,7 +527,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if env.json {
 		if items == nil {
-			items = []ops.ReplayItem{}
+			items = []postboxtype.ReplayItem{}
 		}
 		env.printJSON(map[string]any{"dry_run": *dryRun, "selected": len(items), "already_queued": queued,
 			"enqueued": enqueued, "events": items})

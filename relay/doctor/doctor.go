@@ -40,7 +40,7 @@ type Check struct {
 }
 
 // Run checks the database behind q for cfg. now is the relay's clock.
-func Run(ctx context.Context, q store.Querier, cfg *config.Config, now func() time.Time) ([]Check, error) {
+func Run(ctx context.Context, q telemetry.Querier, cfg *config.Config, now func() time.Time) ([]Check, error) {
 	var s settings
 	t0 := now()
 	err := q.QueryRow(ctx, `
@@ -191,7 +191,7 @@ type settings struct {
 	dbNow                                        time.Time
 }
 
-func publicationCheck(ctx context.Context, q store.Querier, cfg *config.Config) Check {
+func publicationCheck(ctx context.Context, q telemetry.Querier, cfg *config.Config) Check {
 	c := Check{Name: "publication"}
 	rows, err := q.Query(ctx, `
 		SELECT p.pubinsert, p.puballtables, coalesce(t.schemaname || '.' || t.tablename, '')
@@ -242,7 +242,7 @@ func publicationCheck(ctx context.Context, q store.Querier, cfg *config.Config) 
 // outbox table rows, as messages written by outbox.Emit (no row: their
 // events_outbox_id is NULL), or both; and warns when emitted events could
 // be lost with an invalidated slot.
-func outboxModeCheck(ctx context.Context, q store.Querier, keepSize string) Check {
+func outboxModeCheck(ctx context.Context, q telemetry.Querier, keepSize string) Check {
 	c := Check{Name: "outbox_mode", Severity: OK}
 	var rows, messages int64
 	err := q.QueryRow(ctx, `
@@ -287,7 +287,7 @@ const WalsenderSample = time.Second
 // sample, where it runs on this machine: under a load that keeps the
 // database's CPUs busy it waits its turn for one, and the rows committed
 // meanwhile with it (docs/operations.md, "The walsender's weight").
-func walsenderCheck(ctx context.Context, q store.Querier, pid int, sample time.Duration, batch bool) (Check, error) {
+func walsenderCheck(ctx context.Context, q telemetry.Querier, pid int, sample time.Duration, batch bool) (Check, error) {
 	c := Check{Name: "walsender", Severity: OK}
 	var port *int32
 	err := q.QueryRow(ctx, `SELECT client_port FROM pg_stat_replication WHERE pid = $1`, pid).Scan(&port)

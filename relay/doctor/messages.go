@@ -10,6 +10,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // messagesCheck judges outbox_messages. Off, events written with
@@ -17,7 +18,7 @@ import (
 // role that may run pg_logical_emit_message can make postbox send a signed
 // event, so every grantee of it beside outbox_message_roles (and
 // superusers) is an error, with the statements that fix it.
-func messagesCheck(ctx context.Context, q store.Querier, cfg *config.Config) Check {
+func messagesCheck(ctx context.Context, q telemetry.Querier, cfg *config.Config) Check {
 	c := Check{Name: "outbox_messages", Severity: OK}
 	if !cfg.Messages {
 		c.Detail = "off: only outbox table rows are delivered; an event written with outbox.Emit becomes a messages_off dead letter"

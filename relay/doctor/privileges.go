@@ -12,13 +12,14 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // roleChecks are the connected role's (postbox's) privileges: the schema's
 // version against this binary, and each privilege postbox run uses that
 // the role lacks, with its GRANT. A missing privilege is a finding, never
 // an error of the doctor's own.
-func roleChecks(ctx context.Context, q store.Querier, cfg *config.Config, role string) []Check {
+func roleChecks(ctx context.Context, q telemetry.Querier, cfg *config.Config, role string) []Check {
 	var out []Check
 	var schemaExists, mayCreate, mayMigrate bool
 	var readable *bool // nil: no schema_migrations
@@ -89,7 +90,7 @@ func roleChecks(ctx context.Context, q store.Querier, cfg *config.Config, role s
 // missingPublication is the publication check where the publication does
 // not exist: fine where postbox's role may create it (it owns the outbox
 // table), an error naming the statement for the table's owner otherwise.
-func missingPublication(ctx context.Context, q store.Querier, cfg *config.Config) Check {
+func missingPublication(ctx context.Context, q telemetry.Querier, cfg *config.Config) Check {
 	c := Check{Name: "publication", Severity: OK}
 	create := wal.PublicationSQL(cfg.Publication, cfg.Table)
 	var owner *string
@@ -125,7 +126,7 @@ func missingPublication(ctx context.Context, q store.Querier, cfg *config.Config
 // tables it could pause endpoints or forge deliveries, and with
 // REPLICATION read every change of the database. What it lacks of those
 // two is an error. The checks read the catalogs, for any role.
-func AppRole(ctx context.Context, q store.Querier, cfg *config.Config, role string) ([]Check, error) {
+func AppRole(ctx context.Context, q telemetry.Querier, cfg *config.Config, role string) ([]Check, error) {
 	name := "app_role"
 	who := store.Ident(role)
 	var super, repl, isPostbox, usage, insert bool

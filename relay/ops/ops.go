@@ -12,32 +12,24 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
-
-// ReplayFilter selects the events a replay enqueues again.
-type ReplayFilter = store.ReplayFilter
-
-// ReplayItem is one selected event.
-type ReplayItem = store.ReplayItem
 
 // Replay enqueues a new delivery for each event f selects (keeping its
 // event id, so receivers still deduplicate), spread out at rate events a
 // second when rate is positive. With dryRun it only lists them. It returns
 // the selection and how many deliveries it enqueued. While cfg has
 // outbox_messages off, events written with outbox.Emit are left out
-// (ReplayItem.MessagesOff): a relay would dead-letter them again.
-func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f ReplayFilter, dryRun bool, rate float64) ([]ReplayItem, int, error) {
+// (postboxtype.ReplayItem.MessagesOff): a relay would dead-letter them again.
+func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f postboxtype.ReplayFilter, dryRun bool, rate float64) ([]postboxtype.ReplayItem, int, error) {
 	s := &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	f.NoMessages = f.NoMessages || !cfg.Messages
 	return s.Replay(ctx, f, dryRun, rate)
 }
 
-// PauseIndefinite is the paused_until of a pause without an end (Pause
-// with a zero until): it lasts until Resume.
-var PauseIndefinite = store.PauseIndefinite
-
 // Pause holds endpoint's deliveries until until, or until Resume when until
-// is zero, on every instance. Nothing is dropped: its events are ingested
+// is zero (its paused_until is then postboxtype.PauseIndefinite), on every
+// instance. Nothing is dropped: its events are ingested
 // and wait in the queue without spending attempts. It replaces any pause
 // the endpoint has; a receiver's Retry-After while it lasts can extend it,
 // never shorten it. Instances hear of it at once; an attempt one of them

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -49,7 +48,7 @@ func BenchmarkSummary(b *testing.B) {
 		SELECT i, 'ep-' || (i % 10), 'delivered', now() - (i::float8 / 720000) * interval '59 minutes', random() * 50, random() * 10, 1
 		FROM generate_series(1, 720000) i`)
 	exec(b, pool, `VACUUM ANALYZE postbox.deliveries`)
-	for name, load := range map[string]func(context.Context, store.Querier, string) (telemetry.Summary, error){
+	for name, load := range map[string]func(context.Context, telemetry.Querier, string) (telemetry.Summary, error){
 		"status": telemetry.LoadSummary, "gauges": telemetry.LoadQueueSummary,
 	} {
 		b.Run(name, func(b *testing.B) {

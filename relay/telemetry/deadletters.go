@@ -6,26 +6,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
-
-// DeadLetter is one dead-lettered delivery.
-type DeadLetter struct {
-	DeliveryID     int64     `json:"delivery_id"`
-	EventID        string    `json:"event_id"`
-	Endpoint       string    `json:"endpoint"`
-	EventType      string    `json:"event_type"`
-	AttemptCount   int       `json:"attempt_count"`
-	LastError      string    `json:"last_error"`
-	LastStatusCode *int      `json:"last_status_code"`
-	CreatedAt      time.Time `json:"created_at"`
-	DeadAt         time.Time `json:"dead_at"`
-	CommitLSN      string    `json:"commit_lsn,omitempty"`
-}
 
 // ListDeadLetters returns dead letters since since (newest first), of one
 // endpoint when endpoint is set, at most limit.
-func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time, limit int) ([]DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, q Querier, endpoint string, since time.Time, limit int) ([]postboxtype.DeadLetter, error) {
 	rows, err := q.Query(ctx, `
 		SELECT d.id, e.event_id::text, d.endpoint, e.event_type, d.attempt_count, coalesce(d.last_error, ''),
 		       d.last_status_code, d.created_at, d.updated_at, coalesce(e.commit_lsn::text, '')
@@ -36,9 +22,9 @@ func ListDeadLetters(ctx context.Context, q store.Querier, endpoint string, sinc
 		return nil, fmt.Errorf("dead letters: %w", err)
 	}
 	defer rows.Close()
-	var out []DeadLetter
+	var out []postboxtype.DeadLetter
 	for rows.Next() {
-		var d DeadLetter
+		var d postboxtype.DeadLetter
 		if err := rows.Scan(&d.DeliveryID, &d.EventID, &d.Endpoint, &d.EventType, &d.AttemptCount, &d.LastError,
 			&d.LastStatusCode, &d.CreatedAt, &d.DeadAt, &d.CommitLSN); err != nil {
 			return nil, fmt.Errorf("dead letters: %w", err)
@@ -76,7 +62,7 @@ type Analysis struct {
 
 // AnalyzeDeadLetters groups the dead letters since since by endpoint (the
 // seed's analysis) and names each endpoint's pattern with advice.
-func AnalyzeDeadLetters(ctx context.Context, q store.Querier, endpoint string, since time.Time) ([]Analysis, error) {
+func AnalyzeDeadLetters(ctx context.Context, q Querier, endpoint string, since time.Time) ([]Analysis, error) {
 	rows, err := q.Query(ctx, `
 		WITH dl AS (
 		  SELECT endpoint, last_error, last_status_code, attempt_count, updated_at

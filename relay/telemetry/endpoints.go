@@ -8,8 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Window is the rolling window of the latency percentiles.
@@ -18,22 +17,22 @@ const Window = 24 * time.Hour
 // EndpointStats is one endpoint's state, latency over the rolling window,
 // and queue. Field names follow the seed's columns.
 type EndpointStats struct {
-	Endpoint            string       `json:"endpoint"`
-	State               BreakerState `json:"state"`
-	P50MS               *float64     `json:"p50_ms"`
-	P95MS               *float64     `json:"p95_ms"`
-	P99MS               *float64     `json:"p99_ms"`
-	SampleCount         int64        `json:"sample_count"`
-	ConsecutiveFailures int          `json:"consecutive_failures"`
-	Pending             int64        `json:"pending"`
-	AwaitingRetry       int64        `json:"awaiting_retry"`
-	InFlight            int64        `json:"in_flight"`
-	DeadLetter          int64        `json:"dead_letter"`
-	LastSuccessAt       *time.Time   `json:"last_success_at"`
-	LastFailureAt       *time.Time   `json:"last_failure_at"`
-	LastError           string       `json:"last_error"`
-	LastStatusCode      *int         `json:"last_status_code"`
-	PausedUntil         *time.Time   `json:"paused_until,omitempty"`
+	Endpoint            string                   `json:"endpoint"`
+	State               postboxtype.BreakerState `json:"state"`
+	P50MS               *float64                 `json:"p50_ms"`
+	P95MS               *float64                 `json:"p95_ms"`
+	P99MS               *float64                 `json:"p99_ms"`
+	SampleCount         int64                    `json:"sample_count"`
+	ConsecutiveFailures int                      `json:"consecutive_failures"`
+	Pending             int64                    `json:"pending"`
+	AwaitingRetry       int64                    `json:"awaiting_retry"`
+	InFlight            int64                    `json:"in_flight"`
+	DeadLetter          int64                    `json:"dead_letter"`
+	LastSuccessAt       *time.Time               `json:"last_success_at"`
+	LastFailureAt       *time.Time               `json:"last_failure_at"`
+	LastError           string                   `json:"last_error"`
+	LastStatusCode      *int                     `json:"last_status_code"`
+	PausedUntil         *time.Time               `json:"paused_until,omitempty"`
 }
 
 // ExactSamples is how many samples an endpoint may have in the window and
@@ -95,7 +94,7 @@ GROUP BY endpoint`
 // windowPercentiles returns the percentiles over the window of every
 // endpoint with samples in it (or only endpoint's): exact up to
 // ExactSamples, from the histograms above.
-func windowPercentiles(ctx context.Context, q store.Querier, endpoint string) (map[string]windowStats, error) {
+func windowPercentiles(ctx context.Context, q Querier, endpoint string) (map[string]windowStats, error) {
 	rows, err := q.Query(ctx, windowTotalsSQL, Window.Seconds(), endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("latency window: %w", err)
@@ -148,7 +147,7 @@ func windowPercentiles(ctx context.Context, q store.Querier, endpoint string) (m
 // LoadEndpoints returns every endpoint's stats (or only endpoint's),
 // computed from the samples now, so the answer is current even when no
 // relay runs.
-func LoadEndpoints(ctx context.Context, q store.Querier, endpoint string) ([]EndpointStats, error) {
+func LoadEndpoints(ctx context.Context, q Querier, endpoint string) ([]EndpointStats, error) {
 	stats, err := windowPercentiles(ctx, q, endpoint)
 	if err != nil {
 		return nil, err
@@ -207,7 +206,7 @@ func LoadEndpoints(ctx context.Context, q store.Querier, endpoint string) ([]End
 // RefreshPercentiles stores each endpoint's p50/p95/p99 and sample count
 // over the window in endpoint_health (where the breaker reads the p95),
 // and clears the figures of endpoints without samples in it.
-func RefreshPercentiles(ctx context.Context, q store.Querier) error {
+func RefreshPercentiles(ctx context.Context, q Querier) error {
 	stats, err := windowPercentiles(ctx, q, "")
 	if err != nil {
 		return fmt.Errorf("refresh percentiles: %w", err)
@@ -246,7 +245,7 @@ func RefreshPercentiles(ctx context.Context, q store.Querier) error {
 // LoadStoredEndpoints returns the endpoints' stats as stored in
 // endpoint_health: percentiles as of the last refresh (at most a minute
 // old while a relay runs). Cheaper than LoadEndpoints, for metrics.
-func LoadStoredEndpoints(ctx context.Context, q store.Querier) ([]EndpointStats, error) {
+func LoadStoredEndpoints(ctx context.Context, q Querier) ([]EndpointStats, error) {
 	rows, err := q.Query(ctx, `
 		SELECT endpoint, state, p50_ms::float8, p95_ms::float8, p99_ms::float8, sample_count, consecutive_failures,
 		       last_success_at, last_failure_at, coalesce(last_error, ''), last_status_code,
@@ -278,14 +277,3 @@ func roundMS(vs ...*float64) {
 		}
 	}
 }
-
-// BreakerState is an endpoint's circuit breaker state, as the State
-// fields report it.
-type BreakerState = state.Breaker
-
-// Circuit breaker states, as the State fields report them.
-const (
-	BreakerClosed   = state.BreakerClosed
-	BreakerOpen     = state.BreakerOpen
-	BreakerHalfOpen = state.BreakerHalfOpen
-)

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // EndpointQueuesSQL counts the unfinished and dead-lettered deliveries per
@@ -30,7 +30,7 @@ SELECT endpoint, 'dead_letter', count(*) FROM postbox.deliveries WHERE status = 
 // no samples, so it answers in milliseconds however busy the endpoints
 // are; the console's pages use it. Endpoints come in name order: those
 // with health (any attempt recorded) or deliveries in the queue.
-func LoadEndpointsRefreshed(ctx context.Context, q store.Querier, endpoint string) ([]EndpointStats, error) {
+func LoadEndpointsRefreshed(ctx context.Context, q Querier, endpoint string) ([]EndpointStats, error) {
 	stored, err := LoadStoredEndpoints(ctx, q)
 	if err != nil {
 		return nil, err
@@ -58,7 +58,7 @@ func LoadEndpointsRefreshed(ctx context.Context, q store.Querier, endpoint strin
 		if !ok {
 			i = len(out)
 			at[name] = i
-			out = append(out, EndpointStats{Endpoint: name, State: BreakerClosed})
+			out = append(out, EndpointStats{Endpoint: name, State: postboxtype.BreakerClosed})
 		}
 		switch status {
 		case "pending":

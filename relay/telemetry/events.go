@@ -10,8 +10,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Event search limits.
@@ -36,8 +35,8 @@ var (
 
 // EventStatuses are the delivery states a search can filter by.
 var EventStatuses = []string{
-	string(state.Pending), string(state.InFlight), string(state.Failed),
-	string(state.Delivered), string(state.DeadLetter), string(state.Replayed),
+	string(postboxtype.DeliveryPending), string(postboxtype.DeliveryInFlight), string(postboxtype.DeliveryFailed),
+	string(postboxtype.DeliveryDelivered), string(postboxtype.DeliveryDeadLetter), string(postboxtype.DeliveryReplayed),
 }
 
 // EventFilter selects events. Zero fields do not filter.
@@ -55,18 +54,6 @@ type EventFilter struct {
 	// Limit caps the answer: EventLimitDefault when 0, at most
 	// EventLimitMax.
 	Limit int
-}
-
-// EventSummary is one event found by SearchEvents.
-type EventSummary struct {
-	EventID   string `json:"event_id"`
-	Endpoint  string `json:"endpoint"`
-	EventType string `json:"event_type"`
-	// Status is its latest delivery's state.
-	Status string `json:"status"`
-	// Attempts counts the attempts of all its deliveries (a replay's too).
-	Attempts    int        `json:"attempts"`
-	CommittedAt *time.Time `json:"committed_at"`
 }
 
 // CheckSearchKeys returns an error wrapping ErrSearchKeyNotConfigured when
@@ -191,7 +178,7 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 			narrow = " AND d.endpoint = " + endpoint
 		}
 		cond := fmt.Sprintf(latestStatusSQL, arg(f.Status), narrow)
-		if f.Status == string(state.InFlight) {
+		if f.Status == string(postboxtype.DeliveryInFlight) {
 			cond = "(" + cond + " OR " + underWaySQL + ")"
 		}
 		conds = append(conds, cond)
@@ -225,12 +212,12 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 // time, by ingest time when the commit is unknown). It returns an error
 // wrapping ErrUnknownStatus for a status no delivery has; check payload
 // keys against the configuration with CheckSearchKeys first.
-func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]EventSummary, error) {
+func SearchEvents(ctx context.Context, q Querier, f EventFilter) ([]postboxtype.EventSummary, error) {
 	boundSQL, listSQL, args, err := searchEventsQuery(f)
 	if err != nil {
 		return nil, err
 	}
-	out := []EventSummary{}
+	out := []postboxtype.EventSummary{}
 	var bound *time.Time
 	if err := q.QueryRow(ctx, boundSQL, args...).Scan(&bound); err != nil {
 		return nil, fmt.Errorf("search events: %w", err)
@@ -244,7 +231,7 @@ func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]EventS
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var e EventSummary
+		var e postboxtype.EventSummary
 		if err := rows.Scan(&e.EventID, &e.Endpoint, &e.EventType, &e.Status, &e.Attempts, &e.CommittedAt); err != nil {
 			return nil, fmt.Errorf("search events: %w", err)
 		}
@@ -254,57 +241,6 @@ func SearchEvents(ctx context.Context, q store.Querier, f EventFilter) ([]EventS
 		return nil, fmt.Errorf("search events: %w", err)
 	}
 	return out, nil
-}
-
-// EventStory is everything postbox knows of one event for one endpoint:
-// its commit, its ingest, and every delivery (a replay adds one) with every
-// attempt.
-type EventStory struct {
-	EventID     string          `json:"event_id"`
-	Endpoint    string          `json:"endpoint"`
-	EventType   string          `json:"event_type"`
-	CommitLSN   string          `json:"commit_lsn"` // "" when found by reconciliation
-	CommittedAt *time.Time      `json:"committed_at"`
-	CreatedAt   time.Time       `json:"created_at"`
-	IngestedAt  time.Time       `json:"ingested_at"`
-	Deliveries  []DeliveryStory `json:"deliveries"`
-	// UnderWayAt is the instance whose memory holds the event in flight
-	// while its delivery is not written yet (an event under way: its
-	// first attempt's outcome writes it).
-	UnderWayAt string `json:"under_way_at,omitempty"`
-}
-
-// DeliveryStory is one delivery of an event and its attempts.
-type DeliveryStory struct {
-	ID     int64  `json:"id"`
-	Status string `json:"status"`
-	// ReplayOf is the delivery this one replays.
-	ReplayOf    *int64          `json:"replay_of,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
-	DeliveredAt *time.Time      `json:"delivered_at"`
-	LastError   string          `json:"last_error"`
-	Attempts    []AttemptRecord `json:"attempts"`
-}
-
-// AttemptRecord is one HTTP attempt, as postbox.attempts keeps it.
-type AttemptRecord struct {
-	// Attempt is the delivery's attempt number, from 1 (0: unknown, for
-	// samples carried over from before attempts were kept).
-	Attempt    int       `json:"attempt"`
-	StartedAt  time.Time `json:"started_at"`
-	StatusCode *int      `json:"status_code"` // nil when no response came
-	DurationMS float64   `json:"duration_ms"`
-	Error      string    `json:"error"`
-	ErrorClass string    `json:"error_class"`
-	// Response is the start of the response body, redacted.
-	Response string `json:"response"`
-	// ResponseHidden: the CLI left Response out because log_payloads is
-	// off (a partner's body may echo the payload).
-	ResponseHidden bool `json:"response_hidden,omitempty"`
-	// Target is where it went: scheme://host/path, never the query.
-	Target   string `json:"target"`
-	Instance string `json:"instance"`
 }
 
 // canonicalUUID returns s as PostgreSQL's canonical text of a uuid, or
@@ -339,8 +275,8 @@ func printable(s string) string {
 // (in endpoint order), each with its deliveries in id order and their
 // attempts in order. For an id postbox does not hold it returns an empty
 // slice and an error wrapping ErrEventNotFound.
-func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventStory, error) {
-	stories := []EventStory{}
+func LoadEvent(ctx context.Context, q Querier, eventID string) ([]postboxtype.EventStory, error) {
+	stories := []postboxtype.EventStory{}
 	id, ok := canonicalUUID(eventID)
 	if !ok {
 		return stories, fmt.Errorf("%w %s (an event id is a UUID)", ErrEventNotFound, printable(eventID))
@@ -354,20 +290,20 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 	var pks []int64
 	byPK := map[int64]int{}
 	for rows.Next() {
-		var s EventStory
+		var s postboxtype.EventStory
 		var pk int64
 		if err := rows.Scan(&pk, &s.EventID, &s.Endpoint, &s.EventType, &s.CommitLSN, &s.CommittedAt, &s.CreatedAt, &s.IngestedAt); err != nil {
 			rows.Close()
-			return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: %w", id, err)
 		}
-		s.Deliveries = []DeliveryStory{}
+		s.Deliveries = []postboxtype.DeliveryStory{}
 		byPK[pk] = len(stories)
 		pks = append(pks, pk)
 		stories = append(stories, s)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: %w", id, err)
 	}
 	if len(stories) == 0 {
 		return stories, fmt.Errorf("%w %s", ErrEventNotFound, id)
@@ -377,19 +313,19 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 		SELECT id, event_pk, status, replay_of, created_at, updated_at, delivered_at, coalesce(last_error, '')
 		FROM postbox.deliveries WHERE event_pk = ANY($1) ORDER BY id`, pks)
 	if err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
 	}
 	type ref struct{ story, delivery int }
 	var ids []int64
 	byID := map[int64]ref{}
 	for rows.Next() {
-		var d DeliveryStory
+		var d postboxtype.DeliveryStory
 		var pk int64
 		if err := rows.Scan(&d.ID, &pk, &d.Status, &d.ReplayOf, &d.CreatedAt, &d.UpdatedAt, &d.DeliveredAt, &d.LastError); err != nil {
 			rows.Close()
-			return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
 		}
-		d.Attempts = []AttemptRecord{}
+		d.Attempts = []postboxtype.AttemptRecord{}
 		s := &stories[byPK[pk]]
 		byID[d.ID] = ref{byPK[pk], len(s.Deliveries)}
 		ids = append(ids, d.ID)
@@ -397,11 +333,11 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
 	}
 	if len(ids) < len(pks) {
 		if err := readUnderWay(ctx, q, pks, byPK, stories); err != nil {
-			return []EventStory{}, fmt.Errorf("event %s: %w", id, err)
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: %w", id, err)
 		}
 	}
 	if len(ids) == 0 {
@@ -412,14 +348,14 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 		SELECT delivery_id, `+attemptColumns+`
 		FROM postbox.all_attempts a WHERE a.delivery_id = ANY($1) ORDER BY a.delivery_id, a.attempt, a.started_at`, ids)
 	if err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var a AttemptRecord
+		var a postboxtype.AttemptRecord
 		var deliveryID int64
-		if err := rows.Scan(append([]any{&deliveryID}, a.scanTargets()...)...); err != nil {
-			return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+		if err := rows.Scan(append([]any{&deliveryID}, attemptScanTargets(&a)...)...); err != nil {
+			return []postboxtype.EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 		}
 		roundMS(&a.DurationMS)
 		r := byID[deliveryID]
@@ -427,14 +363,14 @@ func LoadEvent(ctx context.Context, q store.Querier, eventID string) ([]EventSto
 		d.Attempts = append(d.Attempts, a)
 	}
 	if err := rows.Err(); err != nil {
-		return []EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
+		return []postboxtype.EventStory{}, fmt.Errorf("event %s: attempts: %w", id, err)
 	}
 	return stories, nil
 }
 
 // readUnderWay names the instance holding each of the stories' events
 // under way.
-func readUnderWay(ctx context.Context, q store.Querier, pks []int64, byPK map[int64]int, stories []EventStory) error {
+func readUnderWay(ctx context.Context, q Querier, pks []int64, byPK map[int64]int, stories []postboxtype.EventStory) error {
 	rows, err := q.Query(ctx, `SELECT event_pk, owner FROM postbox.events_under_way WHERE event_pk = ANY($1)`, pks)
 	if err != nil {
 		return fmt.Errorf("under way: %w", err)
@@ -471,23 +407,13 @@ SELECT id AS delivery_id, endpoint, 1 AS attempt, delivered_at - last_response_m
        attempted_by AS instance
 FROM postbox.deliveries WHERE status = 'delivered' AND attempted_by IS NOT NULL`
 
-// attemptColumns are an AttemptRecord's columns of postbox.attempts a, in
-// scanTargets order.
+// attemptColumns are a postboxtype.AttemptRecord's columns of postbox.attempts a, in
+// attemptScanTargets order.
 const attemptColumns = `a.attempt, a.started_at, a.status_code, a.duration_ms::float8, coalesce(a.error, ''),
        coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance`
 
-func (a *AttemptRecord) scanTargets() []any {
+func attemptScanTargets(a *postboxtype.AttemptRecord) []any {
 	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance}
-}
-
-// AttemptRow is an attempt with the delivery and event it was made for.
-type AttemptRow struct {
-	AttemptRecord
-	// EventID is "" for samples carried over from before attempts were
-	// kept, and for attempts whose delivery has been purged.
-	EventID    string `json:"event_id"`
-	Endpoint   string `json:"endpoint"`
-	DeliveryID int64  `json:"delivery_id"` // 0 when unknown
 }
 
 // recentAttemptsSQL is RecentAttempts' statement: the newest $2 of
@@ -509,7 +435,7 @@ const recentAttemptsSQL = `
 
 // RecentAttempts returns endpoint's latest attempts, the newest first, at
 // most limit (EventLimitDefault when 0, at most EventLimitMax).
-func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit int) ([]AttemptRow, error) {
+func RecentAttempts(ctx context.Context, q Querier, endpoint string, limit int) ([]postboxtype.AttemptRow, error) {
 	if endpoint == "" {
 		return nil, errors.New("recent attempts: no endpoint given")
 	}
@@ -522,10 +448,10 @@ func RecentAttempts(ctx context.Context, q store.Querier, endpoint string, limit
 		return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
 	}
 	defer rows.Close()
-	out := []AttemptRow{}
+	out := []postboxtype.AttemptRow{}
 	for rows.Next() {
-		var a AttemptRow
-		if err := rows.Scan(append([]any{&a.DeliveryID, &a.Endpoint, &a.EventID}, a.scanTargets()...)...); err != nil {
+		var a postboxtype.AttemptRow
+		if err := rows.Scan(append([]any{&a.DeliveryID, &a.Endpoint, &a.EventID}, attemptScanTargets(&a.AttemptRecord)...)...); err != nil {
 			return nil, fmt.Errorf("recent attempts of %s: %w", endpoint, err)
 		}
 		roundMS(&a.DurationMS)
@@ -577,7 +503,7 @@ const perMinuteSQL = `
 // DeliveriesPerMinute counts the attempts of every minute from since ago
 // to now (PerMinuteDefault when 0, at most PerMinuteMax), oldest first,
 // every minute present (zero when nothing was attempted in it).
-func DeliveriesPerMinute(ctx context.Context, q store.Querier, since time.Duration) ([]MinuteCount, error) {
+func DeliveriesPerMinute(ctx context.Context, q Querier, since time.Duration) ([]MinuteCount, error) {
 	if since <= 0 {
 		since = PerMinuteDefault
 	}
@@ -632,7 +558,7 @@ ORDER BY bin`
 // the rolling window (Window), oldest first, from the latency histograms
 // (each within 2 % of the exact percentile). Bins without attempts are
 // absent.
-func LatencySeries(ctx context.Context, q store.Querier, endpoint string) ([]LatencyPoint, error) {
+func LatencySeries(ctx context.Context, q Querier, endpoint string) ([]LatencyPoint, error) {
 	rows, err := q.Query(ctx, latencySeriesSQL, endpoint, Window.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("latency series of %s: %w", endpoint, err)

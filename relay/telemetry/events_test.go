@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -69,7 +70,7 @@ func attempt(t *testing.T, pool *pgxpool.Pool, deliveryID int64, endpoint string
 
 func ago(d time.Duration) *time.Duration { return &d }
 
-func ids(es []telemetry.EventSummary) []string {
+func ids(es []postboxtype.EventSummary) []string {
 	out := make([]string, len(es))
 	for i, e := range es {
 		out[i] = e.EventID
@@ -192,7 +193,7 @@ func TestSearchEventsNewestFirst(t *testing.T) {
 	delivery(t, pool, pkC, "p", "delivered", 1, nil)
 	delivery(t, pool, pkR, "q", "dead_letter", 3, nil)
 
-	search := func(f telemetry.EventFilter) []telemetry.EventSummary {
+	search := func(f telemetry.EventFilter) []postboxtype.EventSummary {
 		t.Helper()
 		got, err := telemetry.SearchEvents(ctx, pool, f)
 		require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // OtherEndpoint is the endpoint label of every endpoint past the cap.
@@ -193,11 +194,11 @@ func (m *Metrics) Recorded(r state.Result) {
 		m.streamToAttempt.Observe(r.StreamToAttempt.Seconds())
 	}
 	switch r.Status {
-	case state.Delivered:
+	case postboxtype.DeliveryDelivered:
 		if r.CommitToDeliveryMS >= 0 {
 			m.commitToDelivery.WithLabelValues(ep).Observe(r.CommitToDeliveryMS / 1000)
 		}
-	case state.DeadLetter:
+	case postboxtype.DeliveryDeadLetter:
 		m.deadLetters.WithLabelValues(ep).Inc()
 	}
 }
@@ -222,7 +223,7 @@ func (m *Metrics) Observe(s Summary, endpoints []EndpointStats, alerts []Alert) 
 		if label == OtherEndpoint {
 			continue // per-endpoint gauges only for labelled endpoints
 		}
-		m.breaker.WithLabelValues(label).Set(map[BreakerState]float64{BreakerHalfOpen: 1, BreakerOpen: 2}[e.State])
+		m.breaker.WithLabelValues(label).Set(map[postboxtype.BreakerState]float64{postboxtype.BreakerHalfOpen: 1, postboxtype.BreakerOpen: 2}[e.State])
 		for q, v := range map[string]*float64{"0.5": e.P50MS, "0.95": e.P95MS, "0.99": e.P99MS} {
 			if v != nil {
 				m.endpointLatency.WithLabelValues(label, q).Set(*v / 1000)

@@ -14,9 +14,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
-	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Slot is the replication slot as the summary reports it.
@@ -31,13 +30,13 @@ type Slot struct {
 
 // Breaker is an endpoint held back by its breaker or a pause.
 type Breaker struct {
-	Endpoint            string       `json:"endpoint"`
-	State               BreakerState `json:"state"`
-	ConsecutiveFailures int          `json:"consecutive_failures"`
-	OpenedAt            *time.Time   `json:"opened_at,omitempty"`
-	ReopensAt           *time.Time   `json:"reopens_at,omitempty"`
-	PausedUntil         *time.Time   `json:"paused_until,omitempty"`
-	LastError           string       `json:"last_error,omitempty"`
+	Endpoint            string                   `json:"endpoint"`
+	State               postboxtype.BreakerState `json:"state"`
+	ConsecutiveFailures int                      `json:"consecutive_failures"`
+	OpenedAt            *time.Time               `json:"opened_at,omitempty"`
+	ReopensAt           *time.Time               `json:"reopens_at,omitempty"`
+	PausedUntil         *time.Time               `json:"paused_until,omitempty"`
+	LastError           string                   `json:"last_error,omitempty"`
 }
 
 // Instance is a registered postbox.
@@ -128,7 +127,7 @@ SELECT count(*),
 FROM postbox.deliveries WHERE status = 'delivered' AND delivered_at >= now() - interval '1 hour'`
 
 // LoadSummary reads the health summary (without alerts; see Evaluate).
-func LoadSummary(ctx context.Context, q store.Querier, slotName string) (Summary, error) {
+func LoadSummary(ctx context.Context, q Querier, slotName string) (Summary, error) {
 	return loadSummary(ctx, q, slotName, true)
 }
 
@@ -136,11 +135,11 @@ func LoadSummary(ctx context.Context, q store.Querier, slotName string) (Summary
 // statistics (DeliveredLastHour, AvgDeliveryMSLastHour and the
 // commit-to-delivery percentiles stay empty): everything the gauges and
 // alerts need, at the cost of a few index lookups.
-func LoadQueueSummary(ctx context.Context, q store.Querier, slotName string) (Summary, error) {
+func LoadQueueSummary(ctx context.Context, q Querier, slotName string) (Summary, error) {
 	return loadSummary(ctx, q, slotName, false)
 }
 
-func loadSummary(ctx context.Context, q store.Querier, slotName string, deliveryHour bool) (Summary, error) {
+func loadSummary(ctx context.Context, q Querier, slotName string, deliveryHour bool) (Summary, error) {
 	s := Summary{Breakers: []Breaker{}, Alerts: []Alert{}}
 	var failedRetry, failedDead int64
 	err := q.QueryRow(ctx, SummarySQL).Scan(&s.Pending, &s.AwaitingRetry, &s.InFlight, &s.DeadLetter,
@@ -188,7 +187,7 @@ func loadSummary(ctx context.Context, q store.Querier, slotName string, delivery
 		if paused != nil && paused.After(s.At) {
 			b.PausedUntil = paused
 		}
-		if b.State == state.BreakerClosed {
+		if b.State == postboxtype.BreakerClosed {
 			b.OpenedAt, b.ReopensAt = nil, nil
 		}
 		s.Breakers = append(s.Breakers, b)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -39,7 +40,7 @@ func TestEventsUnderWayAreInFlight(t *testing.T) {
 	require.NotNil(t, s.OldestPendingAgeSeconds)
 	require.Greater(t, *s.OldestPendingAgeSeconds, (30 * time.Minute).Seconds(), "events under way are the oldest undelivered")
 
-	for name, load := range map[string]func(context.Context, store.Querier, string) ([]telemetry.EndpointStats, error){
+	for name, load := range map[string]func(context.Context, telemetry.Querier, string) ([]telemetry.EndpointStats, error){
 		"computed": telemetry.LoadEndpoints, "refreshed": telemetry.LoadEndpointsRefreshed,
 	} {
 		eps, err := load(ctx, pool, "kept")
@@ -66,7 +67,7 @@ func TestEventsUnderWayAreInFlight(t *testing.T) {
 
 	// A replay leaves it to its owner: no second delivery races the first.
 	st := &store.Store{Pool: pool}
-	items, n, err := st.Replay(ctx, store.ReplayFilter{EventIDs: []string{eventID}}, false, 0)
+	items, n, err := st.Replay(ctx, postboxtype.ReplayFilter{EventIDs: []string{eventID}}, false, 0)
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.Len(t, items, 1)

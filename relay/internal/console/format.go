@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/ops"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -192,12 +192,12 @@ func formatSpan(d time.Duration) string {
 }
 
 // formatPaused prints how long a pause lasts: "until 2025-01-02 15:04:05",
-// or "until resumed" for one without an end (ops.PauseIndefinite).
+// or "until resumed" for one without an end (postboxtype.PauseIndefinite).
 func formatPaused(t *time.Time) string {
 	if t == nil {
 		return ""
 	}
-	if !t.Before(ops.PauseIndefinite) {
+	if !t.Before(postboxtype.PauseIndefinite) {
 		return "until resumed"
 	}
 	return "until " + formatTime(*t)

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/internal/logsafe"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/ops"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -107,7 +107,7 @@ type endpointPage struct {
 	Configured   bool
 	Stats        *telemetry.EndpointStats
 	Chart        template.HTML
-	Attempts     []telemetry.AttemptRow
+	Attempts     []postboxtype.AttemptRow
 	AttemptLimit int
 	// FailingNow: the last attempt failed (no success since).
 	FailingNow bool
@@ -181,7 +181,7 @@ type deadLettersPage struct {
 	WindowLabel      string
 	Since            time.Time
 	Analysis         []telemetry.Analysis
-	List             []telemetry.DeadLetter
+	List             []postboxtype.DeadLetter
 	Capped           bool
 }
 
@@ -231,7 +231,7 @@ type eventsPage struct {
 	Keys                                        []string
 	Statuses                                    []string
 	Searched, Capped, Filtered                  bool
-	Results                                     []telemetry.EventSummary
+	Results                                     []postboxtype.EventSummary
 	Error                                       string
 }
 
@@ -340,12 +340,12 @@ type eventPage struct {
 }
 
 type storyView struct {
-	telemetry.EventStory
+	postboxtype.EventStory
 	Deliveries []deliveryView
 }
 
 type deliveryView struct {
-	telemetry.DeliveryStory
+	postboxtype.DeliveryStory
 	Steps []step
 }
 
@@ -394,7 +394,7 @@ func (c *Console) event(rq *request) error {
 
 // steps tells a delivery's story: queued (or replayed), each attempt, and
 // how it ended.
-func (c *Console) steps(rq *request, d telemetry.DeliveryStory) []step {
+func (c *Console) steps(rq *request, d postboxtype.DeliveryStory) []step {
 	first := step{When: d.CreatedAt, What: "Queued for delivery"}
 	if d.ReplayOf != nil {
 		first.What = "Queued again by a replay"
@@ -434,20 +434,20 @@ func (c *Console) steps(rq *request, d telemetry.DeliveryStory) []step {
 		}
 		out = append(out, s)
 	}
-	switch state.Delivery(d.Status) {
-	case state.Delivered:
+	switch postboxtype.DeliveryState(d.Status) {
+	case postboxtype.DeliveryDelivered:
 		at := d.UpdatedAt
 		if d.DeliveredAt != nil {
 			at = *d.DeliveredAt
 		}
 		out = append(out, step{When: at, Class: "ok", What: "Delivered"})
-	case state.DeadLetter:
+	case postboxtype.DeliveryDeadLetter:
 		out = append(out, step{When: d.UpdatedAt, Class: "bad", What: "Dead-lettered", Detail: c.text(rq, d.LastError)})
-	case state.Replayed:
+	case postboxtype.DeliveryReplayed:
 		out = append(out, step{When: d.UpdatedAt, Class: "bad", What: "Dead-lettered (replayed later)", Detail: c.text(rq, d.LastError)})
-	case state.Failed:
+	case postboxtype.DeliveryFailed:
 		out = append(out, step{When: d.UpdatedAt, Class: "warn", What: "Waiting to retry", Detail: c.text(rq, d.LastError)})
-	case state.InFlight:
+	case postboxtype.DeliveryInFlight:
 		out = append(out, step{When: d.UpdatedAt, Class: "warn", What: "Attempt in flight"})
 	}
 	return out
@@ -469,7 +469,7 @@ func (c *Console) target(rq *request, s string) string {
 // replay enqueues events again: every dead letter of an endpoint, or one
 // event at one endpoint (only if still dead, from the dead-letter page).
 func (c *Console) replay(rq *request) (string, error) {
-	f := ops.ReplayFilter{Endpoint: strings.TrimSpace(rq.r.PostFormValue("endpoint")),
+	f := postboxtype.ReplayFilter{Endpoint: strings.TrimSpace(rq.r.PostFormValue("endpoint")),
 		DeadLetters: rq.r.PostFormValue("dead_letters") == "1"}
 	if id := strings.TrimSpace(rq.r.PostFormValue("event_id")); id != "" {
 		if !uuidRe.MatchString(id) {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Job is one delivery attempt to make.
@@ -73,7 +74,7 @@ type Job struct {
 // for a job not finished, not delivered, or taken already.
 func (j *Job) TakeDelivered() (state.Result, bool) {
 	r := j.result.Load()
-	if r == nil || r.Status != state.Delivered || !r.Attempted || !r.Sampled || j.Ingest == nil || j.Ingest.Finished() {
+	if r == nil || r.Status != postboxtype.DeliveryDelivered || !r.Attempted || !r.Sampled || j.Ingest == nil || j.Ingest.Finished() {
 		return state.Result{}, false
 	}
 	if !j.written.CompareAndSwap(false, true) {
@@ -825,7 +826,7 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 			if p := recover(); p != nil {
 				// A bug must not take the relay down or lose the event:
 				// count it as a failed attempt, to be retried.
-				res = state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: state.Failed,
+				res = state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, Status: postboxtype.DeliveryFailed,
 					Attempted: true, Delay: time.Minute, At: time.Now(), CommitToDeliveryMS: -1,
 					LastError: fmt.Sprintf("internal error: %v", p)}
 				debug.PrintStack()
@@ -854,7 +855,7 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	if ahead {
 		l.awaiting++
 	}
-	if res.Status == state.Delivered {
+	if res.Status == postboxtype.DeliveryDelivered {
 		l.lastOK = time.Now()
 	}
 	if !d.stopping {

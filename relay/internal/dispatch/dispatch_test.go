@@ -12,6 +12,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 type harness struct {
@@ -51,7 +52,7 @@ func hExecute(h *harness) func(ctx context.Context, j *dispatch.Job) state.Resul
 		defer h.total.Add(-1)
 		select {
 		case <-h.release:
-			return state.Result{DeliveryID: j.DeliveryID, Status: state.Delivered}
+			return state.Result{DeliveryID: j.DeliveryID, Status: postboxtype.DeliveryDelivered}
 		case <-ctx.Done():
 			return dispatch.Released(j)
 		}
@@ -68,7 +69,7 @@ func raise(peak *atomic.Int32, n int32) {
 	}
 }
 
-func (h *harness) count(status state.Delivery) int {
+func (h *harness) count(status postboxtype.DeliveryState) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
@@ -92,7 +93,7 @@ func TestLanesCapInFlightPerEndpoint(t *testing.T) {
 	free, _ := h.d.Free()
 	require.Equal(t, 0, free["slow"], "2 running + 8 queued is the lane's limit (5 × cap)")
 	close(h.release)
-	require.Eventually(t, func() bool { return h.count(state.Delivered) == 20 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 20 }, 5*time.Second, time.Millisecond)
 	require.EqualValues(t, 2, h.peak["slow"].Load())
 	require.EqualValues(t, 3, h.peak["fast"].Load())
 }
@@ -151,7 +152,7 @@ func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
 	require.Equal(t, 10, h.d.InFlight())
 	require.Eventually(t, func() bool { return h.total.Load() == 10 }, 5*time.Second, time.Millisecond)
 	close(h.release)
-	require.Eventually(t, func() bool { return h.count(state.Delivered) == 60 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 60 }, 5*time.Second, time.Millisecond)
 	require.EqualValues(t, 10, h.totalPeak.Load(), "never more than the global cap running at once, from the first job to the last")
 }
 
@@ -167,7 +168,7 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 	close(h.release)
 	require.True(t, h.d.Reserve("e")) // the lane stays while it holds something
 	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
-	require.Eventually(t, func() bool { return h.count(state.Delivered) == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 1 }, 5*time.Second, time.Millisecond)
 	for range dispatch.DrainingLaneLimit(2) - 1 {
 		require.True(t, h.d.Reserve("e"))
 	}
@@ -178,8 +179,10 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 	require.False(t, h.d.Reserve("hang"), "a lane that delivered nothing gets no more than its limit")
 
 	small := dispatch.New(dispatch.Options{
-		Capacity:    func(string) int { return 2 },
-		Execute:     func(context.Context, *dispatch.Job) state.Result { return state.Result{Status: state.Delivered} },
+		Capacity: func(string) int { return 2 },
+		Execute: func(context.Context, *dispatch.Job) state.Result {
+			return state.Result{Status: postboxtype.DeliveryDelivered}
+		},
 		OnOutcome:   func(dispatch.Outcome) {},
 		MaxHeldJobs: 2 * dispatch.LaneLimit(2),
 	})
@@ -307,13 +310,13 @@ func TestAttemptsAheadOfTheIngestWaitForIt(t *testing.T) {
 	}
 	ahead := dispatch.AheadLimit(capacity) + capacity - 1
 	require.Less(t, ahead, 20)
-	require.Eventually(t, func() bool { return h.count(state.Delivered) == ahead }, 5*time.Second, time.Millisecond)
-	require.Never(t, func() bool { return h.count(state.Delivered) > ahead }, 100*time.Millisecond, time.Millisecond,
+	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == ahead }, 5*time.Second, time.Millisecond)
+	require.Never(t, func() bool { return h.count(postboxtype.DeliveryDelivered) > ahead }, 100*time.Millisecond, time.Millisecond,
 		"no more attempts before the ingest commits")
 	free, _ := h.d.Free()
 	require.Zero(t, free["e"], "the attempts waiting for the ingest hold their room")
 	tx.Finish(nil)
-	require.Eventually(t, func() bool { return h.count(state.Delivered) == 20 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 20 }, 5*time.Second, time.Millisecond)
 }
 
 // An attempt ahead of its ingest starts only while that may still
@@ -337,9 +340,11 @@ func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
 	h.d.Assign(a, 11) // written; b's event had been ingested before
 	committed.Finish(nil)
 	failed.Finish(errors.New("fenced: another instance leads"))
-	require.Eventually(t, func() bool { return h.d.InFlight() == 0 && h.count(state.Delivered)+h.count(state.Released) == 3 },
+	require.Eventually(t, func() bool {
+		return h.d.InFlight() == 0 && h.count(postboxtype.DeliveryDelivered)+h.count(state.Released) == 3
+	},
 		5*time.Second, time.Millisecond)
-	require.Equal(t, 1, h.count(state.Delivered), "only the delivery the ingest wrote is attempted")
+	require.Equal(t, 1, h.count(postboxtype.DeliveryDelivered), "only the delivery the ingest wrote is attempted")
 	require.Equal(t, 2, h.count(state.Released))
 	require.EqualValues(t, 1, h.totalPeak.Load())
 
@@ -347,5 +352,5 @@ func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
 	live.Store(true)
 	d := &dispatch.Job{Endpoint: "e", Ingest: dispatch.NewIngest(live.Load)}
 	h.d.Submit(d, false)
-	require.Eventually(t, func() bool { return h.count(state.Delivered) == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 2 }, 5*time.Second, time.Millisecond)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // goroutineID is the running goroutine's number, from its stack's header.
@@ -39,7 +40,7 @@ func TestAttemptGoroutinesAreReusedAndJoined(t *testing.T) {
 			mu.Lock()
 			ids[goroutineID()]++
 			mu.Unlock()
-			return state.Result{DeliveryID: j.DeliveryID, Status: state.Delivered}
+			return state.Result{DeliveryID: j.DeliveryID, Status: postboxtype.DeliveryDelivered}
 		},
 		OnOutcome: func(o dispatch.Outcome) {
 			d.Recorded(o.Job)

@@ -28,6 +28,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/macro"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Event is what Resolve needs to know of an event.
@@ -332,7 +333,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		if strings.HasPrefix(t.Reason, policy.ReasonMessagesOff) {
 			x.env.Metrics.MessagesRefused(1)
 		}
-		res.Status, res.Attempted, res.LastError, res.At = state.DeadLetter, true, t.Reason, x.env.Now()
+		res.Status, res.Attempted, res.LastError, res.At = postboxtype.DeliveryDeadLetter, true, t.Reason, x.env.Now()
 		x.log.Warn().Str("event_id", j.EventID).Str("endpoint", j.Endpoint).Str("reason", t.Reason).Msg("dead letter")
 		return res
 	}
@@ -391,23 +392,23 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	ev := x.log.Debug()
 	switch {
 	case v.Kind == policy.Success:
-		res.Status, res.LastError = state.Delivered, ""
+		res.Status, res.LastError = postboxtype.DeliveryDelivered, ""
 		if !j.CommittedAt.IsZero() {
 			res.CommitToDeliveryMS = millis(res.At.Sub(j.CommittedAt))
 		}
 	case v.Kind == policy.Retry && j.Attempt < ep.MaxAttempts:
-		res.Status = state.Failed
+		res.Status = postboxtype.DeliveryFailed
 		res.Delay = policy.Backoff(j.Attempt, ep.BackoffBase, ep.BackoffCap, x.env.Rand)
 		if v.RetryAfter > 0 || res.Pause > 0 {
 			res.Delay = max(res.Pause, min(v.RetryAfter, ep.BackoffCap))
 		}
 		ev = x.log.Info()
 	case v.Kind == policy.Retry:
-		res.Status = state.DeadLetter
+		res.Status = postboxtype.DeliveryDeadLetter
 		res.LastError = fmt.Sprintf("max_attempts (%d) exhausted: %s", ep.MaxAttempts, v.Reason)
 		ev = x.log.Warn()
 	default:
-		res.Status = state.DeadLetter
+		res.Status = postboxtype.DeliveryDeadLetter
 		ev = x.log.Warn()
 	}
 	if cfg.LogPayloads {

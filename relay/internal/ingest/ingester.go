@@ -15,9 +15,9 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/execute"
 	"github.com/postbox-relay/postbox/relay/internal/policy"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Ingester bounds.
@@ -404,7 +404,7 @@ func writeDelivered(evs []store.NewEvent, jobs []*dispatch.Job) {
 			continue
 		}
 		if r, ok := j.TakeDelivered(); ok {
-			evs[i].Status, evs[i].LastError, evs[i].Delivered = state.Delivered, r.LastError, &r
+			evs[i].Status, evs[i].LastError, evs[i].Delivered = postboxtype.DeliveryDelivered, r.LastError, &r
 		}
 	}
 }
@@ -422,7 +422,7 @@ func (s *Supervisor) prepare(c *wal.Chunk) {
 	for _, row := range c.Rows {
 		ev, r := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
 		p.evs = append(p.evs, ev)
-		p.waits = p.waits || r == routeKeep || ev.Status == state.Pending
+		p.waits = p.waits || r == routeKeep || ev.Status == postboxtype.DeliveryPending
 		if r != routeFast {
 			p.jobs = append(p.jobs, nil)
 			continue
@@ -476,7 +476,7 @@ func (s *Supervisor) prepared(c *wal.Chunk) *prepared {
 // written (those in flight without a job).
 func (s *Supervisor) unkeep(evs []store.NewEvent, jobs []*dispatch.Job) {
 	for i := range evs {
-		if jobs[i] == nil && evs[i].Status == state.InFlight {
+		if jobs[i] == nil && evs[i].Status == postboxtype.DeliveryInFlight {
 			s.deps.Fast.Keep(evs[i].Key(), dispatch.Kept{})
 		}
 	}
@@ -504,14 +504,14 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 	ev := store.NewEvent{
 		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
 		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID, Message: row.Message,
-		CommitLSN: commitLSN, CommittedAt: commitTime, Status: state.Pending,
+		CommitLSN: commitLSN, CommittedAt: commitTime, Status: postboxtype.DeliveryPending,
 	}
 	if lane := cfg.Lane(row.Endpoint, row.URL); lane != row.Endpoint {
 		ev.Lane = lane
 	}
 	if row.PayloadTooLarge > 0 {
 		// Too large to have been read: refused whatever else the row says.
-		ev.Status = state.DeadLetter
+		ev.Status = postboxtype.DeliveryDeadLetter
 		ev.LastError = fmt.Sprintf("%s: %d bytes is above max_body (%d)", policy.ReasonPayloadTooLarge, row.PayloadTooLarge, cfg.MaxBody)
 		ev.Payload, ev.PayloadDropped = []byte("null"), row.PayloadTooLarge
 		return ev, routeQueue
@@ -521,20 +521,20 @@ func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogre
 	switch {
 	case strings.HasPrefix(t.Reason, policy.ReasonPayloadTooLarge):
 		// Refused before it is stored: the payload is not copied.
-		ev.Status, ev.LastError = state.DeadLetter, t.Reason
+		ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, t.Reason
 		ev.Payload, ev.PayloadDropped = []byte("null"), len(row.Payload)
 	case t.Reason != "":
-		ev.Status, ev.LastError = state.DeadLetter, t.Reason
+		ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, t.Reason
 	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(ev.Key(), s.env.Now()):
 		switch {
 		case s.deps.Fast.Reserve(ev.Key()):
 			// Under way when copied: its delivery is written once, with
 			// its first attempt's outcome (or delivered at the insert, when
 			// the attempt delivered first: writeDelivered).
-			ev.Status, ev.UnderWay = state.InFlight, true
+			ev.Status, ev.UnderWay = postboxtype.DeliveryInFlight, true
 			return ev, routeFast
 		case alone && s.deps.Fast.ReserveKeep(ev.Key()):
-			ev.Status, ev.UnderWay = state.InFlight, true
+			ev.Status, ev.UnderWay = postboxtype.DeliveryInFlight, true
 			return ev, routeKeep
 		}
 	}
@@ -567,11 +567,11 @@ func (s *Supervisor) afterInsert(evs []store.NewEvent, jobs []*dispatch.Job, got
 				s.log.Info().Str("event_id", ev.EventID).Str("endpoint", ev.Endpoint).
 					Msg("event ingested before (its event_id repeated): not delivered again, and the attempt made meanwhile is not recorded")
 			}
-		case ev.Status == state.InFlight:
+		case ev.Status == postboxtype.DeliveryInFlight:
 			kept = append(kept, keptDelivery{lane: ev.Key(), id: id, rng: ranges[i]})
-		case id != 0 && ev.Status == state.Pending:
+		case id != 0 && ev.Status == postboxtype.DeliveryPending:
 			queued = true
-		case id != 0 && ev.Status == state.DeadLetter:
+		case id != 0 && ev.Status == postboxtype.DeliveryDeadLetter:
 			if strings.HasPrefix(ev.LastError, policy.ReasonMessagesOff) {
 				s.env.Metrics.MessagesRefused(1)
 			}

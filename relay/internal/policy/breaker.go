@@ -3,7 +3,7 @@ package policy
 import (
 	"time"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Breaker is an endpoint's circuit breaker, the seed's state machine:
@@ -22,7 +22,7 @@ import (
 // instance shares one breaker per endpoint; this type is the pure
 // transition logic.
 type Breaker struct {
-	State    state.Breaker
+	State    postboxtype.BreakerState
 	Failures int // consecutive
 	OpenedAt time.Time
 	Cooldown time.Duration // the current one, doubled by failed probes
@@ -66,12 +66,12 @@ func (s BreakerSettings) EffectiveThreshold() int {
 }
 
 // OK reports whether ordinary attempts may start.
-func (b Breaker) OK() bool { return b.State == "" || b.State == state.BreakerClosed }
+func (b Breaker) OK() bool { return b.State == "" || b.State == postboxtype.BreakerClosed }
 
 // ProbeDue reports whether an open breaker's cooldown has passed, so one
 // probe may be attempted.
 func (b Breaker) ProbeDue(now time.Time) bool {
-	return b.State == state.BreakerOpen && !now.Before(b.OpenedAt.Add(b.Cooldown))
+	return b.State == postboxtype.BreakerOpen && !now.Before(b.OpenedAt.Add(b.Cooldown))
 }
 
 // ReopensAt is when an open breaker admits its probe.
@@ -80,7 +80,7 @@ func (b Breaker) ReopensAt() time.Time { return b.OpenedAt.Add(b.Cooldown) }
 // Record applies one attempt's outcome at now and returns the new state.
 func (b Breaker) Record(failed bool, now time.Time, s BreakerSettings) Breaker {
 	if b.State == "" {
-		b.State = state.BreakerClosed
+		b.State = postboxtype.BreakerClosed
 	}
 	if b.Cooldown <= 0 {
 		b.Cooldown = s.Cooldown
@@ -88,16 +88,16 @@ func (b Breaker) Record(failed bool, now time.Time, s BreakerSettings) Breaker {
 	if !failed {
 		// Any success is evidence of health: the probe's, or a straggler
 		// that was in flight when the breaker opened.
-		return Breaker{State: state.BreakerClosed, Cooldown: s.Cooldown}
+		return Breaker{State: postboxtype.BreakerClosed, Cooldown: s.Cooldown}
 	}
 	b.Failures++
 	switch b.State {
-	case state.BreakerClosed:
+	case postboxtype.BreakerClosed:
 		if b.Failures >= s.EffectiveThreshold() {
-			b.State, b.OpenedAt, b.Cooldown = state.BreakerOpen, now, s.jittered(s.Cooldown)
+			b.State, b.OpenedAt, b.Cooldown = postboxtype.BreakerOpen, now, s.jittered(s.Cooldown)
 		}
-	case state.BreakerHalfOpen:
-		b.State, b.OpenedAt = state.BreakerOpen, now
+	case postboxtype.BreakerHalfOpen:
+		b.State, b.OpenedAt = postboxtype.BreakerOpen, now
 		b.Cooldown = s.jittered(min(2*b.Cooldown, s.MaxCooldown))
 	}
 	// Open: failures of attempts that were already in flight change nothing.

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/policy"
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 func TestBreakerStateMachine(t *testing.T) {
@@ -26,7 +26,7 @@ func TestBreakerStateMachine(t *testing.T) {
 	for range 3 {
 		b = b.Record(true, now, s)
 	}
-	require.Equal(t, state.BreakerOpen, b.State, "threshold consecutive failures open it")
+	require.Equal(t, postboxtype.BreakerOpen, b.State, "threshold consecutive failures open it")
 	require.False(t, b.OK())
 	require.False(t, b.ProbeDue(now.Add(59*time.Second)))
 	require.True(t, b.ProbeDue(now.Add(time.Minute)))
@@ -41,16 +41,16 @@ func TestBreakerStateMachine(t *testing.T) {
 	at := now
 	for _, want := range []time.Duration{2, 4, 5, 5} {
 		at = at.Add(b.Cooldown)
-		b.State = state.BreakerHalfOpen // the probe's claim made it half-open
+		b.State = postboxtype.BreakerHalfOpen // the probe's claim made it half-open
 		b = b.Record(true, at, s)
-		require.Equal(t, state.BreakerOpen, b.State)
+		require.Equal(t, postboxtype.BreakerOpen, b.State)
 		require.Equal(t, want*time.Minute, b.Cooldown)
 		require.Equal(t, at, b.OpenedAt)
 	}
 	// The probe succeeds: closed, the cooldown back to its base.
-	b.State = state.BreakerHalfOpen
+	b.State = postboxtype.BreakerHalfOpen
 	b = b.Record(false, at.Add(b.Cooldown), s)
-	require.Equal(t, state.BreakerClosed, b.State)
+	require.Equal(t, postboxtype.BreakerClosed, b.State)
 	require.Equal(t, time.Minute, b.Cooldown)
 	require.True(t, b.OK())
 }
@@ -63,7 +63,7 @@ func TestSlowEndpointsTripAtHalfTheThreshold(t *testing.T) {
 	for range 5 {
 		b = b.Record(true, time.Now(), s)
 	}
-	require.Equal(t, state.BreakerOpen, b.State)
+	require.Equal(t, postboxtype.BreakerOpen, b.State)
 	require.Equal(t, 1, policy.BreakerSettings{Threshold: 1, SlowP95: true}.EffectiveThreshold())
 }
 
@@ -79,12 +79,12 @@ func TestBreakerCooldownsAreJittered(t *testing.T) {
 	var b policy.Breaker
 	b = b.Record(true, now, s)
 	for range 50 {
-		require.Equal(t, state.BreakerOpen, b.State)
+		require.Equal(t, postboxtype.BreakerOpen, b.State)
 		require.LessOrEqual(t, b.Cooldown, s.MaxCooldown)
 		require.GreaterOrEqual(t, b.Cooldown, s.MaxCooldown*3/4)
 		seen[b.Cooldown.Truncate(100*time.Millisecond)] = true
 		now = now.Add(b.Cooldown)
-		b.State = state.BreakerHalfOpen
+		b.State = postboxtype.BreakerHalfOpen
 		b = b.Record(true, now, s)
 	}
 	require.Greater(t, len(seen), 10, "the cooldowns vary")

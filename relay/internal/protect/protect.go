@@ -11,6 +11,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // ProbeIdleRecheckDefault is how long an endpoint whose breaker was due a
@@ -149,9 +150,9 @@ func (p *Protection) Hold(lane string, threshold int, probe bool, now time.Time)
 		return true, h.PausedUntil
 	}
 	switch h.State {
-	case state.BreakerOpen:
+	case postboxtype.BreakerOpen:
 		return true, h.OpenedAt.Add(h.Cooldown)
-	case state.BreakerHalfOpen:
+	case postboxtype.BreakerHalfOpen:
 		if probe && h.ProbeOwner == p.env.Owner {
 			return false, time.Time{}
 		}
@@ -167,7 +168,7 @@ func (p *Protection) Blocked(lane string, now time.Time) bool {
 	h, ok := p.unhealthy[lane]
 	whole := p.endpointPauseLocked(lane)
 	p.mu.RUnlock()
-	return whole.After(now) || ok && (h.State != state.BreakerClosed || h.PausedUntil.After(now))
+	return whole.After(now) || ok && (h.State != postboxtype.BreakerClosed || h.PausedUntil.After(now))
 }
 
 // endpointPauseLocked is the pause of the endpoint lane belongs to when
@@ -211,13 +212,13 @@ func (p *Protection) Apply(cur store.Health, rs []state.Result) store.Health {
 		}
 		// Every failed attempt is the endpoint's latest failure, also one
 		// (a 401, a template error) that says nothing about its health.
-		if res.Attempted && res.Status != state.Delivered {
+		if res.Attempted && res.Status != postboxtype.DeliveryDelivered {
 			next.LastFailureAt, next.LastError, next.LastStatusCode = res.At, res.LastError, res.StatusCode
 		}
 	}
 	next.State, next.ConsecutiveFailures, next.OpenedAt, next.Cooldown = b.State, b.Failures, b.OpenedAt, b.Cooldown
 	next.FailureThreshold = settings.EffectiveThreshold()
-	if next.State != state.BreakerHalfOpen {
+	if next.State != postboxtype.BreakerHalfOpen {
 		next.ProbeOwner = ""
 	}
 	return next
@@ -229,7 +230,7 @@ func (p *Protection) Apply(cur store.Health, rs []state.Result) store.Health {
 func (p *Protection) Recorded(changes []store.HealthChange, probed []string, now time.Time) {
 	p.mu.Lock()
 	for _, c := range changes {
-		if c.New.State != state.BreakerClosed || c.New.PausedUntil.After(now) {
+		if c.New.State != postboxtype.BreakerClosed || c.New.PausedUntil.After(now) {
 			p.unhealthy[c.New.Endpoint] = c.New
 		} else {
 			delete(p.unhealthy, c.New.Endpoint)
@@ -251,14 +252,14 @@ func (p *Protection) logTransition(c store.HealthChange) {
 	ev := p.log.Info()
 	msg := "circuit breaker closed: the endpoint recovered"
 	switch c.New.State {
-	case state.BreakerOpen:
+	case postboxtype.BreakerOpen:
 		ev = p.log.Warn().Int("consecutive_failures", c.New.ConsecutiveFailures).
 			Int("threshold", c.New.FailureThreshold).Dur("cooldown", c.New.Cooldown).Str("last_error", c.New.LastError)
 		msg = "circuit breaker opened: holding this endpoint's events until a probe succeeds"
-		if c.Old.State == state.BreakerHalfOpen {
+		if c.Old.State == postboxtype.BreakerHalfOpen {
 			msg = "circuit breaker re-opened: the probe failed"
 		}
-	case state.BreakerHalfOpen:
+	case postboxtype.BreakerHalfOpen:
 		msg = "circuit breaker half-open: probing"
 	}
 	ev.Str("endpoint", c.New.Endpoint).Stringer("from", c.Old.State).Stringer("to", c.New.State).Msg(msg)
@@ -285,7 +286,7 @@ func (p *Protection) probeCandidates(now time.Time) []probeCandidate {
 		switch {
 		case b.ProbeDue(now):
 			out = append(out, probeCandidate{endpoint: name})
-		case h.State == state.BreakerHalfOpen:
+		case h.State == postboxtype.BreakerHalfOpen:
 			out = append(out, probeCandidate{endpoint: name, retry: h.ProbeOwner == p.env.Owner})
 		}
 	}
@@ -317,7 +318,7 @@ func (p *Protection) ClaimProbes(ctx context.Context) []store.Claimed {
 		lane := c.Key()
 		won[lane] = true
 		h := p.unhealthy[lane]
-		h.State, h.ProbeOwner = state.BreakerHalfOpen, p.env.Owner
+		h.State, h.ProbeOwner = postboxtype.BreakerHalfOpen, p.env.Owner
 		p.unhealthy[lane] = h
 		p.probing[lane] = true
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // ProbeMarginDefault is how long after a breaker's cooldown the claimer
@@ -299,14 +300,14 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	for _, c := range changes {
 		// A breaker that (re)opened: claim its probe the moment it is due,
 		// not at the next sweep.
-		if c.New.State == state.BreakerOpen && !c.New.OpenedAt.Equal(c.Old.OpenedAt) {
+		if c.New.State == postboxtype.BreakerOpen && !c.New.OpenedAt.Equal(c.Old.OpenedAt) {
 			r.claim.RetryAt(c.New.OpenedAt.Add(c.New.Cooldown + ProbeMarginDefault))
 		}
 	}
 	for _, res := range results {
 		r.env.Metrics.Recorded(res)
 		switch res.Status {
-		case state.Failed:
+		case postboxtype.DeliveryFailed:
 			r.claim.RetryAt(now.Add(res.Delay))
 		case state.Released:
 			r.claim.Queued()
@@ -320,7 +321,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	wake := false
 	var closed []string
 	for _, c := range changes {
-		if c.Old.State != state.BreakerClosed && c.New.State == state.BreakerClosed {
+		if c.Old.State != postboxtype.BreakerClosed && c.New.State == postboxtype.BreakerClosed {
 			closed = append(closed, c.New.Endpoint)
 		}
 	}

@@ -1,52 +1,21 @@
 // Package state holds the words the dispatcher, the store and the services
-// share: a delivery's state, a circuit breaker's state, what an attempt says
-// about its endpoint's health, and the result of an attempt. It imports
-// nothing of postbox, so any package can use it without importing another.
+// share but nobody outside the relay sees: what an attempt says about its
+// endpoint's health, and the result of an attempt. The delivery and breaker
+// states themselves are public words, in postboxtype; state imports nothing
+// else of postbox, so any package can use it without importing another.
 package state
 
 import (
 	"strconv"
 	"time"
+
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-// Delivery is a delivery's state, as postbox.deliveries.status stores it.
-type Delivery string
-
-// Delivery states.
-const (
-	Pending    Delivery = "pending"
-	InFlight   Delivery = "in_flight"
-	Delivered  Delivery = "delivered"
-	Failed     Delivery = "failed"
-	DeadLetter Delivery = "dead_letter"
-	// Replayed is a dead letter a replay has superseded with a new
-	// delivery (whose replay_of points at it).
-	Replayed Delivery = "replayed"
-	// Released is not stored: a result with it returns a claimed delivery
-	// to the queue without counting an attempt.
-	Released Delivery = "released"
-)
-
-func (d Delivery) String() string { return string(d) }
-
-// Queued reports whether a delivery in state d is still to be attempted
-// (waiting, in flight, or waiting to retry).
-func (d Delivery) Queued() bool {
-	return d == Pending || d == InFlight || d == Failed
-}
-
-// Breaker is an endpoint's circuit breaker state, as
-// postbox.endpoint_health.state stores it.
-type Breaker string
-
-// Breaker states.
-const (
-	BreakerClosed   Breaker = "closed"
-	BreakerOpen     Breaker = "open"
-	BreakerHalfOpen Breaker = "half_open"
-)
-
-func (b Breaker) String() string { return string(b) }
+// Released is not stored: a result with it returns a claimed delivery to
+// the queue without counting an attempt. Only the dispatcher and the
+// recorder see it, so it stays out of the public words.
+const Released postboxtype.DeliveryState = "released"
 
 // Signal is what an attempt says about its endpoint's health.
 type Signal int
@@ -85,9 +54,9 @@ type Result struct {
 	// Lane is the delivery's lane when it is not its endpoint's own (see
 	// dispatch.Job): its breaker and pause are the lane's.
 	Lane string
-	// Status is Delivered, Failed (retry after Delay), DeadLetter, or
+	// Status is delivered, failed (retry after Delay), dead_letter, or
 	// Released (back to the queue after Delay, no attempt counted).
-	Status Delivery
+	Status postboxtype.DeliveryState
 	Delay  time.Duration
 	// Attempted counts toward max_attempts and sets last_error and the
 	// other last_* columns.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestLargeBatchesCopyTheirAttempts: from CopyAttemptsMin results on, a
@@ -26,11 +27,11 @@ func TestLargeBatchesCopyTheirAttempts(t *testing.T) {
 	batch := func(endpoint string, n int) []state.Result {
 		rs := make([]state.Result, n)
 		for i := range rs {
-			rs[i] = state.Result{DeliveryID: int64(i + 1), Endpoint: endpoint, Attempt: 1 + i%3, Status: state.Delivered,
+			rs[i] = state.Result{DeliveryID: int64(i + 1), Endpoint: endpoint, Attempt: 1 + i%3, Status: postboxtype.DeliveryDelivered,
 				Attempted: true, Sampled: true, StatusCode: 200, ResponseMS: 1.5 + float64(i), Response: "ok",
 				At: at.Add(time.Duration(i) * time.Millisecond), CommitToDeliveryMS: -1, Target: "http://127.0.0.1/hook"}
 			if i%2 == 1 {
-				rs[i].Status, rs[i].StatusCode, rs[i].Response, rs[i].Target = state.Failed, 0, "", ""
+				rs[i].Status, rs[i].StatusCode, rs[i].Response, rs[i].Target = postboxtype.DeliveryFailed, 0, "", ""
 				rs[i].ErrorClass, rs[i].LastError = "connection", "connection refused"
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // BenchmarkIngest writes batches of events and their checkpoint in one
@@ -39,7 +40,7 @@ func benchmarkIngest(b *testing.B, n int, keys []string) {
 	for b.Loop() {
 		for i := range evs {
 			evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
-				CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
+				CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}
 		}
 		if _, err := ic.Insert(ctx, evs, false); err != nil {
 			b.Fatal(err)
@@ -71,7 +72,7 @@ func BenchmarkClaimAndRecord(b *testing.B) {
 		}
 		rs := make([]state.Result, len(claimed))
 		for i, c := range claimed {
-			rs[i] = state.Result{DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Status: state.Delivered,
+			rs[i] = state.Result{DeliveryID: c.DeliveryID, Endpoint: c.Endpoint, Status: postboxtype.DeliveryDelivered,
 				Attempted: true, Sampled: true, Signal: state.SignalSuccess, StatusCode: 204, ResponseMS: 1.2,
 				At: time.Now(), CommitToDeliveryMS: -1}
 		}
@@ -126,7 +127,7 @@ func queueDead(b *testing.B, s *store.Store, n int) {
 		for i := start; i < min(n, start+1000); i++ {
 			for range 3 {
 				evs = append(evs, store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("dead-%05d", i), Payload: []byte(`{}`),
-					CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending})
+					CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending})
 			}
 		}
 		if _, err := ic.Insert(ctx, evs, false); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // NewEvent is an outbox row to ingest, with its delivery's first state
@@ -37,7 +38,7 @@ type NewEvent struct {
 	Message     bool          // written with outbox.Emit, not an outbox row
 	CommitLSN   pglogrepl.LSN // 0 when found by reconciliation
 	CommittedAt time.Time     // zero when unknown
-	Status      state.Delivery
+	Status      postboxtype.DeliveryState
 	LastError   string
 	// Delivered is the outcome of a first attempt that delivered before
 	// the insert (Status is then Delivered): the delivery is written

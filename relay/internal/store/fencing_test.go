@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestStaleFencingTokenIsRefused: once another instance has taken the
@@ -59,7 +59,7 @@ func TestStaleFencingTokenIsRefused(t *testing.T) {
 	// with a checkpoint past the new leader's.
 	id := outbox.NewEventID()
 	_, err = oldConn.Insert(ctx, []store.NewEvent{{EventID: id, Endpoint: "ep", Payload: []byte(`{}`),
-		CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}}, false)
+		CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}}, false)
 	require.NoError(t, err)
 	err = oldConn.Commit(ctx, pglogrepl.LSN(0x3000), true)
 	require.ErrorIs(t, err, store.ErrFenced)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestFirstAttemptThatDeliveredStaysOnItsDelivery: the recorder keeps a
@@ -29,12 +30,12 @@ func TestFirstAttemptThatDeliveredStaysOnItsDelivery(t *testing.T) {
 
 	at := time.Now().Truncate(time.Microsecond)
 	ok := func(id int64, attempt int) state.Result {
-		return state.Result{DeliveryID: id, Endpoint: "ep", Attempt: attempt, Status: state.Delivered, Attempted: true,
+		return state.Result{DeliveryID: id, Endpoint: "ep", Attempt: attempt, Status: postboxtype.DeliveryDelivered, Attempted: true,
 			Sampled: true, StatusCode: 200, ResponseMS: 2.25, Response: "fine", At: at, CommitToDeliveryMS: 3,
 			Target: "http://127.0.0.1/hook"}
 	}
 	rs := []state.Result{ok(kept, 1), ok(taken, 1), ok(second, 2),
-		{DeliveryID: failed, Endpoint: "ep", Attempt: 1, Status: state.Failed, Attempted: true, Sampled: true,
+		{DeliveryID: failed, Endpoint: "ep", Attempt: 1, Status: postboxtype.DeliveryFailed, Attempted: true, Sampled: true,
 			StatusCode: 503, ResponseMS: 1, At: at, Delay: time.Minute, CommitToDeliveryMS: -1, LastError: "http 503",
 			ErrorClass: "http_5xx", Target: "http://127.0.0.1/hook"}}
 	hist := store.NewHistograms()

@@ -10,13 +10,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Health is an endpoint's row in postbox.endpoint_health: its circuit
 // breaker, its streaks, a receiver's pause, and its latency statistics.
 type Health struct {
 	Endpoint            string
-	State               state.Breaker
+	State               postboxtype.BreakerState
 	ConsecutiveFailures int
 	FailureThreshold    int // the threshold in force (halved for a slow endpoint)
 	Cooldown            time.Duration
@@ -90,7 +91,7 @@ var errHealthChanged = errors.New("endpoint health changed: record again with it
 // a delivery: the healthy endpoint's usual batch.
 func allSucceeded(rs []state.Result) bool {
 	for _, r := range rs {
-		if r.Signal != state.SignalSuccess || r.Status != state.Delivered || r.Pause > 0 {
+		if r.Signal != state.SignalSuccess || r.Status != postboxtype.DeliveryDelivered || r.Pause > 0 {
 			return false
 		}
 	}
@@ -138,7 +139,7 @@ func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, l
 	for _, name := range locking {
 		cur, ok := locked[name]
 		if !ok {
-			cur = Health{Endpoint: name, State: state.BreakerClosed}
+			cur = Health{Endpoint: name, State: postboxtype.BreakerClosed}
 		}
 		written = append(written, HealthChange{Old: cur, New: apply(cur, byEndpoint[name])})
 	}
@@ -332,19 +333,14 @@ func (s *Store) TakeTokens(ctx context.Context, endpoint string, want int, perSe
 	return granted, wait, nil
 }
 
-// PauseIndefinite is paused_until for a pause without an end: one that
-// lasts until it is resumed. A date rather than 'infinity', which time.Time
-// cannot hold.
-var PauseIndefinite = time.Date(9999, time.January, 1, 0, 0, 0, 0, time.UTC)
-
-// Pause holds endpoint's deliveries until until (PauseIndefinite when
+// Pause holds endpoint's deliveries until until (postboxtype.PauseIndefinite when
 // zero), on every instance: claims skip the endpoint and attempts already
 // claimed go back to the queue unspent. It replaces any pause the endpoint
 // has, longer or shorter; a receiver's Retry-After later only extends it
 // (see protect.Apply). Instances hear of it at once (NOTIFY).
 func (s *Store) Pause(ctx context.Context, endpoint string, until time.Time) error {
 	if until.IsZero() {
-		until = PauseIndefinite
+		until = postboxtype.PauseIndefinite
 	}
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `

@@ -10,6 +10,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // lockHealth begins a transaction that holds endpoint's health row
@@ -48,9 +49,9 @@ func TestQuietHealthTakesNoLock(t *testing.T) {
 		r := state.Result{DeliveryID: claimed[i].DeliveryID, Endpoint: "ep", Attempted: true, Sampled: true, Attempt: 1,
 			At: at, CommitToDeliveryMS: -1}
 		if ok {
-			r.Status, r.Signal, r.StatusCode = state.Delivered, state.SignalSuccess, 200
+			r.Status, r.Signal, r.StatusCode = postboxtype.DeliveryDelivered, state.SignalSuccess, 200
 		} else {
-			r.Status, r.Signal, r.StatusCode, r.LastError, r.Delay = state.Failed, state.SignalFailure, 500, "http 500", time.Minute
+			r.Status, r.Signal, r.StatusCode, r.LastError, r.Delay = postboxtype.DeliveryFailed, state.SignalFailure, 500, "http 500", time.Minute
 		}
 		return r
 	}
@@ -77,7 +78,7 @@ func TestQuietHealthTakesNoLock(t *testing.T) {
 	changes, err := s.RecordResults(quiet, "me", []state.Result{result(1, true, t0.Add(store.HealthQuietFor/2))}, apply, nil)
 	require.NoError(t, err, "a quiet batch must not wait for the row's lock")
 	require.Len(t, changes, 1)
-	require.Equal(t, state.BreakerClosed, changes[0].New.State)
+	require.Equal(t, postboxtype.BreakerClosed, changes[0].New.State)
 	var status string
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT status FROM postbox.deliveries WHERE id = $1`, claimed[1].DeliveryID).Scan(&status))
 	require.Equal(t, "delivered", status)
@@ -145,7 +146,7 @@ func TestWrittenResultsOnlyRecordHealth(t *testing.T) {
 	hist.Every = time.Hour
 	t0 := time.Now().Truncate(time.Microsecond)
 	written := func(id int64, at time.Time) []state.Result {
-		return []state.Result{{DeliveryID: id, Endpoint: "ep", Status: state.Delivered, Signal: state.SignalSuccess, StatusCode: 200,
+		return []state.Result{{DeliveryID: id, Endpoint: "ep", Status: postboxtype.DeliveryDelivered, Signal: state.SignalSuccess, StatusCode: 200,
 			Attempted: true, Sampled: true, Attempt: 1, ResponseMS: 1, At: at, CommitToDeliveryMS: 2, Written: true}}
 	}
 	health := func() (xmin string, failures int) {
@@ -197,7 +198,7 @@ func TestWrittenResultsKeepTheRecordersPlans(t *testing.T) {
 	const batches = 3
 	for i := range batches {
 		_, err := s.RecordResults(ctx, "me", []state.Result{{DeliveryID: int64(i + 1), Endpoint: "ep",
-			Status: state.Delivered, Signal: state.SignalSuccess, StatusCode: 200, Attempted: true, Sampled: true,
+			Status: postboxtype.DeliveryDelivered, Signal: state.SignalSuccess, StatusCode: 200, Attempted: true, Sampled: true,
 			Attempt: 1, ResponseMS: 1, At: time.Now(), CommitToDeliveryMS: 2, Written: true}}, keep, nil)
 		require.NoError(t, err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestHistogramsCountedInMemoryMatchTheTrigger: the recorder's latency
@@ -25,7 +26,7 @@ func TestHistogramsCountedInMemoryMatchTheTrigger(t *testing.T) {
 	var rs []state.Result
 	for i, ms := range durations {
 		for _, at := range []time.Time{bin.Add(time.Second), bin.Add(-time.Second)} { // two bins
-			rs = append(rs, state.Result{DeliveryID: int64(i + 1), Endpoint: "mem", Status: state.Delivered, Attempted: true,
+			rs = append(rs, state.Result{DeliveryID: int64(i + 1), Endpoint: "mem", Status: postboxtype.DeliveryDelivered, Attempted: true,
 				Sampled: true, Attempt: 1, ResponseMS: ms, StatusCode: 200, At: at.Add(time.Duration(ms * float64(time.Millisecond))),
 				CommitToDeliveryMS: -1})
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // copyEventsMin is the batch size from which an ingest alone copies its
@@ -258,7 +258,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 	// The deliveries of events under way are written when their attempts
 	// end; a range names those events as this instance's meanwhile.
 	// One whose attempt has delivered already is written delivered.
-	isUnderWay := func(i int) bool { return evs[i].UnderWay && evs[i].Status == state.InFlight }
+	isUnderWay := func(i int) bool { return evs[i].UnderWay && evs[i].Status == postboxtype.DeliveryInFlight }
 	written, underWay := fresh, []int(nil)
 	if slices.ContainsFunc(fresh, isUnderWay) {
 		written = nil
@@ -281,11 +281,11 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 			if e.Lane != "" && e.Lane != e.Endpoint {
 				lane = e.Lane
 			}
-			kept := e.Status == state.InFlight
+			kept := e.Status == postboxtype.DeliveryInFlight
 			if kept {
 				owner = ic.owner
 			}
-			if r := e.Delivered; r != nil && e.Status == state.Delivered {
+			if r := e.Delivered; r != nil && e.Status == postboxtype.DeliveryDelivered {
 				attempts, deliveredAt, responseMS, response, updatedAt = 1, r.At, float32(r.ResponseMS), orNull(r.Response), r.At
 				target, by = orNull(r.Target), ic.owner
 				if r.StatusCode != 0 {

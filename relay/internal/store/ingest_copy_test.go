@@ -13,6 +13,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestCopiedIngestWritesWhatTheStatementWrites: a batch from
@@ -38,23 +39,23 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 		evs := make([]store.NewEvent, 0, n+1)
 		for i := range n {
 			ev := store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("%s-%d", tag, i%3), EventType: "t",
-				Payload: []byte(fmt.Sprintf(`{"n": %d, "s": "\"é%d", "o": {"n": 1}}`, i, i)), OutboxID: int64(1000 + i), Status: state.InFlight}
+				Payload: []byte(fmt.Sprintf(`{"n": %d, "s": "\"é%d", "o": {"n": 1}}`, i, i)), OutboxID: int64(1000 + i), Status: postboxtype.DeliveryInFlight}
 			if i < len(known) {
 				ev.EventID = known[i]
 			}
 			switch i % 5 {
 			case 0:
-				ev.Status = state.Pending
+				ev.Status = postboxtype.DeliveryPending
 				ev.URL, ev.Headers, ev.CreatedAt = "http://127.0.0.1/"+tag, []byte(`{"X-A": "b"}`), at
 			case 1:
-				ev.Status, ev.Delivered = state.Delivered, &state.Result{Status: state.Delivered, StatusCode: 204,
+				ev.Status, ev.Delivered = postboxtype.DeliveryDelivered, &state.Result{Status: postboxtype.DeliveryDelivered, StatusCode: 204,
 					ResponseMS: 1.25, Response: "ok", At: at, CommitToDeliveryMS: 3.5, Target: "http://127.0.0.1/x"}
 			case 2:
-				ev.Status, ev.LastError = state.DeadLetter, "invalid_row: no endpoint"
+				ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, "invalid_row: no endpoint"
 				ev.Payload, ev.PayloadDropped = []byte("null"), 70000
 			case 3:
 				ev.Lane, ev.CommitLSN, ev.CommittedAt = tag+"-lane", pglogrepl.LSN(0x16B3748+i), at
-				ev.Status, ev.Delivered = state.Delivered, &state.Result{Status: state.Delivered, ResponseMS: 2, At: at, CommitToDeliveryMS: -1}
+				ev.Status, ev.Delivered = postboxtype.DeliveryDelivered, &state.Result{Status: postboxtype.DeliveryDelivered, ResponseMS: 2, At: at, CommitToDeliveryMS: -1}
 			case 4:
 				ev.Message = true // written with outbox.Emit
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestIngestInsertPlansProbeTheKey: the ingest's insert of many events,
@@ -32,9 +33,9 @@ func TestIngestInsertPlansProbeTheKey(t *testing.T) {
 	batch := func(n int, done bool) []NewEvent {
 		evs := make([]NewEvent, n)
 		for i := range evs {
-			evs[i] = NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.InFlight}
+			evs[i] = NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryInFlight}
 			if done && i%2 == 0 {
-				evs[i].Status, evs[i].Delivered = state.Delivered, &state.Result{Status: state.Delivered, StatusCode: 200}
+				evs[i].Status, evs[i].Delivered = postboxtype.DeliveryDelivered, &state.Result{Status: postboxtype.DeliveryDelivered, StatusCode: 200}
 			}
 		}
 		return evs

@@ -12,6 +12,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // ingestConn is an ingest connection for instance "me", released when the
@@ -34,7 +35,7 @@ func ingestInFlight(t testing.TB, s *store.Store, endpoint string, n int) []stor
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
 		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Now(), Status: state.InFlight}
+			CreatedAt: time.Now(), Status: postboxtype.DeliveryInFlight}
 	}
 	ingested, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -52,7 +53,7 @@ func queueLane(t testing.TB, s *store.Store, endpoint, lane string, n int) {
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
 		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Lane: lane, URL: "http://x/",
-			Payload: []byte(`{}`), Status: state.Pending}
+			Payload: []byte(`{}`), Status: postboxtype.DeliveryPending}
 	}
 	_, err = ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -106,9 +107,9 @@ func TestLanesAreClaimedAndHeldApart(t *testing.T) {
 	probes, err := s.ClaimProbes(ctx, "me", []store.ProbeCandidate{{Endpoint: a}})
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{a: 1}, countLanes(probes), "one probe, from the lane whose breaker it tests")
-	var st state.Breaker
+	var st postboxtype.BreakerState
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT state FROM postbox.endpoint_health WHERE endpoint = $1`, a).Scan(&st))
-	require.Equal(t, state.BreakerHalfOpen, st)
+	require.Equal(t, postboxtype.BreakerHalfOpen, st)
 
 	// Everything back in the queue; a pause of the endpoint holds all of
 	// its lanes, and resuming it frees them.
@@ -215,7 +216,7 @@ func TestOneEventInsertsAsMany(t *testing.T) {
 	ic.SetSearchKeys([]string{"click_id"})
 	ev := func(id string) store.NewEvent {
 		return store.NewEvent{EventID: id, Endpoint: "partners", Lane: "partners → a.test", URL: "http://a.test/pb",
-			EventType: "conversion", Payload: []byte(`{"click_id":"c1"}`), Headers: []byte(`{"X-A":"1"}`), Status: state.InFlight}
+			EventType: "conversion", Payload: []byte(`{"click_id":"c1"}`), Headers: []byte(`{"X-A":"1"}`), Status: postboxtype.DeliveryInFlight}
 	}
 	one, many := outbox.NewEventID(), outbox.NewEventID()
 	got, err := ic.Insert(ctx, []store.NewEvent{ev(one)}, false)
@@ -256,8 +257,8 @@ func TestDeliveredInsertsAlikeAloneAndAmongOthers(t *testing.T) {
 	ic := ingestConn(t, s)
 	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	done := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "partners", Payload: []byte(`{}`), Status: state.Delivered,
-			Delivered: &state.Result{Status: state.Delivered, StatusCode: 202, ResponseMS: 1.5, Response: "ok", At: at,
+		return store.NewEvent{EventID: id, Endpoint: "partners", Payload: []byte(`{}`), Status: postboxtype.DeliveryDelivered,
+			Delivered: &state.Result{Status: postboxtype.DeliveryDelivered, StatusCode: 202, ResponseMS: 1.5, Response: "ok", At: at,
 				CommitToDeliveryMS: 4, Target: "http://a.test/pb", Attempted: true, Sampled: true}}
 	}
 	alone, among, other := outbox.NewEventID(), outbox.NewEventID(), outbox.NewEventID()
@@ -265,7 +266,7 @@ func TestDeliveredInsertsAlikeAloneAndAmongOthers(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	got, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: other, Endpoint: "partners", Payload: []byte(`{}`), Status: state.InFlight}, done(among)}, false)
+		{EventID: other, Endpoint: "partners", Payload: []byte(`{}`), Status: postboxtype.DeliveryInFlight}, done(among)}, false)
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 	require.NoError(t, ic.Commit(ctx, 0, false))
@@ -304,7 +305,7 @@ func TestIngestsSkipWhatIsIngested(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	ev := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending}
+		return store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending}
 	}
 	events := func(id string) int {
 		var n int

@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestKeptDeliveriesAreNoOrderedHeadUntilClaimed: a delivery an ingest
@@ -22,7 +22,7 @@ func TestKeptDeliveriesAreNoOrderedHeadUntilClaimed(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	ic := ingestConn(t, s)
-	batch := func(n int, status state.Delivery) []store.NewEvent {
+	batch := func(n int, status postboxtype.DeliveryState) []store.NewEvent {
 		evs := make([]store.NewEvent, n)
 		for i := range evs {
 			evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "partners", URL: "http://a.test/pb",
@@ -31,11 +31,11 @@ func TestKeptDeliveriesAreNoOrderedHeadUntilClaimed(t *testing.T) {
 		return evs
 	}
 	for _, n := range []int{1, 2, store.CopyEventsMin} { // one event's statement, many events', a copy
-		got, err := ic.Insert(ctx, batch(n, state.InFlight), false)
+		got, err := ic.Insert(ctx, batch(n, postboxtype.DeliveryInFlight), false)
 		require.NoError(t, err)
 		require.Len(t, got, n)
 	}
-	_, err := ic.Insert(ctx, batch(2, state.Pending), false)
+	_, err := ic.Insert(ctx, batch(2, postboxtype.DeliveryPending), false)
 	require.NoError(t, err)
 	require.NoError(t, ic.Commit(ctx, 0, false))
 	kept := 1 + 2 + store.CopyEventsMin

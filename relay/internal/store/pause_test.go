@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestPauseHoldsClaimsUntilResumed: an operator's pause without an end
@@ -25,8 +25,8 @@ func TestPauseHoldsClaimsUntilResumed(t *testing.T) {
 
 	unhealthy, err := s.UnhealthyEndpoints(ctx)
 	require.NoError(t, err)
-	require.Equal(t, store.PauseIndefinite, unhealthy["held"].PausedUntil.UTC())
-	require.Equal(t, state.BreakerClosed, unhealthy["held"].State)
+	require.Equal(t, postboxtype.PauseIndefinite, unhealthy["held"].PausedUntil.UTC())
+	require.Equal(t, postboxtype.BreakerClosed, unhealthy["held"].State)
 	claimed, err := s.Claim(ctx, "me", 10, nil, nil, 100, nil)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"fine": 2}, count(claimed))
@@ -40,15 +40,15 @@ func TestPauseHoldsClaimsUntilResumed(t *testing.T) {
 	require.NoError(t, err)
 	now := time.Now()
 	changes, err := s.RecordResults(ctx, "me", []state.Result{{
-		DeliveryID: id, Endpoint: "held", Status: state.Failed, Delay: time.Second, Attempted: true, Sampled: true, Attempt: 1,
+		DeliveryID: id, Endpoint: "held", Status: postboxtype.DeliveryFailed, Delay: time.Second, Attempted: true, Sampled: true, Attempt: 1,
 		Pause: time.Second, StatusCode: 429, LastError: "http 429", At: now, CommitToDeliveryMS: -1,
 	}}, prot.Apply, nil)
 	require.NoError(t, err)
 	require.Len(t, changes, 1)
-	require.Equal(t, store.PauseIndefinite, changes[0].New.PausedUntil.UTC())
+	require.Equal(t, postboxtype.PauseIndefinite, changes[0].New.PausedUntil.UTC())
 	unhealthy, err = s.UnhealthyEndpoints(ctx)
 	require.NoError(t, err)
-	require.Equal(t, store.PauseIndefinite, unhealthy["held"].PausedUntil.UTC(), "the manual pause stands")
+	require.Equal(t, postboxtype.PauseIndefinite, unhealthy["held"].PausedUntil.UTC(), "the manual pause stands")
 
 	// A pause with an end replaces it.
 	until := now.Add(time.Hour).Truncate(time.Microsecond)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Claimed is a delivery claimed from the queue, with its event.
@@ -417,7 +418,7 @@ func (a *attemptRows) copyRows(instance string) pgx.CopyFromSource {
 // had no attempt before (attempt_count 0); RecordResults inserts a row for
 // any it did not keep.
 func firstOnDelivery(r state.Result) bool {
-	return r.Sampled && r.Attempted && r.Attempt == 1 && r.Status == state.Delivered
+	return r.Sampled && r.Attempted && r.Attempt == 1 && r.Status == postboxtype.DeliveryDelivered
 }
 
 // HealthFunc computes an endpoint's new health from its current row (a

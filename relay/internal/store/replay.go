@@ -8,39 +8,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
-
-// ReplayFilter selects events to deliver again. Zero fields do not filter.
-type ReplayFilter struct {
-	// DeadLetters selects only events whose latest delivery is a dead letter.
-	DeadLetters bool
-	Endpoint    string
-	// Since and Until bound the events' commit time (their ingest time
-	// when the commit time is unknown).
-	Since, Until time.Time
-	// FromLSN selects events committed at or after this WAL position.
-	FromLSN  pglogrepl.LSN
-	EventIDs []string
-	// Limit caps how many events one replay enqueues (0: no cap).
-	Limit int
-	// NoMessages leaves out events written with outbox.Emit (outbox_messages
-	// is off): selected, marked MessagesOff, not enqueued.
-	NoMessages bool
-}
-
-// ReplayItem is an event a replay selects.
-type ReplayItem struct {
-	EventID    string         `json:"event_id"`
-	Endpoint   string         `json:"endpoint"`
-	EventType  string         `json:"event_type"`
-	CommitLSN  string         `json:"commit_lsn,omitempty"`
-	Committed  time.Time      `json:"committed_at"`
-	LastStatus state.Delivery `json:"last_status"` // of its latest delivery; "" when it has none
-	Queued     bool           `json:"already_queued"`
-	// MessagesOff: written with outbox.Emit and left out (NoMessages).
-	MessagesOff bool `json:"messages_off,omitempty"`
-}
 
 // replayCandidatesSQL selects the events of a replay with their latest
 // delivery, leaving out those whose payload was too large to store. $1 dead letters only, $2 endpoint, $3 since, $4 until, $5 from
@@ -69,7 +38,7 @@ LIMIT CASE WHEN $7 > 0 THEN $7 END`
 // spread out at that many a second, to trickle a large replay. Replays
 // read postbox's event log, so they work after the slot has moved on, for
 // as long as event_retention keeps the events.
-func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate float64) ([]ReplayItem, int, error) {
+func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun bool, rate float64) ([]postboxtype.ReplayItem, int, error) {
 	var since, until *time.Time
 	if !f.Since.IsZero() {
 		since = &f.Since
@@ -79,14 +48,14 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 	}
 	var lsn *string
 	if f.FromLSN != 0 {
-		l := f.FromLSN.String()
+		l := pglogrepl.LSN(f.FromLSN).String()
 		lsn = &l
 	}
 	ids := f.EventIDs
 	if ids == nil {
 		ids = []string{}
 	}
-	var items []ReplayItem
+	var items []postboxtype.ReplayItem
 	enqueued := 0
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, replayCandidatesSQL, f.DeadLetters, f.Endpoint, since, until, lsn, ids, f.Limit)
@@ -96,7 +65,7 @@ func (s *Store) Replay(ctx context.Context, f ReplayFilter, dryRun bool, rate fl
 		var pks, lastIDs []int64
 		var endpoints []string
 		for rows.Next() {
-			var it ReplayItem
+			var it postboxtype.ReplayItem
 			var pk int64
 			var last *int64
 			var message bool

@@ -7,8 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
-	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestReplayRateSpacesDueTimes: a replay at rate r makes its deliveries
@@ -20,9 +19,9 @@ func TestReplayRateSpacesDueTimes(t *testing.T) {
 	ctx := context.Background()
 	evs := ingest(t, s, "ep", "", "", "", "")
 	for _, e := range evs {
-		set(t, s, e.deliveryID, state.Delivered, 0)
+		set(t, s, e.deliveryID, postboxtype.DeliveryDelivered, 0)
 	}
-	_, n, err := s.Replay(ctx, store.ReplayFilter{Endpoint: "ep"}, false, 4)
+	_, n, err := s.Replay(ctx, postboxtype.ReplayFilter{Endpoint: "ep"}, false, 4)
 	require.NoError(t, err)
 	require.Equal(t, len(evs), n)
 	rows, err := s.Pool.Query(ctx, `SELECT next_attempt_at FROM postbox.deliveries WHERE replay_of IS NOT NULL ORDER BY next_attempt_at`)

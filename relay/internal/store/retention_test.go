@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 const week = 7 * 24 * time.Hour
@@ -38,7 +38,7 @@ func ingest(t *testing.T, s *store.Store, endpoint string, ids ...string) []inge
 			id = outbox.NewEventID()
 		}
 		evs[i] = store.NewEvent{EventID: id, Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
+			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}
 	}
 	got, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -53,7 +53,7 @@ func ingest(t *testing.T, s *store.Store, endpoint string, ids ...string) []inge
 
 // set gives a delivery a status, as if it were finished (or not) long ago
 // (age) or just now (age 0).
-func set(t *testing.T, s *store.Store, deliveryID int64, status state.Delivery, age time.Duration) {
+func set(t *testing.T, s *store.Store, deliveryID int64, status postboxtype.DeliveryState, age time.Duration) {
 	t.Helper()
 	_, err := s.Pool.Exec(context.Background(), `
 		UPDATE postbox.deliveries SET status = $2,
@@ -66,7 +66,7 @@ func set(t *testing.T, s *store.Store, deliveryID int64, status state.Delivery, 
 }
 
 // replayDelivery adds a delivery of an event that replays deliveryID.
-func replayDelivery(t *testing.T, s *store.Store, ev ingested, status state.Delivery, age time.Duration) int64 {
+func replayDelivery(t *testing.T, s *store.Store, ev ingested, status postboxtype.DeliveryState, age time.Duration) int64 {
 	t.Helper()
 	var id int64
 	require.NoError(t, s.Pool.QueryRow(context.Background(), `
@@ -107,17 +107,17 @@ func TestPurgeEventsKeepsEventsWithALiveDelivery(t *testing.T) {
 	pending, failed, inFlight, delivered, dead, replayedLive, replayedDone, young := evs[0], evs[1], evs[2], evs[3], evs[4], evs[5], evs[6], evs[7]
 	old := 8 * 24 * time.Hour
 	ageEvents(t, s, old, evs[:7]...)
-	set(t, s, pending.deliveryID, state.Pending, old)
-	set(t, s, failed.deliveryID, state.Failed, old)
-	set(t, s, inFlight.deliveryID, state.InFlight, old)
-	set(t, s, delivered.deliveryID, state.Delivered, old)
-	set(t, s, dead.deliveryID, state.DeadLetter, old)
+	set(t, s, pending.deliveryID, postboxtype.DeliveryPending, old)
+	set(t, s, failed.deliveryID, postboxtype.DeliveryFailed, old)
+	set(t, s, inFlight.deliveryID, postboxtype.DeliveryInFlight, old)
+	set(t, s, delivered.deliveryID, postboxtype.DeliveryDelivered, old)
+	set(t, s, dead.deliveryID, postboxtype.DeliveryDeadLetter, old)
 	// Dead letters an operator replayed: one replay still waiting, one done.
-	set(t, s, replayedLive.deliveryID, state.Replayed, old)
-	liveReplay := replayDelivery(t, s, replayedLive, state.Failed, old)
-	set(t, s, replayedDone.deliveryID, state.Replayed, old)
-	doneReplay := replayDelivery(t, s, replayedDone, state.Delivered, old)
-	set(t, s, young.deliveryID, state.Delivered, old) // its event is young
+	set(t, s, replayedLive.deliveryID, postboxtype.DeliveryReplayed, old)
+	liveReplay := replayDelivery(t, s, replayedLive, postboxtype.DeliveryFailed, old)
+	set(t, s, replayedDone.deliveryID, postboxtype.DeliveryReplayed, old)
+	doneReplay := replayDelivery(t, s, replayedDone, postboxtype.DeliveryDelivered, old)
+	set(t, s, young.deliveryID, postboxtype.DeliveryDelivered, old) // its event is young
 
 	n, err := s.PurgeEvents(ctx, week)
 	require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestPurgeEventsKeepsEventsWithALiveDelivery(t *testing.T) {
 	require.True(t, exists(t, s, "deliveries", liveReplay), "a replay waiting for its retry keeps its event")
 
 	// Past retention an event can no longer be replayed; a kept one can.
-	items, _, err := s.Replay(ctx, store.ReplayFilter{EventIDs: []string{delivered.eventID, young.eventID}}, true, 0)
+	items, _, err := s.Replay(ctx, postboxtype.ReplayFilter{EventIDs: []string{delivered.eventID, young.eventID}}, true, 0)
 	require.NoError(t, err)
 	require.Len(t, items, 1)
 	require.Equal(t, young.eventID, items[0].EventID)
@@ -154,11 +154,11 @@ func TestPurgeDeliveriesKeepsUnfinishedOnes(t *testing.T) {
 	ctx := context.Background()
 	evs := ingest(t, s, "ep", "", "", "", "", "", "", "", "")
 	old := 8 * 24 * time.Hour
-	gone := map[state.Delivery]ingested{
-		state.Delivered: evs[0], state.DeadLetter: evs[1], state.Replayed: evs[2],
+	gone := map[postboxtype.DeliveryState]ingested{
+		postboxtype.DeliveryDelivered: evs[0], postboxtype.DeliveryDeadLetter: evs[1], postboxtype.DeliveryReplayed: evs[2],
 	}
-	kept := map[state.Delivery]ingested{
-		state.Pending: evs[3], state.Failed: evs[4], state.InFlight: evs[5],
+	kept := map[postboxtype.DeliveryState]ingested{
+		postboxtype.DeliveryPending: evs[3], postboxtype.DeliveryFailed: evs[4], postboxtype.DeliveryInFlight: evs[5],
 	}
 	for status, e := range gone {
 		set(t, s, e.deliveryID, status, old)
@@ -167,8 +167,8 @@ func TestPurgeDeliveriesKeepsUnfinishedOnes(t *testing.T) {
 		set(t, s, e.deliveryID, status, old)
 	}
 	youngDelivered, youngDead := evs[6], evs[7]
-	set(t, s, youngDelivered.deliveryID, state.Delivered, time.Hour)
-	set(t, s, youngDead.deliveryID, state.DeadLetter, time.Hour)
+	set(t, s, youngDelivered.deliveryID, postboxtype.DeliveryDelivered, time.Hour)
+	set(t, s, youngDead.deliveryID, postboxtype.DeliveryDeadLetter, time.Hour)
 
 	n, err := s.PurgeDeliveries(ctx, week)
 	require.NoError(t, err)
@@ -348,8 +348,8 @@ func TestPurgeIdleLanesKeepsBusyAndNamedOnes(t *testing.T) {
 		_, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET lane = $2 WHERE id = $1`, evs[i].deliveryID, lane)
 		require.NoError(t, err)
 	}
-	set(t, s, evs[0].deliveryID, state.Failed, old)
-	set(t, s, evs[1].deliveryID, state.InFlight, old)
+	set(t, s, evs[0].deliveryID, postboxtype.DeliveryFailed, old)
+	set(t, s, evs[1].deliveryID, postboxtype.DeliveryInFlight, old)
 
 	n, err := s.PurgeIdleLanes(ctx, week, sep)
 	require.NoError(t, err)
@@ -367,7 +367,7 @@ func TestPurgeIdleLanesKeepsBusyAndNamedOnes(t *testing.T) {
 	require.Equal(t, want, left("rate_buckets"))
 
 	// Once the queued one is delivered, its lane goes too.
-	set(t, s, evs[0].deliveryID, state.Delivered, old)
+	set(t, s, evs[0].deliveryID, postboxtype.DeliveryDelivered, old)
 	n, err = s.PurgeIdleLanes(ctx, week, sep)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n, "its health and rate rows")

@@ -21,6 +21,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/pgtest"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -54,7 +55,7 @@ func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
 		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
+			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}
 	}
 	_, err = ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -74,7 +75,7 @@ func ingestOne(t *testing.T, s *store.Store) *store.IngestConn {
 	require.NoError(t, err)
 	t.Cleanup(ic.Release)
 	_, err = ic.Insert(ctx, []store.NewEvent{{EventID: outbox.NewEventID(), Endpoint: "e", Payload: []byte(`{}`),
-		CreatedAt: time.Now(), Status: state.Pending}}, false)
+		CreatedAt: time.Now(), Status: postboxtype.DeliveryPending}}, false)
 	require.NoError(t, err)
 	require.True(t, ic.InTx())
 	return ic
@@ -550,7 +551,7 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 	errs, codes, ms, bodies := make([]string, n), make([]int32, n), make([]float32, n), make([]string, n)
 	ats, c2d, inline, targets := make([]time.Time, n), make([]float32, n), make([]bool, n), make([]string, n)
 	for i := range ids {
-		statuses[i], attempted[i], codes[i], ats[i], inline[i] = string(state.Delivered), true, 200, time.Now(), true
+		statuses[i], attempted[i], codes[i], ats[i], inline[i] = string(postboxtype.DeliveryDelivered), true, 200, time.Now(), true
 	}
 	plan = explain(store.RecordPlans, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me",
 		inline, targets)
@@ -588,7 +589,7 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 	require.Len(t, loaded, n)
 	results := make([]state.Result, n)
 	for i, id := range ids {
-		results[i] = state.Result{DeliveryID: id, Endpoint: "ep", Status: state.Delivered, Attempted: true,
+		results[i] = state.Result{DeliveryID: id, Endpoint: "ep", Status: postboxtype.DeliveryDelivered, Attempted: true,
 			Sampled: true, Attempt: 1, StatusCode: 200, At: time.Now()}
 	}
 	_, err = s1.RecordResults(ctx, "me", results, func(cur store.Health, _ []state.Result) store.Health { return cur }, nil)

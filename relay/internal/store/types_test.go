@@ -10,6 +10,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // TestCreatedAtTravelsAsTime: reconciliation reads an outbox row's
@@ -37,8 +38,8 @@ func TestCreatedAtTravelsAsTime(t *testing.T) {
 	defer ic.Release()
 	known, unknown := outbox.NewEventID(), outbox.NewEventID()
 	_, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: known, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: want, Status: state.Pending},
-		{EventID: unknown, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
+		{EventID: known, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: want, Status: postboxtype.DeliveryPending},
+		{EventID: unknown, Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending},
 	}, false)
 	require.NoError(t, err)
 	require.NoError(t, ic.Commit(ctx, 0, false))
@@ -62,13 +63,13 @@ func TestStatesScanAsTypes(t *testing.T) {
 	require.Len(t, claimed, 1)
 
 	open := func(cur store.Health, rs []state.Result) store.Health {
-		require.Equal(t, state.BreakerClosed, cur.State, "an endpoint without a row is closed")
+		require.Equal(t, postboxtype.BreakerClosed, cur.State, "an endpoint without a row is closed")
 		require.Len(t, rs, 1)
-		cur.State, cur.OpenedAt, cur.Cooldown = state.BreakerOpen, rs[0].At, time.Minute
+		cur.State, cur.OpenedAt, cur.Cooldown = postboxtype.BreakerOpen, rs[0].At, time.Minute
 		return cur
 	}
 	changes, err := s.RecordResults(ctx, "me", []state.Result{{
-		DeliveryID: claimed[0].DeliveryID, Endpoint: "ep", Status: state.DeadLetter, Attempted: true,
+		DeliveryID: claimed[0].DeliveryID, Endpoint: "ep", Status: postboxtype.DeliveryDeadLetter, Attempted: true,
 		Signal: state.SignalFailure, StatusCode: 500, LastError: "http 500", At: time.Now(), CommitToDeliveryMS: -1,
 	}}, open, nil)
 	require.NoError(t, err)
@@ -76,19 +77,19 @@ func TestStatesScanAsTypes(t *testing.T) {
 
 	unhealthy, err := s.UnhealthyEndpoints(ctx)
 	require.NoError(t, err)
-	require.Equal(t, state.BreakerOpen, unhealthy["ep"].State)
+	require.Equal(t, postboxtype.BreakerOpen, unhealthy["ep"].State)
 
-	items, _, err := s.Replay(ctx, store.ReplayFilter{Endpoint: "ep"}, true, 0)
+	items, _, err := s.Replay(ctx, postboxtype.ReplayFilter{Endpoint: "ep"}, true, 0)
 	require.NoError(t, err)
 	require.Len(t, items, 1)
-	require.Equal(t, state.DeadLetter, items[0].LastStatus)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, items[0].LastStatus)
 	require.False(t, items[0].Queued)
 
-	_, n, err := s.Replay(ctx, store.ReplayFilter{Endpoint: "ep"}, false, 0)
+	_, n, err := s.Replay(ctx, postboxtype.ReplayFilter{Endpoint: "ep"}, false, 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	items, _, err = s.Replay(ctx, store.ReplayFilter{Endpoint: "ep"}, true, 0)
+	items, _, err = s.Replay(ctx, postboxtype.ReplayFilter{Endpoint: "ep"}, true, 0)
 	require.NoError(t, err)
-	require.Equal(t, state.Pending, items[0].LastStatus)
+	require.Equal(t, postboxtype.DeliveryPending, items[0].LastStatus)
 	require.True(t, items[0].Queued, "a waiting delivery is not replayed again")
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // Events under way (docs/operations.md): an instance alone keeps events
@@ -253,10 +254,10 @@ func RecordUnderWay(ctx context.Context, q Copier, owner string, rs []UnderWayRe
 			status, attempts, due := string(r.Status), int32(0), now
 			switch r.Status {
 			case state.Released:
-				status, due = string(state.Pending), now.Add(r.Delay)
-			case state.Failed:
+				status, due = string(postboxtype.DeliveryPending), now.Add(r.Delay)
+			case postboxtype.DeliveryFailed:
 				due = now.Add(r.Delay)
-			case state.Delivered:
+			case postboxtype.DeliveryDelivered:
 				deliveredAt = r.At
 				if r.CommitToDeliveryMS != -1 {
 					c2d = float32(r.CommitToDeliveryMS)

@@ -12,6 +12,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
 // eventsWithoutDeliveries writes n events and no deliveries, as an ingest
@@ -50,7 +51,7 @@ func recordDelivered(ctx context.Context, q store.Copier, owner string, rangeID 
 	rs := make([]store.UnderWayResult, len(pks))
 	for i, pk := range pks {
 		rs[i] = store.UnderWayResult{Result: &state.Result{Range: rangeID, EventPK: pk, Endpoint: "ep",
-			Status: state.Delivered, Attempted: true, At: time.Now()}}
+			Status: postboxtype.DeliveryDelivered, Attempted: true, At: time.Now()}}
 	}
 	got, err := store.RecordUnderWay(ctx, q, owner, rs)
 	return len(got), err
@@ -160,12 +161,12 @@ func TestRecordUnderWayWritesTheDeliveryOnce(t *testing.T) {
 	require.NoError(t, err)
 	at := time.Now().Truncate(time.Millisecond)
 	got, err := store.RecordUnderWay(ctx, s.Pool, "me", []store.UnderWayResult{
-		{Inline: true, Result: &state.Result{Range: mine, EventPK: ids[0], Endpoint: "ep", Status: state.Delivered, Attempted: true,
+		{Inline: true, Result: &state.Result{Range: mine, EventPK: ids[0], Endpoint: "ep", Status: postboxtype.DeliveryDelivered, Attempted: true,
 			StatusCode: 200, ResponseMS: 3.5, Response: "ok", At: at, CommitToDeliveryMS: 12, Target: "http://r.test/hook"}},
-		{Result: &state.Result{Range: mine, EventPK: ids[1], Lane: "ep|r.test", Endpoint: "ep", Status: state.Failed, Attempted: true,
+		{Result: &state.Result{Range: mine, EventPK: ids[1], Lane: "ep|r.test", Endpoint: "ep", Status: postboxtype.DeliveryFailed, Attempted: true,
 			StatusCode: 503, ResponseMS: 2, LastError: "http 503", At: at, Delay: 30 * time.Second, CommitToDeliveryMS: -1}},
 		{Result: &state.Result{Range: mine, EventPK: ids[2], Endpoint: "ep", Status: state.Released, Delay: 5 * time.Second, CommitToDeliveryMS: -1}},
-		{Result: &state.Result{Range: theirs, EventPK: ids[3], Endpoint: "ep", Status: state.Delivered, Attempted: true, At: at}},
+		{Result: &state.Result{Range: theirs, EventPK: ids[3], Endpoint: "ep", Status: postboxtype.DeliveryDelivered, Attempted: true, At: at}},
 	})
 	require.NoError(t, err)
 	require.Len(t, got, 3, "the range of another owner is fenced")
@@ -195,7 +196,7 @@ func TestRecordUnderWayWritesTheDeliveryOnce(t *testing.T) {
 	require.Equal(t, row{Status: "pending", DueIn: 5}, read(got[ids[2]]))
 
 	again, err := store.RecordUnderWay(ctx, s.Pool, "me", []store.UnderWayResult{
-		{Result: &state.Result{Range: mine, EventPK: ids[0], Endpoint: "ep", Status: state.Delivered, Attempted: true, At: at}}})
+		{Result: &state.Result{Range: mine, EventPK: ids[0], Endpoint: "ep", Status: postboxtype.DeliveryDelivered, Attempted: true, At: at}}})
 	require.NoError(t, err)
 	require.Empty(t, again, "an event with a delivery gets no second")
 
@@ -224,7 +225,7 @@ func TestACopiedIngestWritesEventsUnderWayAlone(t *testing.T) {
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
 		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`),
-			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.InFlight, UnderWay: i%4 != 0}
+			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryInFlight, UnderWay: i%4 != 0}
 	}
 	got, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -251,7 +252,7 @@ func TestACopiedIngestWritesEventsUnderWayAlone(t *testing.T) {
 	require.Equal(t, 1, ranges)
 
 	done, err := store.RecordUnderWay(ctx, s.Pool, "me", []store.UnderWayResult{
-		{Result: &state.Result{Range: rangeID, EventPK: under[0], Endpoint: "ep", Status: state.Delivered, Attempted: true, At: time.Now()}}})
+		{Result: &state.Result{Range: rangeID, EventPK: under[0], Endpoint: "ep", Status: postboxtype.DeliveryDelivered, Attempted: true, At: time.Now()}}})
 	require.NoError(t, err)
 	require.Len(t, done, 1)
 	tx, err := s.Pool.Begin(ctx)
@@ -417,9 +418,9 @@ func TestAnUnderWayAttemptIsCountedOnce(t *testing.T) {
 	hist := store.NewHistograms()
 	at := time.Now()
 	_, err = s.RecordResults(ctx, "me", []state.Result{
-		{Range: rng, EventPK: ids[0], Endpoint: "ep", Status: state.Failed, Attempted: true, Sampled: true, Attempt: 1,
+		{Range: rng, EventPK: ids[0], Endpoint: "ep", Status: postboxtype.DeliveryFailed, Attempted: true, Sampled: true, Attempt: 1,
 			StatusCode: 503, ResponseMS: 2, LastError: "http 503", At: at, Delay: time.Minute, CommitToDeliveryMS: -1},
-		{Range: rng, EventPK: ids[1], Endpoint: "ep", Status: state.Delivered, Attempted: true, Sampled: true, Attempt: 1,
+		{Range: rng, EventPK: ids[1], Endpoint: "ep", Status: postboxtype.DeliveryDelivered, Attempted: true, Sampled: true, Attempt: 1,
 			StatusCode: 200, ResponseMS: 3, At: at, CommitToDeliveryMS: -1},
 	}, keep, hist)
 	require.NoError(t, err)

@@ -490,11 +490,8 @@ func (k *keptEvents) add(lane string, kept dispatch.Kept) {
 }
 
 func jobFromClaim(c store.Claimed) *dispatch.Job {
-	return &dispatch.Job{
-		DeliveryID: c.DeliveryID, EventPK: c.EventPK, Range: c.Range, Endpoint: c.Endpoint, Lane: c.Lane, Attempt: c.AttemptCount + 1,
-		EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
-		CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt, Message: c.Message,
-	}
+	return &dispatch.Job{Event: c.Event, DeliveryID: c.DeliveryID, EventPK: c.EventPK, Range: c.Range, Lane: c.Lane,
+		Attempt: c.AttemptCount + 1, CommittedAt: c.CommittedAt}
 }
 
 // listenLoop wakes the claimer when any instance (or a replay) queues

@@ -391,13 +391,13 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 func (d *Dispatcher) withheld(j *Job, res *state.Result) bool {
 	tx := j.Ingest
 	stopped := false
-	if tx.uncertain() {
+	if tx.Uncertain() {
 		// Another instance may be bringing the same events: an attempt
 		// now could repeat its. Wait for the outcome.
 		_ = tx.Wait(d.attemptCx)
 		stopped = !tx.Finished()
 	}
-	if stopped || tx.wasted(j) {
+	if stopped || wasted(tx, j) {
 		*res = Released(j)
 		return true
 	}

@@ -84,8 +84,8 @@ func TestLanesCapInFlightPerEndpoint(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"slow": 2, "fast": 3})
 	for i := range 10 {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "slow"}, false)
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "fast"}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: "slow"}}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Event: state.Event{Endpoint: "fast"}}, false)
 	}
 	require.Eventually(t, func() bool { return h.running["slow"].Load() == 2 && h.running["fast"].Load() == 3 },
 		5*time.Second, time.Millisecond)
@@ -112,7 +112,7 @@ func TestStopReleasesQueuedAndCancelsPastGrace(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"e": 1})
 	for i := range 3 {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "e"}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: "e"}}, false)
 	}
 	require.Eventually(t, func() bool { return h.running["e"].Load() == 1 }, 5*time.Second, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -120,7 +120,7 @@ func TestStopReleasesQueuedAndCancelsPastGrace(t *testing.T) {
 	h.d.Stop(ctx)
 	require.Equal(t, 3, h.count(state.Released), "two queued and the one cut off")
 	require.False(t, h.d.Reserve("e"), "no fast path while stopping")
-	h.d.Submit(&dispatch.Job{DeliveryID: 9, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 9, Event: state.Event{Endpoint: "e"}}, false)
 	require.Equal(t, 4, h.count(state.Released), "a job submitted while stopping is released")
 }
 
@@ -144,7 +144,7 @@ func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
 	})
 	for ep := range caps {
 		for i := range 3 {
-			h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: ep}, false)
+			h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: ep}}, false)
 		}
 	}
 	// Submit starts what the caps allow at once: ten attempts, all waiting.
@@ -166,7 +166,7 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 	h := newHarness(map[string]int{"e": 2, "hang": 2})
 	close(h.release)
 	require.True(t, h.d.Reserve("e")) // the lane stays while it holds something
-	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false)
 	require.Eventually(t, func() bool { return h.count(state.Delivered) == 1 }, 5*time.Second, time.Millisecond)
 	for range dispatch.DrainingLaneLimit(2) - 1 {
 		require.True(t, h.d.Reserve("e"))
@@ -184,7 +184,7 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 		MaxHeldJobs: 2 * dispatch.LaneLimit(2),
 	})
 	require.True(t, small.Reserve("e"))
-	small.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false) // delivered, never recorded: held
+	small.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false) // delivered, never recorded: held
 	require.Eventually(t, func() bool { free, _ := small.Free(); return free["e"] == dispatch.LaneLimit(2)-1 }, 5*time.Second, time.Millisecond)
 	n := 0
 	for small.Reserve("e") {
@@ -211,7 +211,7 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 	})
 	require.False(t, h.d.ReserveKeep("e"), "a lane that has not delivered keeps nothing")
 	require.True(t, h.d.Reserve("e")) // the lane stays while it holds something
-	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false)
 	h.release <- struct{}{}
 	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
 
@@ -230,7 +230,7 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 
 	// The lane holds KeptLaneLimit jobs: no room, nothing handed over.
 	for i := range dispatch.KeptLaneLimit(2) {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "e"}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Event: state.Event{Endpoint: "e"}}, false)
 	}
 	require.Empty(t, h.d.TakeKept(nil))
 	require.Equal(t, map[string][]dispatch.Kept{"e": {{ID: 10}, {ID: 11}, {ID: 12}, {ID: 13}}}, h.d.TakeKept(map[string]bool{"e": true}), "all, oldest first, when asked")
@@ -260,7 +260,7 @@ func TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld(t *testing.T) {
 		MaxKept:   10,
 	})
 	require.True(t, h.d.Reserve("e"))
-	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false)
 	h.release <- struct{}{}
 	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
 
@@ -282,7 +282,7 @@ func TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld(t *testing.T) {
 	h.d.LetGo([]int64{8}) // a range no longer counted is no one's
 	require.Empty(t, h.d.TakeDone())
 
-	h.d.Submit(&dispatch.Job{EventPK: 10, Range: 7, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{EventPK: 10, Range: 7, Event: state.Event{Endpoint: "e"}}, false)
 	h.d.LetGo([]int64{7}) // event 11: written before it was read
 	require.Empty(t, h.d.TakeDone(), "event 10 is in flight")
 	require.Empty(t, h.d.UnheldRanges([]int64{7}))
@@ -301,9 +301,9 @@ func TestAttemptsAheadOfTheIngestWaitForIt(t *testing.T) {
 	const capacity = 2
 	h := newHarness(map[string]int{"e": capacity})
 	close(h.release) // the partner answers at once
-	tx := dispatch.NewIngest(nil)
+	tx := newTestIngest(nil)
 	for i := range 20 {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(i + 1), Endpoint: "e", Ingest: tx}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i + 1), Event: state.Event{Endpoint: "e"}, Ingest: tx}, false)
 	}
 	ahead := dispatch.AheadLimit(capacity) + capacity - 1
 	require.Less(t, ahead, 20)
@@ -325,9 +325,9 @@ func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
 	h := newHarness(map[string]int{"e": 4})
 	close(h.release)
 	var live atomic.Bool
-	committed, failed := dispatch.NewIngest(live.Load), dispatch.NewIngest(live.Load)
-	a, b := &dispatch.Job{Endpoint: "e", Ingest: committed}, &dispatch.Job{Endpoint: "e", Ingest: committed}
-	c := &dispatch.Job{Endpoint: "e", Ingest: failed}
+	committed, failed := newTestIngest(live.Load), newTestIngest(live.Load)
+	a, b := &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: committed}, &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: committed}
+	c := &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: failed}
 	for _, j := range []*dispatch.Job{a, b, c} {
 		h.d.Submit(j, false)
 	}
@@ -345,7 +345,7 @@ func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
 
 	// While the lead is certain, attempts start before the commit.
 	live.Store(true)
-	d := &dispatch.Job{Endpoint: "e", Ingest: dispatch.NewIngest(live.Load)}
+	d := &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: newTestIngest(live.Load)}
 	h.d.Submit(d, false)
 	require.Eventually(t, func() bool { return h.count(state.Delivered) == 2 }, 5*time.Second, time.Millisecond)
 }

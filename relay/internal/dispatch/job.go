@@ -9,31 +9,27 @@ import (
 
 // Job is one delivery attempt to make.
 type Job struct {
+	// Event is what the attempt sends. Message events are delivered only
+	// while outbox_messages is on (execute.Resolve).
+	state.Event
 	// DeliveryID is the delivery's id; 0 for a job submitted before its
 	// ingest inserted the delivery, which learns it from Assign (see ID).
 	DeliveryID int64
-	Endpoint   string
 	// Lane is the job's lane when it is not its endpoint's own: the
 	// endpoint and its row URL's host (config.Config.Lane). Lanes, not
 	// endpoints, hold in-flight caps, breakers, pauses and rate limits.
 	Lane        string
-	Attempt     int // the number of this attempt, from 1
-	EventID     string
-	URL         string // the row's own URL ("" for the endpoint's)
-	EventType   string
-	Payload     []byte
-	Headers     []byte
-	CreatedAt   time.Time
+	Attempt     int       // the number of this attempt, from 1
 	CommittedAt time.Time // zero when unknown
-	// Message: written with outbox.Emit, delivered only while
-	// outbox_messages is on (execute.Resolve).
-	Message bool
 	// Received is when the stream had the row, for a first attempt started
 	// from the stream (zero for the others).
 	Received time.Time
 	// Ingest, when not nil, is the transaction that writes this delivery;
 	// its result can be recorded only once that has committed.
-	Ingest *Ingest
+	Ingest Ingest
+	// Resolved, on a first attempt from the ingest, is the request the
+	// ingest resolved for it, so the attempt does not resolve it again.
+	Resolved Resolved
 	// Probe marks the one attempt that tests a half-open circuit breaker.
 	Probe bool
 	// EventPK and Range name an event under way (DeliveryID 0), whose
@@ -50,6 +46,11 @@ type Job struct {
 	result  atomic.Pointer[state.Result]
 	written atomic.Bool
 }
+
+// Resolved is a first attempt's request as the ingest resolved it (an
+// *execute.Resolved): dispatch only carries it to the executor, which
+// sits above it and sends it while its configuration is still in force.
+type Resolved interface{ ResolvedRequest() }
 
 // TakeDelivered returns the outcome of a first attempt that has already
 // delivered, for the ingest that has not yet inserted its delivery to

@@ -47,7 +47,7 @@ func TestAttemptGoroutinesAreReusedAndJoined(t *testing.T) {
 		},
 	})
 	for i := range 20 {
-		d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "e"}, false)
+		d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: "e"}}, false)
 		<-done
 	}
 	mu.Lock()

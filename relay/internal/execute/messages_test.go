@@ -8,6 +8,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // An event written with outbox.Emit resolves to a messages_off dead letter
@@ -19,7 +20,7 @@ func TestMessagesResolveOnlyWhenOn(t *testing.T) {
 	off := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, Guard: deliver.Guard{AllowAll: true}}
 	on := *off
 	on.Messages = true
-	msg := Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`), Message: true}
+	msg := Event{Event: state.Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`), Message: true}}
 
 	got := Resolve(off, msg)
 	require.True(t, strings.HasPrefix(got.Reason, "messages_off: "), got.Reason)

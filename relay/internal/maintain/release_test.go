@@ -42,8 +42,8 @@ func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
 	ic, err := s.AcquireIngest(ctx, "ingest")
 	require.NoError(t, err)
 	_, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
-		{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`)}}, Status: state.Pending},
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`)}}, Status: state.Pending},
 	}, false)
 	require.NoError(t, err)
 	require.NoError(t, ic.Commit(ctx, 0, false))
@@ -97,7 +97,7 @@ func TestAPurgeGoesOnWhereTheLastStopped(t *testing.T) {
 	for rows.Next() {
 		var id string
 		require.NoError(t, rows.Scan(&id))
-		evs = append(evs, store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending})
+		evs = append(evs, store.NewEvent{OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "ep", Payload: []byte(`{}`)}}, Status: state.Pending})
 	}
 	require.NoError(t, rows.Err())
 	ic, err := s.AcquireIngest(ctx, "ingest")

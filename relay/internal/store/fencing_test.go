@@ -58,8 +58,10 @@ func TestStaleFencingTokenIsRefused(t *testing.T) {
 	// The old leader wakes with an ingest transaction open and commits it
 	// with a checkpoint past the new leader's.
 	id := outbox.NewEventID()
-	_, err = oldConn.Insert(ctx, []store.NewEvent{{EventID: id, Endpoint: "ep", Payload: []byte(`{}`),
-		CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}}, false)
+	_, err = oldConn.Insert(ctx, []store.NewEvent{{
+		OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+		Status:    state.Pending,
+	}}, false)
 	require.NoError(t, err)
 	err = oldConn.Commit(ctx, pglogrepl.LSN(0x3000), true)
 	require.ErrorIs(t, err, store.ErrFenced)

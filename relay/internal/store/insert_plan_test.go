@@ -32,7 +32,7 @@ func TestIngestInsertPlansProbeTheKey(t *testing.T) {
 	batch := func(n int, done bool) []NewEvent {
 		evs := make([]NewEvent, n)
 		for i := range evs {
-			evs[i] = NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: state.InFlight}
+			evs[i] = NewEvent{OutboxRow: OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`)}}, Status: state.InFlight}
 			if done && i%2 == 0 {
 				evs[i].Status, evs[i].Delivered = state.Delivered, &state.Result{Status: state.Delivered, StatusCode: 200}
 			}

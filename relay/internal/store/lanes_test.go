@@ -33,8 +33,10 @@ func ingestInFlight(t testing.TB, s *store.Store, endpoint string, n int) []stor
 	ic := ingestConn(t, s)
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Now(), Status: state.InFlight}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`), CreatedAt: time.Now()}},
+			Status:    state.InFlight,
+		}
 	}
 	ingested, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -51,8 +53,11 @@ func queueLane(t testing.TB, s *store.Store, endpoint, lane string, n int) {
 	defer ic.Release()
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Lane: lane, URL: "http://x/",
-			Payload: []byte(`{}`), Status: state.Pending}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: endpoint, URL: "http://x/", Payload: []byte(`{}`)}},
+			Lane:      lane,
+			Status:    state.Pending,
+		}
 	}
 	_, err = ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -214,8 +219,11 @@ func TestOneEventInsertsAsMany(t *testing.T) {
 	ic := ingestConn(t, s)
 	ic.SetSearchKeys([]string{"click_id"})
 	ev := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "partners", Lane: "partners → a.test", URL: "http://a.test/pb",
-			EventType: "conversion", Payload: []byte(`{"click_id":"c1"}`), Headers: []byte(`{"X-A":"1"}`), Status: state.InFlight}
+		return store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "partners", URL: "http://a.test/pb", EventType: "conversion", Payload: []byte(`{"click_id":"c1"}`), Headers: []byte(`{"X-A":"1"}`)}},
+			Lane:      "partners → a.test",
+			Status:    state.InFlight,
+		}
 	}
 	one, many := outbox.NewEventID(), outbox.NewEventID()
 	got, err := ic.Insert(ctx, []store.NewEvent{ev(one)}, false)
@@ -256,16 +264,19 @@ func TestDeliveredInsertsAlikeAloneAndAmongOthers(t *testing.T) {
 	ic := ingestConn(t, s)
 	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	done := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "partners", Payload: []byte(`{}`), Status: state.Delivered,
+		return store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "partners", Payload: []byte(`{}`)}},
+			Status:    state.Delivered,
 			Delivered: &state.Result{Status: state.Delivered, StatusCode: 202, ResponseMS: 1.5, Response: "ok", At: at,
-				CommitToDeliveryMS: 4, Target: "http://a.test/pb", Attempted: true, Sampled: true}}
+				CommitToDeliveryMS: 4, Target: "http://a.test/pb", Attempted: true, Sampled: true},
+		}
 	}
 	alone, among, other := outbox.NewEventID(), outbox.NewEventID(), outbox.NewEventID()
 	got, err := ic.Insert(ctx, []store.NewEvent{done(alone)}, false)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	got, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: other, Endpoint: "partners", Payload: []byte(`{}`), Status: state.InFlight}, done(among)}, false)
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: other, Endpoint: "partners", Payload: []byte(`{}`)}}, Status: state.InFlight}, done(among)}, false)
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 	require.NoError(t, ic.Commit(ctx, 0, false))
@@ -304,7 +315,7 @@ func TestIngestsSkipWhatIsIngested(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	ev := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending}
+		return store.NewEvent{OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "ep", Payload: []byte(`{}`)}}, Status: state.Pending}
 	}
 	events := func(id string) int {
 		var n int

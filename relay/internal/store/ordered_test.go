@@ -25,8 +25,10 @@ func TestKeptDeliveriesAreNoOrderedHeadUntilClaimed(t *testing.T) {
 	batch := func(n int, status state.Delivery) []store.NewEvent {
 		evs := make([]store.NewEvent, n)
 		for i := range evs {
-			evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "partners", URL: "http://a.test/pb",
-				Payload: []byte(`{}`), Status: status}
+			evs[i] = store.NewEvent{
+				OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "partners", URL: "http://a.test/pb", Payload: []byte(`{}`)}},
+				Status:    status,
+			}
 		}
 		return evs
 	}

@@ -17,20 +17,13 @@ import (
 
 // Claimed is a delivery claimed from the queue, with its event.
 type Claimed struct {
+	state.Event
 	DeliveryID int64
-	Endpoint   string
 	// Lane is the delivery's lane when it is not its endpoint's own: the
 	// endpoint and its row URL's host (config.Config.Lane).
 	Lane         string
 	AttemptCount int
-	EventID      string
-	URL          string
-	EventType    string
-	Payload      []byte
-	Headers      []byte
-	CreatedAt    time.Time
 	CommittedAt  time.Time // zero when unknown
-	Message      bool      // written with outbox.Emit (events.message)
 	// EventPK and Range name an event under way (DeliveryID is 0): its
 	// delivery is written when its attempt ends (RecordUnderWay).
 	EventPK, Range int64

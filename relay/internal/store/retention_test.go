@@ -37,8 +37,10 @@ func ingest(t *testing.T, s *store.Store, endpoint string, ids ...string) []inge
 		if id == "" {
 			id = outbox.NewEventID()
 		}
-		evs[i] = store.NewEvent{EventID: id, Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: state.Pending}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: endpoint, Payload: []byte(`{}`), CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+			Status:    state.Pending,
+		}
 	}
 	got, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)

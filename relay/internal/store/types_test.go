@@ -37,8 +37,8 @@ func TestCreatedAtTravelsAsTime(t *testing.T) {
 	defer ic.Release()
 	known, unknown := outbox.NewEventID(), outbox.NewEventID()
 	_, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: known, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: want, Status: state.Pending},
-		{EventID: unknown, Endpoint: "ep", Payload: []byte(`{}`), Status: state.Pending},
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: known, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: want}}, Status: state.Pending},
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: unknown, Endpoint: "ep", Payload: []byte(`{}`)}}, Status: state.Pending},
 	}, false)
 	require.NoError(t, err)
 	require.NoError(t, ic.Commit(ctx, 0, false))

@@ -5,7 +5,8 @@
 // Jobs arrive two ways: straight from ingestion (the fast path: the
 // ingester reserves a slot before it writes the delivery as in_flight), or
 // claimed from the queue table. Each finished attempt is handed to the
-// OnOutcome callback, which records it.
+// Recorder (the recorder), which records it; the RoomWatcher (the
+// claimer) hears when a lane has room for claims.
 package dispatch
 
 import (
@@ -25,12 +26,6 @@ type Options struct {
 	// Execute makes one attempt. Its context is cancelled only when a
 	// shutdown runs out of grace; it should then return a released result.
 	Execute func(ctx context.Context, j *Job) state.Result
-	// OnOutcome receives every finished job. It must not block for long,
-	// and must call Recorded once the outcome is recorded or dropped.
-	OnOutcome func(Outcome)
-	// OnFree is called (without locks held) when a lane has drained to
-	// half its limit, so the queue can be claimed from in batches.
-	OnFree func()
 	// MaxHeldBytes bounds the payload bytes held in memory across lanes
 	// (MaxHeldBytesDefault when zero); MaxHeldJobs the jobs
 	// (MaxHeldJobsDefault when zero).
@@ -46,9 +41,26 @@ type Options struct {
 	MaxKept int
 }
 
+// Recorder records what became of each job: record.Recorder.
+type Recorder interface {
+	// Record takes a finished (or released) job's outcome. It must not
+	// block for long, and must call Dispatcher.Recorded once the outcome
+	// is written or dropped.
+	Record(o Outcome)
+}
+
+// RoomWatcher hears (without the dispatcher's locks held) when a lane has
+// drained to half its limit, so the queue is claimed from in batches:
+// claim.Claimer.
+type RoomWatcher interface {
+	LaneFreed()
+}
+
 // Dispatcher runs attempts, endpoint by endpoint.
 type Dispatcher struct {
 	opts      Options
+	recorder  Recorder
+	room      RoomWatcher
 	attemptCx context.Context
 	cancel    context.CancelFunc
 
@@ -117,6 +129,14 @@ func New(opts Options) *Dispatcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}, heldIDs: map[int64]int{},
 		underWay: map[int64]int{}, tasks: make(chan task), quit: make(chan struct{})}
+}
+
+// Connect names where outcomes go and who hears of room. The recorder
+// and the claimer need the dispatcher in turn (a recorded outcome frees
+// its budget, a claim fills it), so it is connected once all three exist,
+// before any job is submitted.
+func (d *Dispatcher) Connect(rec Recorder, room RoomWatcher) {
+	d.recorder, d.room = rec, room
 }
 
 // fullLocked reports whether the global budget is spent.
@@ -188,7 +208,7 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 	if d.stopping {
 		d.dropIdleLocked(j.Key(), l)
 		d.mu.Unlock()
-		d.opts.OnOutcome(Outcome{Job: j, Result: Released(j)})
+		d.recorder.Record(Outcome{Job: j, Result: Released(j)})
 		return
 	}
 	l.queue = append(l.queue, j)
@@ -199,17 +219,17 @@ func (d *Dispatcher) Submit(j *Job, reserved bool) {
 // dropIdleLocked forgets a lane that holds nothing, so a million per-row
 // endpoint names do not accumulate lanes; one that delivered within
 // DrainWindow stays a while, so that it still counts as draining when
-// its next events come (Free forgets it then).
+// its next events come (Room forgets it then).
 func (d *Dispatcher) dropIdleLocked(name string, l *lane) {
 	if l.idle() && !l.starved && time.Since(l.lastOK) >= DrainWindow {
 		delete(d.lanes, name)
 	}
 }
 
-// Free returns, per endpoint with a lane, how many more jobs it can take
+// Room returns, per endpoint with a lane, how many more jobs it can take
 // (endpoints not listed can take LaneLimit of their max_in_flight), and
 // how many jobs the dispatcher can take in all.
-func (d *Dispatcher) Free() (map[string]int, int) {
+func (d *Dispatcher) Room() (map[string]int, int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[string]int, len(d.lanes))
@@ -239,7 +259,7 @@ func (d *Dispatcher) Recorded(j *Job) {
 		delete(d.heldIDs, id)
 	}
 	if _, r := j.UnderWay(); r != 0 {
-		d.letGoLocked(r)
+		d.forgetUnderWayLocked(r)
 	}
 	d.mu.Unlock()
 }
@@ -373,7 +393,7 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 	if ahead {
 		j.Ingest.AfterFinish(func() { d.ingested(l) })
 	}
-	d.opts.OnOutcome(Outcome{Job: j, Result: res})
+	d.recorder.Record(Outcome{Job: j, Result: res})
 	if low {
 		d.notifyFree()
 	}
@@ -421,8 +441,8 @@ func (d *Dispatcher) ingested(l *lane) {
 }
 
 func (d *Dispatcher) notifyFree() {
-	if d.opts.OnFree != nil {
-		d.opts.OnFree()
+	if d.room != nil {
+		d.room.LaneFreed()
 	}
 }
 
@@ -444,7 +464,7 @@ func (d *Dispatcher) Stop(ctx context.Context) {
 	d.starved = nil
 	d.mu.Unlock()
 	for _, j := range queued {
-		d.opts.OnOutcome(Outcome{Job: j, Result: Released(j)})
+		d.recorder.Record(Outcome{Job: j, Result: Released(j)})
 	}
 	done := make(chan struct{})
 	go func() {

@@ -41,7 +41,7 @@ type Job struct {
 	// insert, whose event was written under way.
 	assignedEvent, assignedRange atomic.Int64
 	// result is the attempt's outcome once it has finished (set before
-	// OnOutcome, for a job with an Ingest); written, that its ingest wrote
+	// Recorder.Record, for a job with an Ingest); written, that its ingest wrote
 	// it with the delivery (TakeDelivered).
 	result  atomic.Pointer[state.Result]
 	written atomic.Bool

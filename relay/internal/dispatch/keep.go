@@ -9,7 +9,7 @@ import (
 // for the ingest, when Reserve refused it a slot. A lane that drains
 // (delivered within DrainWindow) is then better served by its delivery
 // written in flight for this instance, its id kept in memory and its
-// event read back by id once the lane has room (TakeKept), than by the
+// event read back by id once the lane has room (HandOverKept), than by the
 // queue: that costs the claim's second write of the row and its indexes.
 // The ingest keeps deliveries only while no other instance could claim
 // them instead. It reports false when the lane does not drain, the
@@ -59,15 +59,15 @@ type Kept struct {
 	ID, Range int64
 }
 
-// Kept is how many deliveries are kept by id, reservations included.
-func (d *Dispatcher) Kept() int {
+// KeptCount is how many deliveries are kept by id, reservations included.
+func (d *Dispatcher) KeptCount() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.kept
 }
 
-// KeptLanes returns the lanes that have kept deliveries.
-func (d *Dispatcher) KeptLanes() []string {
+// LanesWithKept returns the lanes that have kept deliveries.
+func (d *Dispatcher) LanesWithKept() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []string
@@ -79,11 +79,11 @@ func (d *Dispatcher) KeptLanes() []string {
 	return out
 }
 
-// TakeKept hands over, per lane, the kept deliveries that fit the room
+// HandOverKept hands over, per lane, the kept deliveries that fit the room
 // the lane has, oldest first, and for the lanes in all every kept
 // delivery regardless of room. The caller submits them (or returns them
 // to the queue).
-func (d *Dispatcher) TakeKept(all map[string]bool) map[string][]Kept {
+func (d *Dispatcher) HandOverKept(all map[string]bool) map[string][]Kept {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.kept == 0 {
@@ -106,18 +106,18 @@ func (d *Dispatcher) TakeKept(all map[string]bool) map[string][]Kept {
 	return out
 }
 
-// LetGo tells the dispatcher that the caller no longer holds these events
+// ForgetUnderWay tells the dispatcher that the caller no longer holds these events
 // under way, one range per event: returned to the queue, or found written
 // or swept when loaded (see Kept).
-func (d *Dispatcher) LetGo(ranges []int64) {
+func (d *Dispatcher) ForgetUnderWay(ranges []int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, r := range ranges {
-		d.letGoLocked(r)
+		d.forgetUnderWayLocked(r)
 	}
 }
 
-func (d *Dispatcher) letGoLocked(r int64) {
+func (d *Dispatcher) forgetUnderWayLocked(r int64) {
 	switch n := d.underWay[r]; {
 	case n > 1:
 		d.underWay[r] = n - 1
@@ -127,9 +127,9 @@ func (d *Dispatcher) letGoLocked(r int64) {
 	}
 }
 
-// TakeDone hands over the ranges of events under way that no longer hold
+// TakeFinishedRanges hands over the ranges of events under way that no longer hold
 // any event of this instance's: the claimer sweeps them.
-func (d *Dispatcher) TakeDone() []int64 {
+func (d *Dispatcher) TakeFinishedRanges() []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := d.done
@@ -137,9 +137,9 @@ func (d *Dispatcher) TakeDone() []int64 {
 	return out
 }
 
-// UnheldRanges returns those of ranges of which the dispatcher holds no
+// RangesNotHeld returns those of ranges of which the dispatcher holds no
 // event.
-func (d *Dispatcher) UnheldRanges(ranges []int64) []int64 {
+func (d *Dispatcher) RangesNotHeld(ranges []int64) []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []int64
@@ -176,9 +176,9 @@ func (d *Dispatcher) AssignUnderWay(j *Job, eventPK, rangeID int64) {
 	d.mu.Unlock()
 }
 
-// Unheld returns those of ids the dispatcher does not hold: not submitted
+// DeliveriesNotHeld returns those of ids the dispatcher does not hold: not submitted
 // (nor kept, see ReserveKeep), or recorded already.
-func (d *Dispatcher) Unheld(ids []int64) []int64 {
+func (d *Dispatcher) DeliveriesNotHeld(ids []int64) []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var kept map[int64]bool

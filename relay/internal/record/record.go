@@ -50,9 +50,9 @@ const (
 	LingerBatchDefault = 100
 )
 
-// Dispatcher is what the recorder needs of the dispatcher: to release a
-// job's share of the memory budget once its outcome is written or dropped.
-type Dispatcher interface {
+// Budget is the dispatcher's memory budget (dispatch.Dispatcher): a job
+// holds its share until its outcome is written or dropped.
+type Budget interface {
 	Recorded(j *dispatch.Job)
 }
 
@@ -74,11 +74,11 @@ type Claimer interface {
 	BreakersClosed(lanes []string)
 }
 
-// Recorder writes outcomes. Start it, Add to it, Stop it.
+// Recorder writes outcomes. Start it, hand it outcomes (Record), Stop it.
 type Recorder struct {
 	env    *service.Env
 	log    zerolog.Logger
-	disp   Dispatcher
+	disp   Budget
 	health Health
 	claim  Claimer
 	loops  service.Loops
@@ -92,7 +92,7 @@ type Recorder struct {
 }
 
 // New returns a Recorder.
-func New(env *service.Env, disp Dispatcher, health Health, claim Claimer) *Recorder {
+func New(env *service.Env, disp Budget, health Health, claim Claimer) *Recorder {
 	return &Recorder{env: env, log: env.Logger("record"), disp: disp, health: health, claim: claim, wake: service.NewSignal(),
 		hist: store.NewHistograms()}
 }
@@ -109,9 +109,9 @@ func (r *Recorder) Start(ctx context.Context) error {
 // returns to the queue with this instance's lease).
 func (r *Recorder) Stop() { r.loops.Stop() }
 
-// Add queues a finished attempt for recording. It never blocks: it is the
-// dispatcher's OnOutcome.
-func (r *Recorder) Add(o dispatch.Outcome) {
+// Record queues a finished attempt for recording
+// (dispatch.Recorder). It never blocks.
+func (r *Recorder) Record(o dispatch.Outcome) {
 	r.mu.Lock()
 	r.outcomes = append(r.outcomes, o)
 	r.mu.Unlock()
@@ -226,7 +226,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			default:
 				if !final {
 					// Back in the buffer once its ingest has finished.
-					tx.AfterFinish(func() { r.Add(o) })
+					tx.AfterFinish(func() { r.Record(o) })
 					continue
 				}
 			}

@@ -73,3 +73,15 @@ func (t *testIngest) Wait(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// recordFunc records outcomes with a function (dispatch.Recorder).
+type recordFunc func(dispatch.Outcome)
+
+func (f recordFunc) Record(o dispatch.Outcome) { f(o) }
+
+// connected returns a dispatcher whose outcomes go to record.
+func connected(opts dispatch.Options, record func(dispatch.Outcome)) *dispatch.Dispatcher {
+	d := dispatch.New(opts)
+	d.Connect(recordFunc(record), nil)
+	return d
+}

@@ -402,10 +402,9 @@ func (d *Dispatcher) run(l *lane, j *Job) {
 // withheld reports whether j, which depends on an ingest, must not be
 // attempted, and then sets res to its release: its ingest did not write
 // its delivery, or the dispatcher stopped while it waited for an ingest
-// that may never commit. It is
-// kept out of run's frame, which every attempt's goroutine starts with:
-// inlined there, it made the stacks of attempts outgrow their first size
-// (a catch-up spent 8 % of the relay's CPU copying them).
+// that may never commit. It is kept out of run's frame, which every
+// attempt's goroutine starts with: inlined there, it made the stacks of
+// attempts outgrow their first size (docs/benchmarks.md).
 //
 //go:noinline
 func (d *Dispatcher) withheld(j *Job, res *state.Result) bool {

@@ -41,18 +41,10 @@ func (l *lane) canStart() bool {
 
 // AheadLimit is how many finished attempts a lane with in-flight cap c may
 // have waiting for their ingest's commit before its next attempt waits
-// for it too. Under full insert load (8 producers, about 2,000 events/s
-// over 10 endpoints) an ingest's write takes 5-20 ms and the walsender
-// sends in bursts, so a lane gets more than c events within one commit:
-// at c, 0.9-3 % of first attempts waited more than 20 ms (up to 200) for
-// a commit, at 3 × c 0.06-0.8 %. The delivery p99 was over 50 ms in 13
-// of 14 runs at c (46-127 ms), under it in 12 of 25 at 3 × c (22-121 ms;
-// alternating runs, the rest mostly the walsender's). The cost is what a
-// crash repeats near that load: a kill -9 at about 1,600 events/s
-// repeated 7-78 deliveries in six runs at 3 × c, 0-27 in six at c. A
-// lane at a live rate rarely has c attempts ahead, so the limit seldom
-// binds there: at 1,000 events/s a kill repeated 1-51 with either, mostly
-// what the recorder's linger held.
+// for it too. Under load a lane gets more than c events within one
+// commit, and waiting for each commit showed in the p99; the cost is what
+// a crash repeats (docs/benchmarks.md). A lane at a live rate rarely has
+// c attempts ahead, so the limit seldom binds there.
 func AheadLimit(c int) int { return 3 * c }
 
 // low reports whether the lane has drained to half its limit (to half its
@@ -73,10 +65,7 @@ func (l *lane) keptLimit() int { return KeptLaneLimit(l.cap) }
 // KeptLaneLimit is how many jobs a lane with in-flight cap c may hold once
 // its kept deliveries are read back: twice LaneLimit, so that each read
 // brings many (they were kept because the lane drains) and the claimer
-// wakes for them half as often. In a catch-up of 100,000 events, reads
-// of LaneLimit cost PostgreSQL a fifth more CPU per event, mostly in the
-// claimer's cycles, than reads of twice as many; four times as many saved
-// no more and held more memory.
+// wakes for them half as often; more saved nothing (docs/benchmarks.md).
 func KeptLaneLimit(c int) int { return 2 * LaneLimit(c) }
 
 // idle reports whether the lane holds nothing at all.

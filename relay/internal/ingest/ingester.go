@@ -38,14 +38,9 @@ const (
 	// lane makes only so many attempts ahead of an uncommitted ingest
 	// before it waits for the commit (dispatch.AheadLimit), and a linger
 	// must neither be what it waits for nor gather more of a lane's
-	// attempts than it runs at once. A longer linger would save
-	// more, but it is also what a crash repeats: the attempts made within
-	// it, not yet written. At 200 events/s over 10 endpoints, 200 ms cost
-	// PostgreSQL 18% and the relay 21% less CPU per event than 50 ms (with
-	// the recorder's linger at 200 ms too; nine alternating pairs), as
-	// more first attempts end within it and the ingest writes their
-	// deliveries done (writeDelivered); but a kill -9 at 300 events/s
-	// then repeated 35–58 events, against 4–14.
+	// attempts than it runs at once. A longer linger saves more, but it is
+	// also what a crash repeats: the attempts made within it, not yet
+	// written (docs/benchmarks.md).
 	LingerDefault     = 50 * time.Millisecond
 	LingerRowsDefault = 200
 	// AheadStallDefault: the stream prepares chunks ahead of the ingest

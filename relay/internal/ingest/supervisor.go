@@ -31,11 +31,8 @@ const (
 	// QueueRowsDefault and QueueBytesDefault bound the queue between the
 	// stream and the ingester: how far the stream reads ahead, and the
 	// most one ingest takes. In a catch-up the queue is always full, so
-	// this is most of the relay's memory then: twice as much peaked 5-8
-	// MB higher in RSS and delivered no faster. (It was twice as much
-	// for a while: halved, TestChaos failed with duplicates after a
-	// relay's freeze, until attempts ahead of an ingest waited while the
-	// lead is uncertain, see newTransaction; it then passed 3 of 3.)
+	// this is most of the relay's memory then; more delivered no faster
+	// (docs/benchmarks.md).
 	QueueRowsDefault  = 2500
 	QueueBytesDefault = 4 << 20
 )

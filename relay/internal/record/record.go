@@ -38,13 +38,8 @@ const (
 	// LingerDefault is how long the recorder gathers outcomes before it
 	// writes them, unless LingerBatchDefault are waiting or one of them
 	// is a probe's or an ordered endpoint's (whose next delivery waits for
-	// it). Recording is off the delivery path, and at a live rate each
-	// write of one result costs as many statements as a write of many: at
-	// 200 events/s, 50 ms (batches of about ten) cost PostgreSQL 15-40 %
-	// less CPU per event than 10 ms. 200 ms made no measurable difference
-	// beyond that (about 5% less CPU per event, the p99 shorter in six of
-	// ten alternating pairs): at a live rate the ingest writes most
-	// deliveries done (writeDelivered), and few results wait here. A
+	// it). Recording is off the delivery path, and a write of one result
+	// costs as many statements as a write of many (docs/benchmarks.md). A
 	// breaker reacts to its streak at once regardless (protect.Observe).
 	LingerDefault      = 50 * time.Millisecond
 	LingerBatchDefault = 100

@@ -112,13 +112,10 @@ const (
 	ChunkRowsDefault      = 1000
 	ChunkBytesDefault     = 1 << 20
 	// PrepareAheadRows is the queue's length (in rows) below which the
-	// stream prepares chunks itself (Options.Prepare). Under full insert
-	// load (about 2,000 events/s) an ingest's write takes 5-20 ms and the
-	// walsender sends in bursts, so more rows than that queue behind a
-	// write without the ingest falling behind: at 64, 3.6 % of first
-	// attempts waited 2-35 ms for the ingest to prepare them after its
-	// write, at 256 0.1 % (two runs each, a diagnostic build). A catch-up
-	// keeps the queue full, far above either.
+	// stream prepares chunks itself (Options.Prepare). The walsender sends
+	// in bursts, so a few hundred rows queue behind an ingest's write
+	// without the ingest falling behind (docs/benchmarks.md); a catch-up
+	// keeps the queue full, far above it.
 	PrepareAheadRows = 256
 )
 

@@ -159,7 +159,9 @@ func (*Resolved) ResolvedRequest() {}
 // later attempt, or a reload since) resolved now, so a reload applies to
 // every event still waiting.
 func resolved(cfg *config.Config, j *dispatch.Job) Target {
-	if r, ok := j.Resolved.(*Resolved); ok && r.Config == cfg {
+	r, ok := j.Resolved.(*Resolved)
+	j.Resolved = nil // its body need not outlive the attempt
+	if ok && r.Config == cfg {
 		return r.Target
 	}
 	return Resolve(cfg, Event{Event: j.Event})

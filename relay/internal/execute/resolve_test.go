@@ -10,6 +10,7 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
@@ -224,4 +225,25 @@ func TestOverlongEndpointNameIsRefused(t *testing.T) {
 	}
 	got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: strings.Repeat("a", store.MaxEndpointLen), URL: "https://pb.example/x", Payload: []byte(`{}`)}})
 	require.Empty(t, got.Reason)
+}
+
+// A first attempt sends the request the ingest resolved for it while the
+// configuration it was resolved under is in force; after a reload, and for
+// any attempt without one, the request is resolved under the configuration
+// in force.
+func TestAFirstAttemptSendsWhatTheIngestResolved(t *testing.T) {
+	ep := config.Endpoint{Name: "own", Configured: true, URL: "http://a.test/hook", Method: "POST"}
+	before := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, Guard: deliver.Guard{AllowAll: true}}
+	ep.URL = "http://b.test/hook"
+	after := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, Guard: deliver.Guard{AllowAll: true}}
+	ev := state.Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`)}
+	job := func() *dispatch.Job {
+		return &dispatch.Job{Event: ev, Attempt: 1, Resolved: &Resolved{Config: before, Target: Resolve(before, Event{Event: ev})}}
+	}
+
+	j := job()
+	require.Equal(t, "http://a.test/hook", resolved(before, j).URL)
+	require.Nil(t, j.Resolved, "used once")
+	require.Equal(t, "http://b.test/hook", resolved(after, job()).URL, "reloaded since: resolved again")
+	require.Equal(t, "http://a.test/hook", resolved(before, &dispatch.Job{Event: ev, Attempt: 2}).URL)
 }

@@ -113,13 +113,6 @@ func (r *Recorder) Record(o dispatch.Outcome) {
 	r.wake.Notify()
 }
 
-// Pending is the number of outcomes waiting to be written.
-func (r *Recorder) Pending() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.outcomes)
-}
-
 // gather reports whether to wait for more outcomes before writing: fewer
 // than LingerBatchDefault are waiting, none of them a probe's or an
 // ordered endpoint's.

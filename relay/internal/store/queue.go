@@ -695,9 +695,9 @@ const lifeLockSQL = `
 // The grace is written into it, not passed, and the statements that run
 // each heartbeat (DeadOwners, Peers) take no parameter: a statement
 // without parameters keeps one plan per connection, where one with them is
-// planned at every run (the sessions' plan_cache_mode, see Configure). The
-// views of locks and backends made planning those two statements cost 2–5
-// ms each, every second, to run in a tenth of a millisecond.
+// planned at every run (the sessions' plan_cache_mode, see Configure), and
+// the views of locks and backends make those two dear to plan
+// (docs/benchmarks.md).
 var aliveSQL = `i.expires_at > now()
 	AND (i.backend_pid IS NULL
 	     OR i.backend_start < pg_postmaster_start_time()

@@ -179,18 +179,6 @@ func (d *Dispatcher) Reserve(endpoint string) bool {
 	return true
 }
 
-// Unreserve gives back a reservation that will not be used.
-func (d *Dispatcher) Unreserve(endpoint string) {
-	d.mu.Lock()
-	if l := d.lanes[endpoint]; l != nil && l.reserved > 0 {
-		l.reserved--
-		d.heldJobs--
-		d.dropIdleLocked(endpoint, l)
-	}
-	d.mu.Unlock()
-	d.notifyFree()
-}
-
 // Submit adds a job; reserved says it uses a reservation made by Reserve.
 // A job submitted while stopping is released at once.
 func (d *Dispatcher) Submit(j *Job, reserved bool) {

@@ -41,11 +41,9 @@ const (
 var errStandby = errors.New("another instance streams the slot")
 
 // FastPath is the dispatcher as the ingester uses it: reserve a slot
-// before writing a delivery in_flight, then submit it (or give the slot
-// back).
+// before writing a delivery in_flight, then submit it.
 type FastPath interface {
 	Reserve(endpoint string) bool
-	Unreserve(endpoint string)
 	Submit(j *dispatch.Job, reserved bool)
 	// Assign gives a job submitted before its insert the delivery id.
 	Assign(j *dispatch.Job, id int64)

@@ -217,20 +217,20 @@ func (r *Relay) start(ctx context.Context) error {
 	s := &services{env: env, pool: pool, ownPool: own}
 	s.prot = protect.New(env)
 	s.exec = execute.New(env, r.client, s.prot)
-	// The dispatcher, the recorder and the claimer call one another; the
-	// closures resolve once all three exist, before anything runs.
+	// Jobs go round: the dispatcher hands outcomes to the recorder, which
+	// tells the claimer of retries and room, which feeds the dispatcher.
+	// The dispatcher is connected once the other two exist.
 	s.disp = dispatch.New(dispatch.Options{
 		Capacity: func(lane string) int {
 			cfg := r.cfg.Load()
 			return cfg.Endpoint(cfg.NameOf(lane)).MaxInFlight
 		},
 		Execute:        s.exec.Execute,
-		OnOutcome:      func(o dispatch.Outcome) { s.recorder.Add(o) },
-		OnFree:         func() { s.claimer.LaneFreed() },
 		MaxConcurrency: cfg.MaxConcurrency,
 	})
 	s.claimer = claim.New(env, s.disp, s.prot)
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
+	s.disp.Connect(s.recorder, s.claimer)
 	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Kept: s.claimer.Wake, Alone: env.Alone,
 		Linger: r.opts.IngestLinger, Fatal: r.fail})
 	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload,

@@ -48,18 +48,33 @@ const (
 	MaxStaleRangesDefault = 100
 )
 
-// Dispatcher is what the claimer needs of the dispatcher.
+// Dispatcher is what the claimer needs of the dispatcher
+// (dispatch.Dispatcher): room to fill and a place to submit claims, the
+// deliveries the ingest kept by id, and which deliveries and events under
+// way it still holds, for the sweep to find those no one does.
 type Dispatcher interface {
 	Stopping() bool
-	Free() (map[string]int, int)
+	// Room is, per lane it has, how many more jobs it takes, and how many
+	// it takes in all.
+	Room() (map[string]int, int)
 	Submit(j *dispatch.Job, reserved bool)
-	Unheld(ids []int64) []int64
-	KeptLanes() []string
-	TakeKept(all map[string]bool) map[string][]dispatch.Kept
-	Kept() int
-	LetGo(ranges []int64)
-	TakeDone() []int64
-	UnheldRanges(ranges []int64) []int64
+
+	// KeptCount is how many deliveries the ingest kept by id;
+	// LanesWithKept the lanes that have some; HandOverKept hands them
+	// over as far as their lanes have room, and all of those of release.
+	KeptCount() int
+	LanesWithKept() []string
+	HandOverKept(release map[string]bool) map[string][]dispatch.Kept
+
+	// DeliveriesNotHeld and RangesNotHeld return those of ids and ranges
+	// the dispatcher holds nothing of.
+	DeliveriesNotHeld(ids []int64) []int64
+	RangesNotHeld(ranges []int64) []int64
+	// ForgetUnderWay says the claimer no longer holds these events under
+	// way (one range per event); TakeFinishedRanges hands over the ranges
+	// that hold no event of this instance's any more, to be swept.
+	ForgetUnderWay(ranges []int64)
+	TakeFinishedRanges() []int64
 }
 
 // Protection is what the claimer needs of endpoint protection: a fresh
@@ -130,10 +145,11 @@ func (c *Claimer) Queued() {
 // at the last claim has room now.
 func (c *Claimer) Wake() { c.wake.Notify() }
 
-// LaneFreed is the dispatcher's OnFree: a lane drained to half, so claim
-// if the queue may hold more, or hand over kept deliveries.
+// LaneFreed says a lane drained to half (dispatch.RoomWatcher; the
+// recorder says it too): claim if the queue may hold more, or hand over
+// kept deliveries.
 func (c *Claimer) LaneFreed() {
-	if c.backlog.Load() || c.watchFree.Load() || c.disp.Kept() > 0 {
+	if c.backlog.Load() || c.watchFree.Load() || c.disp.KeptCount() > 0 {
 		c.wake.Notify()
 	}
 }
@@ -249,7 +265,7 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	queued := c.backlog.Swap(false)
 	c.watchFree.Store(true)
 	defer func() { c.watchFree.Store(len(c.waiting) > 0) }()
-	free, total := c.disp.Free()
+	free, total := c.disp.Room()
 	if total == 0 {
 		return queued, nil
 	}
@@ -311,7 +327,7 @@ func (c *Claimer) waitingHaveRoom(free map[string]int) bool {
 // pause: the queue parks or holds them), and all of them once another
 // instance has registered, which can then claim them too.
 func (c *Claimer) submitKept(ctx context.Context) error {
-	lanes := c.disp.KeptLanes()
+	lanes := c.disp.LanesWithKept()
 	if len(lanes) == 0 {
 		return nil
 	}
@@ -324,7 +340,7 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 	}
 	var load, back []int64
 	var under, underBack keptEvents
-	for lane, ks := range c.disp.TakeKept(release) {
+	for lane, ks := range c.disp.HandOverKept(release) {
 		for _, k := range ks {
 			switch {
 			case k.Range != 0 && release[lane]:
@@ -342,7 +358,7 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 		// Until this succeeds they are in no one's memory but in this
 		// instance's range: the sweep of its ranges queues them.
 		_, err := c.env.Store.QueueUnderWay(ctx, c.env.Owner, underBack.events, underBack.ranges, underBack.lanes)
-		c.disp.LetGo(underBack.ranges)
+		c.disp.ForgetUnderWay(underBack.ranges)
 		if err != nil {
 			return err
 		}
@@ -352,7 +368,7 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 		n := min(len(under.events), MaxClaimDefault)
 		got, err := c.env.Store.LoadUnderWay(ctx, c.env.Owner, under.events[:n], under.ranges[:n])
 		if err != nil {
-			c.disp.LetGo(under.ranges) // as above
+			c.disp.ForgetUnderWay(under.ranges) // as above
 			return err
 		}
 		lanes := make(map[int64]string, n)
@@ -374,7 +390,7 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 				gone = append(gone, under.ranges[i])
 			}
 		}
-		c.disp.LetGo(gone)
+		c.disp.ForgetUnderWay(gone)
 		under.events, under.ranges, under.lanes = under.events[n:], under.ranges[n:], under.lanes[n:]
 	}
 	for len(back) > 0 {
@@ -409,7 +425,7 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 func (c *Claimer) rescue(ctx context.Context) {
 	stale, err := c.env.Store.StaleOwned(ctx, c.env.Owner, StaleClaimDefault, MaxStaleDefault)
 	if err == nil && len(stale) > 0 {
-		if lost := c.disp.Unheld(stale); len(lost) > 0 {
+		if lost := c.disp.DeliveriesNotHeld(stale); len(lost) > 0 {
 			var n int64
 			if n, err = c.env.Store.Rescue(ctx, c.env.Owner, lost); n > 0 {
 				c.log.Warn().Int64("deliveries", n).Msg("returned claims this instance had lost track of to the queue (their claim's answer was lost)")
@@ -428,10 +444,10 @@ func (c *Claimer) rescue(ctx context.Context) {
 // although its answer was lost, so their events are in no one's memory
 // and get pending deliveries.
 func (c *Claimer) sweepUnderWay(ctx context.Context) {
-	ranges := c.disp.TakeDone()
+	ranges := c.disp.TakeFinishedRanges()
 	stale, err := c.env.Store.StaleUnderWay(ctx, c.env.Owner, StaleClaimDefault, MaxStaleRangesDefault)
 	if err == nil {
-		ranges = append(ranges, c.disp.UnheldRanges(stale)...)
+		ranges = append(ranges, c.disp.RangesNotHeld(stale)...)
 		var n int64
 		if n, err = c.env.Store.SweepOwnUnderWay(ctx, c.env.Owner, ranges, c.env.Config().Lane); n > 0 {
 			c.log.Warn().Int64("events", n).Msg("queued events under way this instance had lost track of (their ingest's answer was lost)")
@@ -490,11 +506,8 @@ func (k *keptEvents) add(lane string, kept dispatch.Kept) {
 }
 
 func jobFromClaim(c store.Claimed) *dispatch.Job {
-	return &dispatch.Job{
-		DeliveryID: c.DeliveryID, EventPK: c.EventPK, Range: c.Range, Endpoint: c.Endpoint, Lane: c.Lane, Attempt: c.AttemptCount + 1,
-		EventID: c.EventID, URL: c.URL, EventType: c.EventType, Payload: c.Payload, Headers: c.Headers,
-		CreatedAt: c.CreatedAt, CommittedAt: c.CommittedAt, Message: c.Message,
-	}
+	return &dispatch.Job{Event: c.Event, DeliveryID: c.DeliveryID, EventPK: c.EventPK, Range: c.Range, Lane: c.Lane,
+		Attempt: c.AttemptCount + 1, CommittedAt: c.CommittedAt}
 }
 
 // listenLoop wakes the claimer when any instance (or a replay) queues

@@ -31,15 +31,14 @@ func newHarness(caps map[string]int) *harness {
 	for ep := range caps {
 		h.running[ep], h.peak[ep] = &atomic.Int32{}, &atomic.Int32{}
 	}
-	h.d = dispatch.New(dispatch.Options{
+	h.d = connected(dispatch.Options{
 		Capacity: func(ep string) int { return caps[ep] },
 		Execute:  hExecute(h),
-		OnOutcome: func(o dispatch.Outcome) {
-			h.mu.Lock()
-			h.outcomes = append(h.outcomes, o)
-			h.mu.Unlock()
-			h.d.Recorded(o.Job)
-		},
+	}, func(o dispatch.Outcome) {
+		h.mu.Lock()
+		h.outcomes = append(h.outcomes, o)
+		h.mu.Unlock()
+		h.d.Recorded(o.Job)
 	})
 	return h
 }
@@ -85,12 +84,12 @@ func TestLanesCapInFlightPerEndpoint(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"slow": 2, "fast": 3})
 	for i := range 10 {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "slow"}, false)
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "fast"}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: "slow"}}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Event: state.Event{Endpoint: "fast"}}, false)
 	}
 	require.Eventually(t, func() bool { return h.running["slow"].Load() == 2 && h.running["fast"].Load() == 3 },
 		5*time.Second, time.Millisecond)
-	free, _ := h.d.Free()
+	free, _ := h.d.Room()
 	require.Equal(t, 0, free["slow"], "2 running + 8 queued is the lane's limit (5 × cap)")
 	close(h.release)
 	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 20 }, 5*time.Second, time.Millisecond)
@@ -105,15 +104,13 @@ func TestReserveStopsAtTheLaneLimit(t *testing.T) {
 		require.True(t, h.d.Reserve("e"))
 	}
 	require.False(t, h.d.Reserve("e"), "lane full: the delivery waits in the queue table")
-	h.d.Unreserve("e")
-	require.True(t, h.d.Reserve("e"))
 }
 
 func TestStopReleasesQueuedAndCancelsPastGrace(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"e": 1})
 	for i := range 3 {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "e"}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: "e"}}, false)
 	}
 	require.Eventually(t, func() bool { return h.running["e"].Load() == 1 }, 5*time.Second, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -121,7 +118,7 @@ func TestStopReleasesQueuedAndCancelsPastGrace(t *testing.T) {
 	h.d.Stop(ctx)
 	require.Equal(t, 3, h.count(state.Released), "two queued and the one cut off")
 	require.False(t, h.d.Reserve("e"), "no fast path while stopping")
-	h.d.Submit(&dispatch.Job{DeliveryID: 9, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 9, Event: state.Event{Endpoint: "e"}}, false)
 	require.Equal(t, 4, h.count(state.Released), "a job submitted while stopping is released")
 }
 
@@ -132,20 +129,19 @@ func TestGlobalConcurrencyCapServesLanesInTurn(t *testing.T) {
 		caps[string(rune('a'+i))] = 4
 	}
 	h := newHarness(caps)
-	h.d = dispatch.New(dispatch.Options{
+	h.d = connected(dispatch.Options{
 		Capacity:       func(ep string) int { return caps[ep] },
 		MaxConcurrency: 10,
 		Execute:        hExecute(h),
-		OnOutcome: func(o dispatch.Outcome) {
-			h.mu.Lock()
-			h.outcomes = append(h.outcomes, o)
-			h.mu.Unlock()
-			h.d.Recorded(o.Job)
-		},
+	}, func(o dispatch.Outcome) {
+		h.mu.Lock()
+		h.outcomes = append(h.outcomes, o)
+		h.mu.Unlock()
+		h.d.Recorded(o.Job)
 	})
 	for ep := range caps {
 		for i := range 3 {
-			h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: ep}, false)
+			h.d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: ep}}, false)
 		}
 	}
 	// Submit starts what the caps allow at once: ten attempts, all waiting.
@@ -167,7 +163,7 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 	h := newHarness(map[string]int{"e": 2, "hang": 2})
 	close(h.release)
 	require.True(t, h.d.Reserve("e")) // the lane stays while it holds something
-	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false)
 	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 1 }, 5*time.Second, time.Millisecond)
 	for range dispatch.DrainingLaneLimit(2) - 1 {
 		require.True(t, h.d.Reserve("e"))
@@ -178,17 +174,16 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 	}
 	require.False(t, h.d.Reserve("hang"), "a lane that delivered nothing gets no more than its limit")
 
-	small := dispatch.New(dispatch.Options{
+	small := connected(dispatch.Options{
 		Capacity: func(string) int { return 2 },
 		Execute: func(context.Context, *dispatch.Job) state.Result {
 			return state.Result{Status: postboxtype.DeliveryDelivered}
 		},
-		OnOutcome:   func(dispatch.Outcome) {},
 		MaxHeldJobs: 2 * dispatch.LaneLimit(2),
-	})
+	}, func(dispatch.Outcome) {})
 	require.True(t, small.Reserve("e"))
-	small.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false) // delivered, never recorded: held
-	require.Eventually(t, func() bool { free, _ := small.Free(); return free["e"] == dispatch.LaneLimit(2)-1 }, 5*time.Second, time.Millisecond)
+	small.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false) // delivered, never recorded: held
+	require.Eventually(t, func() bool { free, _ := small.Room(); return free["e"] == dispatch.LaneLimit(2)-1 }, 5*time.Second, time.Millisecond)
 	n := 0
 	for small.Reserve("e") {
 		n++
@@ -206,15 +201,14 @@ func TestDrainingLanesTakeMoreFromTheFastPath(t *testing.T) {
 func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"e": 2, "hang": 2})
-	h.d = dispatch.New(dispatch.Options{
-		Capacity:  func(string) int { return 2 },
-		Execute:   hExecute(h),
-		OnOutcome: func(o dispatch.Outcome) { h.d.Recorded(o.Job) },
-		MaxKept:   5,
-	})
+	h.d = connected(dispatch.Options{
+		Capacity: func(string) int { return 2 },
+		Execute:  hExecute(h),
+		MaxKept:  5,
+	}, func(o dispatch.Outcome) { h.d.Recorded(o.Job) })
 	require.False(t, h.d.ReserveKeep("e"), "a lane that has not delivered keeps nothing")
 	require.True(t, h.d.Reserve("e")) // the lane stays while it holds something
-	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false)
 	h.release <- struct{}{}
 	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
 
@@ -222,23 +216,23 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 		require.True(t, h.d.ReserveKeep("e"))
 	}
 	require.False(t, h.d.ReserveKeep("e"), "MaxKept, reservations included")
-	require.Equal(t, 5, h.d.Kept())
+	require.Equal(t, 5, h.d.KeptCount())
 	for id := int64(10); id < 14; id++ {
 		h.d.Keep("e", dispatch.Kept{ID: id})
 	}
 	h.d.Keep("e", dispatch.Kept{ID: 0}) // its event had been ingested before
-	require.Equal(t, 4, h.d.Kept())
-	require.Equal(t, []string{"e"}, h.d.KeptLanes())
-	require.Equal(t, []int64{99}, h.d.Unheld([]int64{10, 13, 99}), "kept ids are held")
+	require.Equal(t, 4, h.d.KeptCount())
+	require.Equal(t, []string{"e"}, h.d.LanesWithKept())
+	require.Equal(t, []int64{99}, h.d.DeliveriesNotHeld([]int64{10, 13, 99}), "kept ids are held")
 
 	// The lane holds KeptLaneLimit jobs: no room, nothing handed over.
 	for i := range dispatch.KeptLaneLimit(2) {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Endpoint: "e"}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Event: state.Event{Endpoint: "e"}}, false)
 	}
-	require.Empty(t, h.d.TakeKept(nil))
-	require.Equal(t, map[string][]dispatch.Kept{"e": {{ID: 10}, {ID: 11}, {ID: 12}, {ID: 13}}}, h.d.TakeKept(map[string]bool{"e": true}), "all, oldest first, when asked")
-	require.Zero(t, h.d.Kept())
-	require.Equal(t, []int64{10}, h.d.Unheld([]int64{10}), "handed over: no longer held until submitted")
+	require.Empty(t, h.d.HandOverKept(nil))
+	require.Equal(t, map[string][]dispatch.Kept{"e": {{ID: 10}, {ID: 11}, {ID: 12}, {ID: 13}}}, h.d.HandOverKept(map[string]bool{"e": true}), "all, oldest first, when asked")
+	require.Zero(t, h.d.KeptCount())
+	require.Equal(t, []int64{10}, h.d.DeliveriesNotHeld([]int64{10}), "handed over: no longer held until submitted")
 	close(h.release)
 	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
 
@@ -246,7 +240,7 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 	require.True(t, h.d.ReserveKeep("e"))
 	h.d.Keep("e", dispatch.Kept{ID: 20})
 	h.d.Keep("e", dispatch.Kept{ID: 21})
-	require.Equal(t, map[string][]dispatch.Kept{"e": {{ID: 20}, {ID: 21}}}, h.d.TakeKept(nil), "as far as the lane has room")
+	require.Equal(t, map[string][]dispatch.Kept{"e": {{ID: 20}, {ID: 21}}}, h.d.HandOverKept(nil), "as far as the lane has room")
 }
 
 // TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld: the dispatcher
@@ -256,14 +250,13 @@ func TestKeptDeliveriesWaitByIDForRoom(t *testing.T) {
 func TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld(t *testing.T) {
 	t.Parallel()
 	h := newHarness(map[string]int{"e": 2})
-	h.d = dispatch.New(dispatch.Options{
-		Capacity:  func(string) int { return 2 },
-		Execute:   hExecute(h),
-		OnOutcome: func(o dispatch.Outcome) { h.d.Recorded(o.Job) },
-		MaxKept:   10,
-	})
+	h.d = connected(dispatch.Options{
+		Capacity: func(string) int { return 2 },
+		Execute:  hExecute(h),
+		MaxKept:  10,
+	}, func(o dispatch.Outcome) { h.d.Recorded(o.Job) })
 	require.True(t, h.d.Reserve("e"))
-	h.d.Submit(&dispatch.Job{DeliveryID: 1, Endpoint: "e"}, false)
+	h.d.Submit(&dispatch.Job{DeliveryID: 1, Event: state.Event{Endpoint: "e"}}, false)
 	h.release <- struct{}{}
 	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
 
@@ -274,25 +267,25 @@ func TestRangesOfEventsUnderWayAreDoneWhenNoEventIsHeld(t *testing.T) {
 	h.d.Keep("e", dispatch.Kept{ID: 11, Range: 7})
 	h.d.Keep("e", dispatch.Kept{ID: 12, Range: 8})
 	h.d.Keep("e", dispatch.Kept{}) // not committed: counted nowhere
-	require.Equal(t, []int64{9}, h.d.UnheldRanges([]int64{7, 8, 9}))
-	require.Equal(t, []int64{10}, h.d.Unheld([]int64{10}), "an event's id is not a delivery's")
+	require.Equal(t, []int64{9}, h.d.RangesNotHeld([]int64{7, 8, 9}))
+	require.Equal(t, []int64{10}, h.d.DeliveriesNotHeld([]int64{10}), "an event's id is not a delivery's")
 
-	kept := h.d.TakeKept(map[string]bool{"e": true})["e"]
+	kept := h.d.HandOverKept(map[string]bool{"e": true})["e"]
 	require.Len(t, kept, 3)
-	h.d.LetGo([]int64{8}) // queued back
-	require.Equal(t, []int64{8}, h.d.TakeDone())
-	require.Empty(t, h.d.TakeDone(), "handed over once")
-	h.d.LetGo([]int64{8}) // a range no longer counted is no one's
-	require.Empty(t, h.d.TakeDone())
+	h.d.ForgetUnderWay([]int64{8}) // queued back
+	require.Equal(t, []int64{8}, h.d.TakeFinishedRanges())
+	require.Empty(t, h.d.TakeFinishedRanges(), "handed over once")
+	h.d.ForgetUnderWay([]int64{8}) // a range no longer counted is no one's
+	require.Empty(t, h.d.TakeFinishedRanges())
 
-	h.d.Submit(&dispatch.Job{EventPK: 10, Range: 7, Endpoint: "e"}, false)
-	h.d.LetGo([]int64{7}) // event 11: written before it was read
-	require.Empty(t, h.d.TakeDone(), "event 10 is in flight")
-	require.Empty(t, h.d.UnheldRanges([]int64{7}))
+	h.d.Submit(&dispatch.Job{EventPK: 10, Range: 7, Event: state.Event{Endpoint: "e"}}, false)
+	h.d.ForgetUnderWay([]int64{7}) // event 11: written before it was read
+	require.Empty(t, h.d.TakeFinishedRanges(), "event 10 is in flight")
+	require.Empty(t, h.d.RangesNotHeld([]int64{7}))
 	close(h.release)
 	require.Eventually(t, func() bool { return h.d.InFlight() == 0 }, 5*time.Second, time.Millisecond)
-	require.Equal(t, []int64{7}, h.d.TakeDone(), "recorded: the range is done")
-	require.Equal(t, []int64{7}, h.d.UnheldRanges([]int64{7}))
+	require.Equal(t, []int64{7}, h.d.TakeFinishedRanges(), "recorded: the range is done")
+	require.Equal(t, []int64{7}, h.d.RangesNotHeld([]int64{7}))
 }
 
 // Attempts made before their ingest committed cannot be recorded until it
@@ -304,16 +297,16 @@ func TestAttemptsAheadOfTheIngestWaitForIt(t *testing.T) {
 	const capacity = 2
 	h := newHarness(map[string]int{"e": capacity})
 	close(h.release) // the partner answers at once
-	tx := dispatch.NewIngest(nil)
+	tx := newTestIngest(nil)
 	for i := range 20 {
-		h.d.Submit(&dispatch.Job{DeliveryID: int64(i + 1), Endpoint: "e", Ingest: tx}, false)
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(i + 1), Event: state.Event{Endpoint: "e"}, Ingest: tx}, false)
 	}
 	ahead := dispatch.AheadLimit(capacity) + capacity - 1
 	require.Less(t, ahead, 20)
 	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == ahead }, 5*time.Second, time.Millisecond)
 	require.Never(t, func() bool { return h.count(postboxtype.DeliveryDelivered) > ahead }, 100*time.Millisecond, time.Millisecond,
 		"no more attempts before the ingest commits")
-	free, _ := h.d.Free()
+	free, _ := h.d.Room()
 	require.Zero(t, free["e"], "the attempts waiting for the ingest hold their room")
 	tx.Finish(nil)
 	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 20 }, 5*time.Second, time.Millisecond)
@@ -328,9 +321,9 @@ func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
 	h := newHarness(map[string]int{"e": 4})
 	close(h.release)
 	var live atomic.Bool
-	committed, failed := dispatch.NewIngest(live.Load), dispatch.NewIngest(live.Load)
-	a, b := &dispatch.Job{Endpoint: "e", Ingest: committed}, &dispatch.Job{Endpoint: "e", Ingest: committed}
-	c := &dispatch.Job{Endpoint: "e", Ingest: failed}
+	committed, failed := newTestIngest(live.Load), newTestIngest(live.Load)
+	a, b := &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: committed}, &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: committed}
+	c := &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: failed}
 	for _, j := range []*dispatch.Job{a, b, c} {
 		h.d.Submit(j, false)
 	}
@@ -350,7 +343,7 @@ func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
 
 	// While the lead is certain, attempts start before the commit.
 	live.Store(true)
-	d := &dispatch.Job{Endpoint: "e", Ingest: dispatch.NewIngest(live.Load)}
+	d := &dispatch.Job{Event: state.Event{Endpoint: "e"}, Ingest: newTestIngest(live.Load)}
 	h.d.Submit(d, false)
 	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 2 }, 5*time.Second, time.Millisecond)
 }

@@ -34,7 +34,7 @@ func TestAttemptGoroutinesAreReusedAndJoined(t *testing.T) {
 	ids := map[string]int{}
 	done := make(chan struct{}, 1)
 	var d *dispatch.Dispatcher
-	d = dispatch.New(dispatch.Options{
+	d = connected(dispatch.Options{
 		Capacity: func(string) int { return 1 },
 		Execute: func(_ context.Context, j *dispatch.Job) state.Result {
 			mu.Lock()
@@ -42,13 +42,12 @@ func TestAttemptGoroutinesAreReusedAndJoined(t *testing.T) {
 			mu.Unlock()
 			return state.Result{DeliveryID: j.DeliveryID, Status: postboxtype.DeliveryDelivered}
 		},
-		OnOutcome: func(o dispatch.Outcome) {
-			d.Recorded(o.Job)
-			done <- struct{}{}
-		},
+	}, func(o dispatch.Outcome) {
+		d.Recorded(o.Job)
+		done <- struct{}{}
 	})
 	for i := range 20 {
-		d.Submit(&dispatch.Job{DeliveryID: int64(i), Endpoint: "e"}, false)
+		d.Submit(&dispatch.Job{DeliveryID: int64(i), Event: state.Event{Endpoint: "e"}}, false)
 		<-done
 	}
 	mu.Lock()

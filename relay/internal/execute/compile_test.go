@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/macro"
 )
 
@@ -22,7 +23,7 @@ func TestResolveFollowsTheConfigurationInForce(t *testing.T) {
 	}
 	before := ep("https://a.example/pb?c={payload.c}", `{"v": "{payload.c}"}`, "application/json")
 	after := ep("https://b.example/{payload.c}", `click={payload.c}&n=1`, "application/x-www-form-urlencoded")
-	ev := Event{EventID: "e", Endpoint: "net", Payload: []byte(`{"c": "x y"}`)}
+	ev := Event{Event: state.Event{EventID: "e", Endpoint: "net", Payload: []byte(`{"c": "x y"}`)}}
 	for range 2 {
 		got := Resolve(before, ev)
 		require.Empty(t, got.Reason)

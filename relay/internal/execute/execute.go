@@ -31,13 +31,11 @@ import (
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-// Event is what Resolve needs to know of an event.
+// Event is what Resolve needs to know of an event: what it says, and
+// why its row could not be read, if so (store.OutboxRow.Invalid).
 type Event struct {
-	EventID, Endpoint, URL, EventType string
-	Payload                           []byte
-	CreatedAt                         time.Time
-	Invalid                           string // a decoding problem (see wal.Row)
-	Message                           bool   // written with outbox.Emit (see wal.Row)
+	state.Event
+	Invalid string
 }
 
 // Target is an event's resolved request, or the reason it has none.
@@ -156,6 +154,30 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		}
 	}
 	return t
+}
+
+// Resolved is an event's request as the ingest resolved it under Config,
+// handed to its first attempt (dispatch.Job.Resolved): the event is
+// resolved once on its way from the WAL to its first request.
+type Resolved struct {
+	Config *config.Config
+	Target Target
+}
+
+// ResolvedRequest marks Resolved as a dispatch.Resolved.
+func (*Resolved) ResolvedRequest() {}
+
+// resolved is j's request under cfg: the one the ingest resolved, while
+// the configuration it was resolved under is still in force; else (a
+// later attempt, or a reload since) resolved now, so a reload applies to
+// every event still waiting.
+func resolved(cfg *config.Config, j *dispatch.Job) Target {
+	r, ok := j.Resolved.(*Resolved)
+	j.Resolved = nil // its body need not outlive the attempt
+	if ok && r.Config == cfg {
+		return r.Target
+	}
+	return Resolve(cfg, Event{Event: j.Event})
 }
 
 // parsedURL is what Resolve needs of a URL: whether it is one to deliver
@@ -327,8 +349,7 @@ func New(env *service.Env, client *deliver.Client, prot *protect.Protection) *Ex
 func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	cfg := x.env.Config()
 	res := state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, CommitToDeliveryMS: -1}
-	t := Resolve(cfg, Event{EventID: j.EventID, Endpoint: j.Endpoint, URL: j.URL, EventType: j.EventType,
-		Payload: j.Payload, CreatedAt: j.CreatedAt, Message: j.Message})
+	t := resolved(cfg, j)
 	if t.Reason != "" {
 		if strings.HasPrefix(t.Reason, policy.ReasonMessagesOff) {
 			x.env.Metrics.MessagesRefused(1)

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 )
 
 // An event written with outbox.Emit resolves to a messages_off dead letter
@@ -18,7 +19,7 @@ func TestMessagesResolveOnlyWhenOn(t *testing.T) {
 	off := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, AllowPrivateTargets: true}
 	on := *off
 	on.Messages = true
-	msg := Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`), Message: true}
+	msg := Event{Event: state.Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`), Message: true}}
 
 	got := Resolve(off, msg)
 	require.True(t, strings.HasPrefix(got.Reason, "messages_off: "), got.Reason)

@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -20,7 +22,7 @@ func TestEndpointURLsPassTheCurrentGuard(t *testing.T) {
 	refusing := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}}
 	allowing := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep},
 		AllowedCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
-	ev := Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`)}
+	ev := Event{Event: state.Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`)}}
 	for range 2 {
 		t1 := Resolve(refusing, ev)
 		require.True(t, strings.HasPrefix(t1.Reason, "blocked_target: 10.0.0.8 is private"), t1.Reason)
@@ -33,14 +35,14 @@ func TestEndpointURLsPassTheCurrentGuard(t *testing.T) {
 	// A row's URL is recorded without its query string and user info.
 	row := config.Endpoint{Name: "rows", Configured: true, Method: "GET"}
 	cfg0 := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"rows": row}, AllowPrivateTargets: true}
-	got := Resolve(cfg0, Event{EventID: "e", Endpoint: "rows", URL: "https://u:p@pb.example/x?click_id=c1#f", Payload: []byte(`{}`)})
+	got := Resolve(cfg0, Event{Event: state.Event{EventID: "e", Endpoint: "rows", URL: "https://u:p@pb.example/x?click_id=c1#f", Payload: []byte(`{}`)}})
 	require.Empty(t, got.Reason)
 	require.Equal(t, "https://pb.example/x", got.Recorded)
 
 	bad := config.Endpoint{Name: "bad", Configured: true, URL: "ftp://files.example/x", Method: "POST"}
 	cfg := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"bad": bad}}
 	for range 2 {
-		got := Resolve(cfg, Event{EventID: "e", Endpoint: "bad", Payload: []byte(`{}`)})
+		got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: "bad", Payload: []byte(`{}`)}})
 		require.True(t, strings.HasPrefix(got.Reason, "invalid_url: "), got.Reason)
 	}
 }
@@ -65,7 +67,7 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 	auth := map[string]string{"Authorization": "Bearer operator-token"}
 	check := func(cfg *config.Config, endpoint, rowURL, reason string) {
 		t.Helper()
-		got := Resolve(cfg, Event{EventID: "e", Endpoint: endpoint, URL: rowURL, Payload: []byte(`{}`)})
+		got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: endpoint, URL: rowURL, Payload: []byte(`{}`)}})
 		if reason == "" {
 			require.Empty(t, got.Reason, "%s %s", endpoint, rowURL)
 			require.Equal(t, rowURL, got.URL)
@@ -107,7 +109,7 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 	})
 	for _, ok := range []string{"https://pb.example.com/x?c=1", "https://PB.Example.COM.:8443/x", "http://a.b.track.example/{event_id}",
 		"https://evil.example%2f@pb.example.com/"} { // user info, the row's own, to a listed host
-		got := Resolve(cfg, Event{EventID: "e", Endpoint: "zzz", URL: ok, Payload: []byte(`{}`)})
+		got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: "zzz", URL: ok, Payload: []byte(`{}`)}})
 		require.Empty(t, got.Reason, ok)
 	}
 	for u, host := range map[string]string{
@@ -122,7 +124,7 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 		"https://evil.example\\@pb.example.com/":    "",
 		"https://pb.example.com%2e.evil.example/x/": "",
 	} {
-		got := Resolve(cfg, Event{EventID: "e", Endpoint: "zzz", URL: u, Payload: []byte(`{"h":"pb.example.com"}`)})
+		got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: "zzz", URL: u, Payload: []byte(`{"h":"pb.example.com"}`)}})
 		require.True(t, strings.HasPrefix(got.Reason, refused) || strings.HasPrefix(got.Reason, "invalid_url: ") || strings.HasPrefix(got.Reason, "template_error: "), "%s: %q", u, got.Reason)
 		if host != "" {
 			require.Equal(t, refused+host+" is not in defaults.row_url_hosts", got.Reason, u)
@@ -146,7 +148,7 @@ func TestRowURLsNeverBorrowCredentials(t *testing.T) {
 		u := "https://partner.example/hook"
 		f.Endpoints["partner"] = config.EndpointConfig{URL: &u}
 	})
-	got := Resolve(cfg, Event{EventID: "e", Endpoint: "partner", Payload: []byte(`{}`)})
+	got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: "partner", Payload: []byte(`{}`)}})
 	require.Equal(t, "https://partner.example/hook", got.URL)
 	require.Equal(t, "Bearer operator-token", requestHeader(got.Endpoint, nil).Get("Authorization"))
 	check(cfg, "partner", "https://pb.example.com/", refused+
@@ -184,7 +186,7 @@ endpoints:
     url: https://inherits.example/a/b
 `)
 	ev := func(endpoint, url string) Target {
-		return Resolve(cfg, Event{EventID: "e", Endpoint: endpoint, URL: url, Payload: []byte(`{"token":"123:tgSecret"}`)})
+		return Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: endpoint, URL: url, Payload: []byte(`{"token":"123:tgSecret"}`)}})
 	}
 	for range 2 { // the second from the cache
 		s := ev("slack", "")
@@ -207,7 +209,7 @@ endpoints:
     url: https://hooks.slack.example/services/T0001/B0002/xoxSecretPart?x=1
     redact_path: [2, 3, 4]
 `)
-	got := Resolve(reloaded, Event{EventID: "e", Endpoint: "slack", Payload: []byte(`{}`)})
+	got := Resolve(reloaded, Event{Event: state.Event{EventID: "e", Endpoint: "slack", Payload: []byte(`{}`)}})
 	require.Equal(t, "https://hooks.slack.example/services/***/***/***", got.Recorded)
 }
 
@@ -217,9 +219,30 @@ endpoints:
 func TestOverlongEndpointNameIsRefused(t *testing.T) {
 	cfg := &config.Config{MaxBody: 1 << 20, AllowPrivateTargets: true}
 	for _, name := range []string{strings.Repeat("a", store.MaxEndpointLen+1), store.StoredEndpoint(strings.Repeat("é", 500))} {
-		got := Resolve(cfg, Event{EventID: "e", Endpoint: name, URL: "https://pb.example/x", Payload: []byte(`{}`)})
+		got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: name, URL: "https://pb.example/x", Payload: []byte(`{}`)}})
 		require.True(t, strings.HasPrefix(got.Reason, "invalid_row: the endpoint name is "), got.Reason)
 	}
-	got := Resolve(cfg, Event{EventID: "e", Endpoint: strings.Repeat("a", store.MaxEndpointLen), URL: "https://pb.example/x", Payload: []byte(`{}`)})
+	got := Resolve(cfg, Event{Event: state.Event{EventID: "e", Endpoint: strings.Repeat("a", store.MaxEndpointLen), URL: "https://pb.example/x", Payload: []byte(`{}`)}})
 	require.Empty(t, got.Reason)
+}
+
+// A first attempt sends the request the ingest resolved for it while the
+// configuration it was resolved under is in force; after a reload, and for
+// any attempt without one, the request is resolved under the configuration
+// in force.
+func TestAFirstAttemptSendsWhatTheIngestResolved(t *testing.T) {
+	ep := config.Endpoint{Name: "own", Configured: true, URL: "http://a.test/hook", Method: "POST"}
+	before := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, AllowPrivateTargets: true}
+	ep.URL = "http://b.test/hook"
+	after := &config.Config{MaxBody: 1 << 20, Endpoints: map[string]config.Endpoint{"own": ep}, AllowPrivateTargets: true}
+	ev := state.Event{EventID: "e", Endpoint: "own", Payload: []byte(`{}`)}
+	job := func() *dispatch.Job {
+		return &dispatch.Job{Event: ev, Attempt: 1, Resolved: &Resolved{Config: before, Target: Resolve(before, Event{Event: ev})}}
+	}
+
+	j := job()
+	require.Equal(t, "http://a.test/hook", resolved(before, j).URL)
+	require.Nil(t, j.Resolved, "used once")
+	require.Equal(t, "http://b.test/hook", resolved(after, job()).URL, "reloaded since: resolved again")
+	require.Equal(t, "http://a.test/hook", resolved(before, &dispatch.Job{Event: ev, Attempt: 2}).URL)
 }

@@ -13,8 +13,7 @@ import (
 //
 // The ingest commits without waiting for that flush
 // (store.IngestConn.CommitUnflushed): a producer's commit that arrives
-// during the relay's flush waits for it, and at 200 events/s the ingest's
-// commits were about one in twenty of the WAL's flushes. A commit not yet
+// during the relay's flush waits for it (docs/benchmarks.md). A commit not yet
 // flushed is visible, so its deliveries go ahead, but a crash of the
 // server would undo it; so the stream may confirm the transactions it
 // ingested to the slot only once the server's WAL is flushed past the

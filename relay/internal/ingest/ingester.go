@@ -11,9 +11,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
-	"github.com/postbox-relay/postbox/relay/internal/execute"
 	"github.com/postbox-relay/postbox/relay/internal/policy"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/internal/wal"
@@ -38,14 +36,9 @@ const (
 	// lane makes only so many attempts ahead of an uncommitted ingest
 	// before it waits for the commit (dispatch.AheadLimit), and a linger
 	// must neither be what it waits for nor gather more of a lane's
-	// attempts than it runs at once. A longer linger would save
-	// more, but it is also what a crash repeats: the attempts made within
-	// it, not yet written. At 200 events/s over 10 endpoints, 200 ms cost
-	// PostgreSQL 18% and the relay 21% less CPU per event than 50 ms (with
-	// the recorder's linger at 200 ms too; nine alternating pairs), as
-	// more first attempts end within it and the ingest writes their
-	// deliveries done (writeDelivered); but a kill -9 at 300 events/s
-	// then repeated 35–58 events, against 4–14.
+	// attempts than it runs at once. A longer linger saves more, but it is
+	// also what a crash repeats: the attempts made within it, not yet
+	// written (docs/benchmarks.md).
 	LingerDefault     = 50 * time.Millisecond
 	LingerRowsDefault = 200
 	// AheadStallDefault: the stream prepares chunks ahead of the ingest
@@ -63,7 +56,7 @@ const (
 // reserve room for straight to the dispatcher. It is the stream's Acker.
 type ingester struct {
 	s       *Supervisor
-	in      *wal.Queue
+	in      *wal.Queue[prepared]
 	drained chan struct{}
 	fail    context.CancelFunc // ends the session after an error
 	err     error
@@ -82,23 +75,11 @@ type ingester struct {
 	gate flushGate
 
 	conn    *store.IngestConn
-	open    bool               // a database transaction is open
-	handles []*dispatch.Ingest // of the chunks written in it (their first attempts)
-	rows    int                // outbox rows written in it
-	queued  bool               // it wrote deliveries for the queue (not the fast path)
-	kept    []keptDelivery     // deliveries it wrote in flight to be kept by id
-}
-
-// prepared is a chunk's rows as the ingest writes them, decided when the
-// chunk arrived (Supervisor.prepare), with the first attempts it started.
-type prepared struct {
-	evs  []store.NewEvent
-	jobs []*dispatch.Job  // per row: its first attempt, submitted at once, or nil
-	tx   *dispatch.Ingest // the jobs' ingest, finished with the transaction that writes the chunk; nil without jobs
-	// waits says a delivery of the chunk waits for its commit: written
-	// pending for the queue, or in flight to be kept by id.
-	waits bool
-	ahead bool // prepared by the stream (prepareAhead)
+	open    bool           // a database transaction is open
+	handles []*transaction // of the chunks written in it (their first attempts)
+	rows    int            // outbox rows written in it
+	queued  bool           // it wrote deliveries for the queue (not the fast path)
+	kept    []keptDelivery // deliveries it wrote in flight to be kept by id
 }
 
 // keptDelivery is a delivery written in flight for this instance, to be
@@ -111,7 +92,7 @@ type keptDelivery struct {
 
 var _ wal.Acker = (*ingester)(nil)
 
-func newIngester(s *Supervisor, in *wal.Queue, lead store.Leadership, fail context.CancelFunc) *ingester {
+func newIngester(s *Supervisor, in *wal.Queue[prepared], lead store.Leadership, fail context.CancelFunc) *ingester {
 	return &ingester{s: s, in: in, drained: make(chan struct{}), fail: fail, lead: lead,
 		gate: flushGate{durable: s.durable}}
 }
@@ -177,7 +158,7 @@ func (ing *ingester) run(ctx context.Context) {
 // holds fewer than LingerRowsDefault rows. A stream that closes ends it.
 // A batch of several transactions is the ingest behind: it commits at
 // once.
-func (ing *ingester) linger(batch []wal.Chunk) []wal.Chunk {
+func (ing *ingester) linger(batch []wal.Chunk[prepared]) []wal.Chunk[prepared] {
 	if len(batch) != 1 {
 		return batch
 	}
@@ -221,7 +202,7 @@ func (ing *ingester) linger(batch []wal.Chunk) []wal.Chunk {
 // are recorded (nil) or their outcomes dropped.
 func (ing *ingester) finish(err error) {
 	for _, h := range ing.handles {
-		h.Finish(err)
+		h.finish(err)
 	}
 	ing.handles = ing.handles[:0]
 	ing.open, ing.rows, ing.queued = false, 0, false
@@ -231,16 +212,16 @@ func (ing *ingester) finish(err error) {
 // those prepared have their outcomes dropped, and their kept reservations
 // are given back (the stream brings the events again). Chunks not yet
 // prepared stay so: no attempt starts for an event that is not written.
-func (ing *ingester) drop(chunks []wal.Chunk, err error) {
+func (ing *ingester) drop(chunks []wal.Chunk[prepared], err error) {
 	for i := range chunks {
-		p, _ := chunks[i].Prepared.(*prepared)
+		p := chunks[i].Prepared
 		if p == nil {
 			continue
 		}
 		if p.tx != nil {
-			p.tx.Finish(err)
+			p.tx.finish(err)
 		}
-		ing.s.unkeep(p.evs, p.jobs)
+		ing.s.releaseKeepReservations(p.evs, p.jobs)
 	}
 }
 
@@ -261,7 +242,7 @@ func (ing *ingester) keep(committed bool) {
 
 // ingest commits up to the last finished transaction of a batch; a
 // transaction still arriving stays open in its own database transaction.
-func (ing *ingester) ingest(ctx context.Context, batch []wal.Chunk) error {
+func (ing *ingester) ingest(ctx context.Context, batch []wal.Chunk[prepared]) error {
 	split := 0
 	for i, ch := range batch {
 		if ch.Final {
@@ -304,7 +285,7 @@ func statementRows(n int) int {
 // and, when commit is set, commits it with the checkpoint of the last
 // chunk, which then is a transaction's end. When it fails, the chunks not
 // yet inserted are dropped.
-func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool) error {
+func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk[prepared], commit bool) error {
 	ing.writing.Store(time.Now().UnixNano())
 	defer ing.writing.Store(0)
 	s := ing.s
@@ -345,7 +326,7 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk, commit bool)
 			// The jobs submitted keep no id: their outcomes are dropped
 			// once the ingest is finished (failed), and the stream brings
 			// the events again.
-			s.unkeep(evs, jobs)
+			s.releaseKeepReservations(evs, jobs)
 			return fmt.Errorf("ingest: %w", err)
 		}
 		queued, kept := s.afterInsert(evs[:n], jobs[:n], got)
@@ -407,138 +388,6 @@ func writeDelivered(evs []store.NewEvent, jobs []*dispatch.Job) {
 			evs[i].Status, evs[i].LastError, evs[i].Delivered = postboxtype.DeliveryDelivered, r.LastError, &r
 		}
 	}
-}
-
-// prepare decides, as a chunk arrives, what becomes of its rows, and
-// submits the first attempts of those the fast path takes: everything an
-// attempt sends is in the row, so it starts now, in the stream's
-// goroutine, rather than behind the ingest of what arrived before. Its
-// outcome is recorded once the ingest has committed, under the id the
-// insert returns (dispatch.Dispatcher.Assign).
-func (s *Supervisor) prepare(c *wal.Chunk) {
-	cfg := s.env.Config()
-	alone := s.deps.Alone()
-	p := &prepared{evs: make([]store.NewEvent, 0, len(c.Rows)), jobs: make([]*dispatch.Job, 0, len(c.Rows))}
-	for _, row := range c.Rows {
-		ev, r := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
-		p.evs = append(p.evs, ev)
-		p.waits = p.waits || r == routeKeep || ev.Status == postboxtype.DeliveryPending
-		if r != routeFast {
-			p.jobs = append(p.jobs, nil)
-			continue
-		}
-		if p.tx == nil {
-			p.tx = dispatch.NewIngest(s.leads)
-		}
-		j := &dispatch.Job{
-			Endpoint: ev.Endpoint, Lane: ev.Lane, Attempt: 1, EventID: ev.EventID, URL: ev.URL,
-			EventType: ev.EventType, Payload: ev.Payload, Headers: ev.Headers,
-			CreatedAt: ev.CreatedAt, CommittedAt: ev.CommittedAt, Message: ev.Message, Received: c.Received, Ingest: p.tx,
-		}
-		s.deps.Fast.Submit(j, true)
-		p.jobs = append(p.jobs, j)
-	}
-	c.Prepared = p
-}
-
-// prepareAhead is the stream's Prepare: it prepares a chunk, then lets
-// the attempts just submitted start before the stream reads on (a new
-// goroutine waits in this P's queue until the current one blocks; other
-// Ps do not steal it at once). Once the ingest has failed, or while its
-// write is stuck (AheadStallDefault), it prepares nothing: what the
-// session still streams may be dropped, and no attempt should start for it.
-func (ing *ingester) prepareAhead(c *wal.Chunk) {
-	if ing.failed.Load() {
-		return
-	}
-	if w := ing.writing.Load(); w != 0 && time.Since(time.Unix(0, w)) > AheadStallDefault {
-		return
-	}
-	s := ing.s
-	s.prepare(c)
-	p := c.Prepared.(*prepared)
-	p.ahead = true
-	if p.tx != nil {
-		runtime.Gosched()
-	}
-}
-
-// prepared returns what prepare decided for a chunk, preparing it now if
-// the stream did not.
-func (s *Supervisor) prepared(c *wal.Chunk) *prepared {
-	if c.Prepared == nil {
-		s.prepare(c)
-	}
-	return c.Prepared.(*prepared)
-}
-
-// unkeep gives back the kept reservations of deliveries that will not be
-// written (those in flight without a job).
-func (s *Supervisor) unkeep(evs []store.NewEvent, jobs []*dispatch.Job) {
-	for i := range evs {
-		if jobs[i] == nil && evs[i].Status == postboxtype.DeliveryInFlight {
-			s.deps.Fast.Keep(evs[i].Key(), dispatch.Kept{})
-		}
-	}
-}
-
-// route is where newEvent sends an event's delivery.
-type route int
-
-const (
-	routeQueue route = iota // pending in the queue table (or a dead letter)
-	routeFast               // in flight, its job submitted at once
-	routeKeep               // in flight, kept by id until its lane has room
-)
-
-// newEvent turns an outbox row into the event to ingest and decides its
-// delivery's first state. With fast set, a deliverable event whose endpoint
-// has room is reserved a slot and written in_flight, owned by this
-// instance; when its lane has no room but drains, and this instance is
-// alone (no other could claim it from the queue), it is written in_flight
-// all the same and kept by id (dispatch.Dispatcher.ReserveKeep).
-func (s *Supervisor) newEvent(cfg *config.Config, row wal.Row, commitLSN pglogrepl.LSN, commitTime time.Time, fast, alone bool) (store.NewEvent, route) {
-	// Rows from the stream, messages and the reconciliation alike: a name
-	// too long to keep is stored cut, and Resolve refuses it.
-	row.Endpoint = store.StoredEndpoint(row.Endpoint)
-	ev := store.NewEvent{
-		EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
-		Payload: row.Payload, Headers: row.Headers, CreatedAt: row.CreatedAt, OutboxID: row.OutboxID, Message: row.Message,
-		CommitLSN: commitLSN, CommittedAt: commitTime, Status: postboxtype.DeliveryPending,
-	}
-	if lane := cfg.Lane(row.Endpoint, row.URL); lane != row.Endpoint {
-		ev.Lane = lane
-	}
-	if row.PayloadTooLarge > 0 {
-		// Too large to have been read: refused whatever else the row says.
-		ev.Status = postboxtype.DeliveryDeadLetter
-		ev.LastError = fmt.Sprintf("%s: %d bytes is above max_body (%d)", policy.ReasonPayloadTooLarge, row.PayloadTooLarge, cfg.MaxBody)
-		ev.Payload, ev.PayloadDropped = []byte("null"), row.PayloadTooLarge
-		return ev, routeQueue
-	}
-	t := execute.Resolve(cfg, execute.Event{EventID: row.EventID, Endpoint: row.Endpoint, URL: row.URL, EventType: row.EventType,
-		Payload: row.Payload, CreatedAt: row.CreatedAt, Invalid: row.Invalid, Message: row.Message})
-	switch {
-	case strings.HasPrefix(t.Reason, policy.ReasonPayloadTooLarge):
-		// Refused before it is stored: the payload is not copied.
-		ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, t.Reason
-		ev.Payload, ev.PayloadDropped = []byte("null"), len(row.Payload)
-	case t.Reason != "":
-		ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, t.Reason
-	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(ev.Key(), s.env.Now()):
-		switch {
-		case s.deps.Fast.Reserve(ev.Key()):
-			// Under way when copied: its delivery is written once, with
-			// its first attempt's outcome (or delivered at the insert, when
-			// the attempt delivered first: writeDelivered).
-			ev.Status, ev.UnderWay = postboxtype.DeliveryInFlight, true
-			return ev, routeFast
-		case alone && s.deps.Fast.ReserveKeep(ev.Key()):
-			ev.Status, ev.UnderWay = postboxtype.DeliveryInFlight, true
-			return ev, routeKeep
-		}
-	}
-	return ev, routeQueue
 }
 
 // afterInsert gives the fast-path jobs, submitted before the insert, the

@@ -9,7 +9,6 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
 	"github.com/postbox-relay/postbox/relay/internal/service"
 	"github.com/postbox-relay/postbox/relay/internal/store"
-	"github.com/postbox-relay/postbox/relay/internal/wal"
 	"github.com/postbox-relay/postbox/relay/internal/watermark"
 )
 
@@ -63,10 +62,8 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 			break
 		}
 		evs := make([]store.NewEvent, len(rows))
-		for i, o := range rows {
-			evs[i], _ = s.newEvent(cfg, wal.Row{OutboxID: o.ID, EventID: o.EventID, Endpoint: o.Endpoint, URL: o.URL,
-				EventType: o.EventType, Payload: o.Payload, PayloadTooLarge: o.PayloadTooLarge, Headers: o.Headers, CreatedAt: o.CreatedAt,
-				Invalid: o.Invalid}, 0, time.Time{}, false, false)
+		for i, row := range rows {
+			evs[i], _, _ = s.newEvent(cfg, row, 0, time.Time{}, false, false)
 		}
 		conn.SetSearchKeys(cfg.SearchKeys)
 		got, err := conn.Insert(ctx, evs, cfg.OutboxRetention == 0)
@@ -79,7 +76,7 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 		}
 		total += int64(len(got))
 		s.afterInsert(evs, make([]*dispatch.Job, len(evs)), got) // no fast path: no jobs, nothing kept
-		after = rows[len(rows)-1].ID
+		after = rows[len(rows)-1].OutboxID
 		s.deps.Queued()
 	}
 	if ctx.Err() != nil {

@@ -31,11 +31,8 @@ const (
 	// QueueRowsDefault and QueueBytesDefault bound the queue between the
 	// stream and the ingester: how far the stream reads ahead, and the
 	// most one ingest takes. In a catch-up the queue is always full, so
-	// this is most of the relay's memory then: twice as much peaked 5-8
-	// MB higher in RSS and delivered no faster. (It was twice as much
-	// for a while: halved, TestChaos failed with duplicates after a
-	// relay's freeze, until attempts ahead of an ingest waited while the
-	// lead is uncertain, see dispatch.NewIngest; it then passed 3 of 3.)
+	// this is most of the relay's memory then; more delivered no faster
+	// (docs/benchmarks.md).
 	QueueRowsDefault  = 2500
 	QueueBytesDefault = 4 << 20
 )
@@ -44,11 +41,9 @@ const (
 var errStandby = errors.New("another instance streams the slot")
 
 // FastPath is the dispatcher as the ingester uses it: reserve a slot
-// before writing a delivery in_flight, then submit it (or give the slot
-// back).
+// before writing a delivery in_flight, then submit it.
 type FastPath interface {
 	Reserve(endpoint string) bool
-	Unreserve(endpoint string)
 	Submit(j *dispatch.Job, reserved bool)
 	// Assign gives a job submitted before its insert the delivery id.
 	Assign(j *dispatch.Job, id int64)
@@ -309,12 +304,12 @@ func (s *Supervisor) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	queue := wal.NewQueue(QueueRowsDefault, QueueBytesDefault)
+	queue := wal.NewQueue[prepared](QueueRowsDefault, QueueBytesDefault)
 	ing := newIngester(s, queue, lead, cancel)
 	flushed := watermark.New[pglogrepl.LSN](0)
 	var reconcileSnap string
 	var reconcilePos pglogrepl.LSN
-	stream := wal.NewStream(wal.Options{
+	stream := wal.NewStream(wal.Options[prepared]{
 		ConnString:     cfg.DatabaseURL,
 		Slot:           cfg.Slot,
 		Publication:    cfg.Publication,
@@ -337,7 +332,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 			s.log.Error().Str("was", cp.SystemID).Str("now", ss.SystemID).
 				Msg("the database server changed (system identifier): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
-			if err := s.owe(ctx); err != nil {
+			if err := s.markReconcilePending(ctx); err != nil {
 				return 0, 0, err
 			}
 		case cp.Timeline != 0 && cp.Timeline != ss.Timeline:
@@ -345,7 +340,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
 				Msg("the database server's timeline changed (failover): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
-			if err := s.owe(ctx); err != nil {
+			if err := s.markReconcilePending(ctx); err != nil {
 				return 0, 0, err
 			}
 		}
@@ -433,7 +428,7 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 	// recorded after, a stop or a failed write between the two would leave
 	// a slot and no debt, and those rows in the table for good. A debt
 	// recorded for a slot then not made is paid all the same, harmlessly.
-	if err := s.owe(ctx); err != nil {
+	if err := s.markReconcilePending(ctx); err != nil {
 		return cp, fmt.Errorf("before creating the slot: %w", err)
 	}
 	created, err := wal.CreateSlot(ctx, cfg.DatabaseURL, cfg.Slot)
@@ -454,9 +449,10 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 	return cp, nil
 }
 
-// owe records that the outbox table must be reconciled, in the database,
-// so that the next leader does it if this one cannot, and in this process.
-func (s *Supervisor) owe(ctx context.Context) error {
+// markReconcilePending records that the outbox table must be reconciled,
+// in the database, so that the next leader does it if this one cannot,
+// and in this process.
+func (s *Supervisor) markReconcilePending(ctx context.Context) error {
 	if err := s.env.Store.SetReconcilePending(ctx, true); err != nil {
 		return err
 	}
@@ -467,7 +463,7 @@ func (s *Supervisor) owe(ctx context.Context) error {
 // leads reports whether this instance surely still holds the lead it
 // streams under, for a sixth of the lease at least: the first attempts
 // of what it ingests start before the ingest commits only while it does
-// (see dispatch.NewIngest).
+// (see newTransaction).
 func (s *Supervisor) leads() bool {
 	return s.lease.holds(s.env.Config().LeaderLease / 6)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
@@ -74,7 +75,7 @@ func queue(t *testing.T, s *store.Store, n int) {
 	t.Helper()
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending}
+		evs[i] = store.NewEvent{OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`)}}, Status: postboxtype.DeliveryPending}
 	}
 	ingest(t, s, evs)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -24,7 +25,7 @@ func outboxRows(t *testing.T, s *store.Store, n int, age time.Duration) {
 	require.NoError(t, err)
 	evs := make([]store.NewEvent, len(ids))
 	for i, id := range ids {
-		evs[i] = store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending}
+		evs[i] = store.NewEvent{OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "ep", Payload: []byte(`{}`)}}, Status: postboxtype.DeliveryPending}
 	}
 	ingest(t, s, evs)
 }

@@ -39,21 +39,16 @@ const (
 	// LingerDefault is how long the recorder gathers outcomes before it
 	// writes them, unless LingerBatchDefault are waiting or one of them
 	// is a probe's or an ordered endpoint's (whose next delivery waits for
-	// it). Recording is off the delivery path, and at a live rate each
-	// write of one result costs as many statements as a write of many: at
-	// 200 events/s, 50 ms (batches of about ten) cost PostgreSQL 15-40 %
-	// less CPU per event than 10 ms. 200 ms made no measurable difference
-	// beyond that (about 5% less CPU per event, the p99 shorter in six of
-	// ten alternating pairs): at a live rate the ingest writes most
-	// deliveries done (writeDelivered), and few results wait here. A
+	// it). Recording is off the delivery path, and a write of one result
+	// costs as many statements as a write of many (docs/benchmarks.md). A
 	// breaker reacts to its streak at once regardless (protect.Observe).
 	LingerDefault      = 50 * time.Millisecond
 	LingerBatchDefault = 100
 )
 
-// Dispatcher is what the recorder needs of the dispatcher: to release a
-// job's share of the memory budget once its outcome is written or dropped.
-type Dispatcher interface {
+// Budget is the dispatcher's memory budget (dispatch.Dispatcher): a job
+// holds its share until its outcome is written or dropped.
+type Budget interface {
 	Recorded(j *dispatch.Job)
 }
 
@@ -75,11 +70,11 @@ type Claimer interface {
 	BreakersClosed(lanes []string)
 }
 
-// Recorder writes outcomes. Start it, Add to it, Stop it.
+// Recorder writes outcomes. Start it, hand it outcomes (Record), Stop it.
 type Recorder struct {
 	env    *service.Env
 	log    zerolog.Logger
-	disp   Dispatcher
+	disp   Budget
 	health Health
 	claim  Claimer
 	loops  service.Loops
@@ -93,7 +88,7 @@ type Recorder struct {
 }
 
 // New returns a Recorder.
-func New(env *service.Env, disp Dispatcher, health Health, claim Claimer) *Recorder {
+func New(env *service.Env, disp Budget, health Health, claim Claimer) *Recorder {
 	return &Recorder{env: env, log: env.Logger("record"), disp: disp, health: health, claim: claim, wake: service.NewSignal(),
 		hist: store.NewHistograms()}
 }
@@ -110,20 +105,13 @@ func (r *Recorder) Start(ctx context.Context) error {
 // returns to the queue with this instance's lease).
 func (r *Recorder) Stop() { r.loops.Stop() }
 
-// Add queues a finished attempt for recording. It never blocks: it is the
-// dispatcher's OnOutcome.
-func (r *Recorder) Add(o dispatch.Outcome) {
+// Record queues a finished attempt for recording
+// (dispatch.Recorder). It never blocks.
+func (r *Recorder) Record(o dispatch.Outcome) {
 	r.mu.Lock()
 	r.outcomes = append(r.outcomes, o)
 	r.mu.Unlock()
 	r.wake.Notify()
-}
-
-// Pending is the number of outcomes waiting to be written.
-func (r *Recorder) Pending() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.outcomes)
 }
 
 // gather reports whether to wait for more outcomes before writing: fewer
@@ -227,7 +215,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			default:
 				if !final {
 					// Back in the buffer once its ingest has finished.
-					tx.AfterFinish(func() { r.Add(o) })
+					tx.AfterFinish(func() { r.Record(o) })
 					continue
 				}
 			}

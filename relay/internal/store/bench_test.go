@@ -39,8 +39,10 @@ func benchmarkIngest(b *testing.B, n int, keys []string) {
 	b.ResetTimer()
 	for b.Loop() {
 		for i := range evs {
-			evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload,
-				CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}
+			evs[i] = store.NewEvent{
+				OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("ep-%d", i%10), Payload: payload, CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+				Status:    postboxtype.DeliveryPending,
+			}
 		}
 		if _, err := ic.Insert(ctx, evs, false); err != nil {
 			b.Fatal(err)
@@ -126,8 +128,10 @@ func queueDead(b *testing.B, s *store.Store, n int) {
 		var evs []store.NewEvent
 		for i := start; i < min(n, start+1000); i++ {
 			for range 3 {
-				evs = append(evs, store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("dead-%05d", i), Payload: []byte(`{}`),
-					CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending})
+				evs = append(evs, store.NewEvent{
+					OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("dead-%05d", i), Payload: []byte(`{}`), CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+					Status:    postboxtype.DeliveryPending,
+				})
 			}
 		}
 		if _, err := ic.Insert(ctx, evs, false); err != nil {

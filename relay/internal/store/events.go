@@ -23,19 +23,11 @@ import (
 // already decided: in_flight (claimed by this instance for the in-memory
 // fast path), pending (for the queue), or dead_letter (with LastError).
 type NewEvent struct {
-	EventID  string
-	Endpoint string
+	OutboxRow
 	// Lane is the lane the delivery is queued and protected in when it is
 	// not the endpoint's own: the endpoint and its row URL's host
 	// (config.Config.Lane). "" (NULL) is the endpoint's lane.
 	Lane        string
-	URL         string // "" is NULL
-	EventType   string
-	Payload     []byte    // JSON text
-	Headers     []byte    // JSON text; nil is NULL
-	CreatedAt   time.Time // zero: unknown, the ingest time is stored
-	OutboxID    int64
-	Message     bool          // written with outbox.Emit, not an outbox row
 	CommitLSN   pglogrepl.LSN // 0 when found by reconciliation
 	CommittedAt time.Time     // zero when unknown
 	Status      postboxtype.DeliveryState
@@ -768,21 +760,18 @@ func (s *Store) ReleaseLeadership(ctx context.Context, owner string, l Leadershi
 	return err
 }
 
-// OutboxRow is an outbox row read by reconciliation.
+// OutboxRow is one outbox row, its columns decoded by their types: what
+// the WAL stream decodes (wal) and reconciliation reads
+// (UningestedOutbox), and what the ingest writes (NewEvent).
 type OutboxRow struct {
-	ID        int64
-	EventID   string
-	Endpoint  string
-	URL       string
-	EventType string
-	Payload   []byte
-	// PayloadTooLarge is the payload's size when it was above the
-	// maxBody asked for and so not read (Payload is then nil).
+	state.Event
+	OutboxID int64 // 0 for a logical decoding message
+	// PayloadTooLarge is the payload's size when it was above max_body
+	// and so not read (Payload is then nil).
 	PayloadTooLarge int
-	Headers         []byte
-	CreatedAt       time.Time // zero when NULL
 	// Invalid says why the row cannot be delivered as it stands (a
-	// created_at that is not a finite time); it becomes a dead letter.
+	// contract column missing or unreadable, a created_at that is not a
+	// finite time); it becomes a dead letter with it.
 	Invalid string
 }
 
@@ -832,7 +821,7 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 		var endpoint, eventType, payload, headers *string
 		var size *int
 		var created pgtype.Timestamptz
-		if err := rows.Scan(&r.ID, &r.EventID, &endpoint, &r.URL, &eventType, &payload, &size, &headers, &created); err != nil {
+		if err := rows.Scan(&r.OutboxID, &r.EventID, &endpoint, &r.URL, &eventType, &payload, &size, &headers, &created); err != nil {
 			return nil, fmt.Errorf("read outbox: %w", err)
 		}
 		if payload == nil && size != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -58,8 +59,10 @@ func TestStaleFencingTokenIsRefused(t *testing.T) {
 	// The old leader wakes with an ingest transaction open and commits it
 	// with a checkpoint past the new leader's.
 	id := outbox.NewEventID()
-	_, err = oldConn.Insert(ctx, []store.NewEvent{{EventID: id, Endpoint: "ep", Payload: []byte(`{}`),
-		CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}}, false)
+	_, err = oldConn.Insert(ctx, []store.NewEvent{{
+		OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+		Status:    postboxtype.DeliveryPending,
+	}}, false)
 	require.NoError(t, err)
 	err = oldConn.Commit(ctx, pglogrepl.LSN(0x3000), true)
 	require.ErrorIs(t, err, store.ErrFenced)

@@ -38,8 +38,10 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 	batch := func(tag string, known []string) []store.NewEvent {
 		evs := make([]store.NewEvent, 0, n+1)
 		for i := range n {
-			ev := store.NewEvent{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("%s-%d", tag, i%3), EventType: "t",
-				Payload: []byte(fmt.Sprintf(`{"n": %d, "s": "\"é%d", "o": {"n": 1}}`, i, i)), OutboxID: int64(1000 + i), Status: postboxtype.DeliveryInFlight}
+			ev := store.NewEvent{
+				OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: fmt.Sprintf("%s-%d", tag, i%3), EventType: "t", Payload: []byte(fmt.Sprintf(`{"n": %d, "s": "\"é%d", "o": {"n": 1}}`, i, i))}, OutboxID: int64(1000 + i)},
+				Status:    postboxtype.DeliveryInFlight,
+			}
 			if i < len(known) {
 				ev.EventID = known[i]
 			}

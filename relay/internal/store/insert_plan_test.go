@@ -33,7 +33,7 @@ func TestIngestInsertPlansProbeTheKey(t *testing.T) {
 	batch := func(n int, done bool) []NewEvent {
 		evs := make([]NewEvent, n)
 		for i := range evs {
-			evs[i] = NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryInFlight}
+			evs[i] = NewEvent{OutboxRow: OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`)}}, Status: postboxtype.DeliveryInFlight}
 			if done && i%2 == 0 {
 				evs[i].Status, evs[i].Delivered = postboxtype.DeliveryDelivered, &state.Result{Status: postboxtype.DeliveryDelivered, StatusCode: 200}
 			}

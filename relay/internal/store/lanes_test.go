@@ -34,8 +34,10 @@ func ingestInFlight(t testing.TB, s *store.Store, endpoint string, n int) []stor
 	ic := ingestConn(t, s)
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Now(), Status: postboxtype.DeliveryInFlight}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`), CreatedAt: time.Now()}},
+			Status:    postboxtype.DeliveryInFlight,
+		}
 	}
 	ingested, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -52,8 +54,11 @@ func queueLane(t testing.TB, s *store.Store, endpoint, lane string, n int) {
 	defer ic.Release()
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Lane: lane, URL: "http://x/",
-			Payload: []byte(`{}`), Status: postboxtype.DeliveryPending}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: endpoint, URL: "http://x/", Payload: []byte(`{}`)}},
+			Lane:      lane,
+			Status:    postboxtype.DeliveryPending,
+		}
 	}
 	_, err = ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -215,8 +220,11 @@ func TestOneEventInsertsAsMany(t *testing.T) {
 	ic := ingestConn(t, s)
 	ic.SetSearchKeys([]string{"click_id"})
 	ev := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "partners", Lane: "partners → a.test", URL: "http://a.test/pb",
-			EventType: "conversion", Payload: []byte(`{"click_id":"c1"}`), Headers: []byte(`{"X-A":"1"}`), Status: postboxtype.DeliveryInFlight}
+		return store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "partners", URL: "http://a.test/pb", EventType: "conversion", Payload: []byte(`{"click_id":"c1"}`), Headers: []byte(`{"X-A":"1"}`)}},
+			Lane:      "partners → a.test",
+			Status:    postboxtype.DeliveryInFlight,
+		}
 	}
 	one, many := outbox.NewEventID(), outbox.NewEventID()
 	got, err := ic.Insert(ctx, []store.NewEvent{ev(one)}, false)
@@ -257,16 +265,19 @@ func TestDeliveredInsertsAlikeAloneAndAmongOthers(t *testing.T) {
 	ic := ingestConn(t, s)
 	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	done := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "partners", Payload: []byte(`{}`), Status: postboxtype.DeliveryDelivered,
+		return store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "partners", Payload: []byte(`{}`)}},
+			Status:    postboxtype.DeliveryDelivered,
 			Delivered: &state.Result{Status: postboxtype.DeliveryDelivered, StatusCode: 202, ResponseMS: 1.5, Response: "ok", At: at,
-				CommitToDeliveryMS: 4, Target: "http://a.test/pb", Attempted: true, Sampled: true}}
+				CommitToDeliveryMS: 4, Target: "http://a.test/pb", Attempted: true, Sampled: true},
+		}
 	}
 	alone, among, other := outbox.NewEventID(), outbox.NewEventID(), outbox.NewEventID()
 	got, err := ic.Insert(ctx, []store.NewEvent{done(alone)}, false)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	got, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: other, Endpoint: "partners", Payload: []byte(`{}`), Status: postboxtype.DeliveryInFlight}, done(among)}, false)
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: other, Endpoint: "partners", Payload: []byte(`{}`)}}, Status: postboxtype.DeliveryInFlight}, done(among)}, false)
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 	require.NoError(t, ic.Commit(ctx, 0, false))
@@ -305,7 +316,7 @@ func TestIngestsSkipWhatIsIngested(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	ev := func(id string) store.NewEvent {
-		return store.NewEvent{EventID: id, Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending}
+		return store.NewEvent{OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: "ep", Payload: []byte(`{}`)}}, Status: postboxtype.DeliveryPending}
 	}
 	events := func(id string) int {
 		var n int

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -25,8 +26,10 @@ func TestKeptDeliveriesAreNoOrderedHeadUntilClaimed(t *testing.T) {
 	batch := func(n int, status postboxtype.DeliveryState) []store.NewEvent {
 		evs := make([]store.NewEvent, n)
 		for i := range evs {
-			evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "partners", URL: "http://a.test/pb",
-				Payload: []byte(`{}`), Status: status}
+			evs[i] = store.NewEvent{
+				OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "partners", URL: "http://a.test/pb", Payload: []byte(`{}`)}},
+				Status:    status,
+			}
 		}
 		return evs
 	}

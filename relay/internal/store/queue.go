@@ -18,20 +18,13 @@ import (
 
 // Claimed is a delivery claimed from the queue, with its event.
 type Claimed struct {
+	state.Event
 	DeliveryID int64
-	Endpoint   string
 	// Lane is the delivery's lane when it is not its endpoint's own: the
 	// endpoint and its row URL's host (config.Config.Lane).
 	Lane         string
 	AttemptCount int
-	EventID      string
-	URL          string
-	EventType    string
-	Payload      []byte
-	Headers      []byte
-	CreatedAt    time.Time
 	CommittedAt  time.Time // zero when unknown
-	Message      bool      // written with outbox.Emit (events.message)
 	// EventPK and Range name an event under way (DeliveryID is 0): its
 	// delivery is written when its attempt ends (RecordUnderWay).
 	EventPK, Range int64
@@ -287,35 +280,18 @@ func scanClaimedWith(row pgx.Row, underWay bool) (Claimed, error) {
 // By id, whatever the statistics. The statements that read or write an
 // owner's in-flight deliveries by id (RecordResults, LoadOwned, Rescue)
 // test status and lease_owner with IS NOT DISTINCT FROM, which no index
-// serves and which implies no partial index's predicate, so that the
-// planner can reach the rows only through the primary key, by the ids.
-// With plain equality it chose deliveries_lease_owner on statistics taken
-// while the owner held little, and then read the owner's whole in-flight
-// set for each batch: in a catch-up, up to 100,000 rows filtered down to
-// the few hundred of the batch. Neither column is compared with NULL here,
-// so the meaning is equality's. Left the primary key and a sequential
-// scan, the planner, on the same statistics, guessed that one row would
-// pass the filters and scanned the whole table, or looped over the batch
-// for each row it found: noTableScan and recordPlans, set for the statement's
-// transaction, take those choices away.
+// serves, so the planner reaches the rows only through the primary key
+// (neither column is compared with NULL, so the meaning is equality's);
+// noTableScan and recordPlans, set for the statement's transaction, take
+// away the scans it otherwise guessed on stale statistics.
 //
-// recordPlans, the recorder's, also rules out nested loops, and keeps the
-// plans of its transaction's statements across batches (plan_cache_mode;
-// the session's is force_custom_plan, see Configure). Pinned so, the
-// UPDATE's plan no longer depends on the statistics, and the other
-// statements reach tables only by key or by insert. At live rates,
-// planning them for each batch cost as much as running them (the UPDATE:
-// 0.37 ms planned, 0.44 ms run).
-//
-// keyPlans, for statements that reach every table by key from the arrays
-// they are given (the recorder's lookup of events under way, the load of
-// kept events), allows nested loops alone, each of them probing an index,
-// and keeps the plan across executions. A plan so pinned cannot turn into
-// a scan of a grown table, which is what the session's custom plans guard
-// against, so it need not be planned anew at every run: planned each time,
-// those two statements cost a catch-up of 100,000 events 220 ms of
-// planning, more than the lookup's 190 ms of running. recordPlans allows
-// the other joins again for the statements after it in a transaction.
+// recordPlans, the recorder's, also rules out nested loops and keeps its
+// statements' plans across batches (plan_cache_mode); keyPlans, for
+// statements that reach every table by key from the arrays they are
+// given, allows nested loops alone and keeps the plan too. Pinned so, a
+// plan cannot turn into a scan of a grown table, and it is not paid for
+// at every run (docs/benchmarks.md). recordPlans allows the other joins
+// again for the statements after it in a transaction.
 const (
 	noTableScan = `SELECT set_config('enable_seqscan', 'off', true)`
 	recordPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true),
@@ -550,7 +526,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			// Pinned for every batch, also one that updates no delivery
 			// (its results all written by the ingest, as at live rates
 			// most are): its reads of the endpoints' health were otherwise
-			// planned at every run, 0.14 ms each to run in 0.05.
+			// planned at every run, dearer than running them.
 			b := &pgx.Batch{}
 			b.Queue(recordPlans)
 			var onRow map[int64]bool // the inline attempts the update kept
@@ -720,9 +696,9 @@ const lifeLockSQL = `
 // The grace is written into it, not passed, and the statements that run
 // each heartbeat (DeadOwners, Peers) take no parameter: a statement
 // without parameters keeps one plan per connection, where one with them is
-// planned at every run (the sessions' plan_cache_mode, see Configure). The
-// views of locks and backends made planning those two statements cost 2–5
-// ms each, every second, to run in a tenth of a millisecond.
+// planned at every run (the sessions' plan_cache_mode, see Configure), and
+// the views of locks and backends make those two dear to plan
+// (docs/benchmarks.md).
 var aliveSQL = `i.expires_at > now()
 	AND (i.backend_pid IS NULL
 	     OR i.backend_start < pg_postmaster_start_time()

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -37,8 +38,10 @@ func ingest(t *testing.T, s *store.Store, endpoint string, ids ...string) []inge
 		if id == "" {
 			id = outbox.NewEventID()
 		}
-		evs[i] = store.NewEvent{EventID: id, Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: id, Endpoint: endpoint, Payload: []byte(`{}`), CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+			Status:    postboxtype.DeliveryPending,
+		}
 	}
 	got, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)

@@ -54,8 +54,10 @@ func queue(t testing.TB, s *store.Store, endpoint string, n int) {
 	defer ic.Release()
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`),
-			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryPending}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: endpoint, Payload: []byte(`{}`), CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+			Status:    postboxtype.DeliveryPending,
+		}
 	}
 	_, err = ic.Insert(ctx, evs, false)
 	require.NoError(t, err)
@@ -74,8 +76,10 @@ func ingestOne(t *testing.T, s *store.Store) *store.IngestConn {
 	ic, err := s.AcquireIngest(ctx, "me")
 	require.NoError(t, err)
 	t.Cleanup(ic.Release)
-	_, err = ic.Insert(ctx, []store.NewEvent{{EventID: outbox.NewEventID(), Endpoint: "e", Payload: []byte(`{}`),
-		CreatedAt: time.Now(), Status: postboxtype.DeliveryPending}}, false)
+	_, err = ic.Insert(ctx, []store.NewEvent{{
+		OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "e", Payload: []byte(`{}`), CreatedAt: time.Now()}},
+		Status:    postboxtype.DeliveryPending,
+	}}, false)
 	require.NoError(t, err)
 	require.True(t, ic.InTx())
 	return ic

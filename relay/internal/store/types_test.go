@@ -38,8 +38,8 @@ func TestCreatedAtTravelsAsTime(t *testing.T) {
 	defer ic.Release()
 	known, unknown := outbox.NewEventID(), outbox.NewEventID()
 	_, err = ic.Insert(ctx, []store.NewEvent{
-		{EventID: known, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: want, Status: postboxtype.DeliveryPending},
-		{EventID: unknown, Endpoint: "ep", Payload: []byte(`{}`), Status: postboxtype.DeliveryPending},
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: known, Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: want}}, Status: postboxtype.DeliveryPending},
+		{OutboxRow: store.OutboxRow{Event: state.Event{EventID: unknown, Endpoint: "ep", Payload: []byte(`{}`)}}, Status: postboxtype.DeliveryPending},
 	}, false)
 	require.NoError(t, err)
 	require.NoError(t, ic.Commit(ctx, 0, false))

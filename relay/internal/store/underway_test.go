@@ -224,8 +224,11 @@ func TestACopiedIngestWritesEventsUnderWayAlone(t *testing.T) {
 	const n = 40
 	evs := make([]store.NewEvent, n)
 	for i := range evs {
-		evs[i] = store.NewEvent{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`),
-			CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Status: postboxtype.DeliveryInFlight, UnderWay: i%4 != 0}
+		evs[i] = store.NewEvent{
+			OutboxRow: store.OutboxRow{Event: state.Event{EventID: outbox.NewEventID(), Endpoint: "ep", Payload: []byte(`{}`), CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}},
+			Status:    postboxtype.DeliveryInFlight,
+			UnderWay:  i%4 != 0,
+		}
 	}
 	got, err := ic.Insert(ctx, evs, false)
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // fuzzTypes are the type names a fuzzed column spec may use; any other
@@ -168,9 +169,9 @@ func FuzzDecodeRow(f *testing.F) {
 		}
 		msgs = append(msgs, encodeCommit(0x16B3748, 0x16B3780))
 
-		out := NewQueue(ChunkRowsDefault, ChunkBytesDefault)
-		ss := &session{
-			opts:  Options{Table: table}.WithDefaults(),
+		out := NewQueue[struct{}](ChunkRowsDefault, ChunkBytesDefault)
+		ss := &session[struct{}]{
+			opts:  Options[struct{}]{Table: table}.WithDefaults(),
 			out:   out,
 			rels:  map[uint32]*relation{},
 			types: pgtype.NewMap(),
@@ -179,7 +180,7 @@ func FuzzDecodeRow(f *testing.F) {
 			require.NoError(t, ss.logical(context.Background(), m))
 		}
 		out.Close()
-		var rows []Row
+		var rows []store.OutboxRow
 		for {
 			chunks, ok := out.Take(context.Background())
 			if !ok {

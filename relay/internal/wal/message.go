@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 var errShortMessage = errors.New("logical decoding message cut short")
@@ -50,9 +51,9 @@ var uuidRe = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[
 // longer than maxBody is measured, not copied (PayloadTooLarge); a
 // message that breaks the format becomes an invalid row with an id
 // derived from its LSN, so it is stored as a dead letter with a reason.
-func decodeMessage(content []byte, lsn pglogrepl.LSN, maxBody int) Row {
-	var row Row
-	invalid := func(format string, args ...any) Row {
+func decodeMessage(content []byte, lsn pglogrepl.LSN, maxBody int) store.OutboxRow {
+	var row store.OutboxRow
+	invalid := func(format string, args ...any) store.OutboxRow {
 		if row.EventID == "" || !uuidRe.MatchString(row.EventID) {
 			row.EventID = derivedID("message "+outbox.MessagePrefix, 0, lsn)
 		}
@@ -97,7 +98,7 @@ func decodeMessage(content []byte, lsn pglogrepl.LSN, maxBody int) Row {
 // chunk. Other prefixes are other programs' messages. A message written
 // outside a transaction (pg_logical_emit_message(false, …), which Emit
 // never writes) has no commit to be ingested with and is skipped.
-func (ss *session) message(ctx context.Context, data []byte) error {
+func (ss *session[P]) message(ctx context.Context, data []byte) error {
 	transactional, lsn, prefix, content, err := parseMessage(data)
 	if err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // messageBytes is a pgoutput Message as the server sends it.
@@ -42,8 +44,9 @@ func TestMessagesDecodeAsEmitted(t *testing.T) {
 	require.Equal(t, outbox.MessagePrefix, prefix)
 	row := decodeMessage(got, lsn, 1000)
 	require.Empty(t, row.Invalid)
-	require.Equal(t, Row{EventID: id, Endpoint: "hooks", URL: "https://x.test/pb?a=1", EventType: "t",
-		Payload: []byte(`{"a":"b\nc"}`), Headers: []byte(`{"X-A":"1"}`), CreatedAt: at}, row)
+	require.Equal(t, store.OutboxRow{
+		Event: state.Event{EventID: id, Endpoint: "hooks", URL: "https://x.test/pb?a=1", EventType: "t", Payload: []byte(`{"a":"b\nc"}`), Headers: []byte(`{"X-A":"1"}`), CreatedAt: at},
+	}, row)
 
 	row = decodeMessage(got, lsn, 5)
 	require.Nil(t, row.Payload)

@@ -42,7 +42,7 @@ var errNoPID = errors.New("the server did not name the walsender")
 // Only what is learned from it (telemetry, weighWalsender) needs the
 // answer, so the session goes on without it; the error says why it has
 // none (weighWalsender's warning names it).
-func (ss *session) walsender(ctx context.Context) (Walsender, error) {
+func (ss *session[P]) walsender(ctx context.Context) (Walsender, error) {
 	var w Walsender
 	if tcp, ok := ss.conn.Conn().LocalAddr().(*net.TCPAddr); ok {
 		w.ClientPort = tcp.Port
@@ -62,7 +62,7 @@ func (ss *session) walsender(ctx context.Context) (Walsender, error) {
 // session's walsender (LocalWalsender): a server elsewhere numbers its
 // processes on its own. Whatever stops it (lookup, walsender's failure to
 // learn the pid) is logged once a session; the stream goes on.
-func (ss *session) weighWalsender(w Walsender, lookup error) {
+func (ss *session[P]) weighWalsender(w Walsender, lookup error) {
 	nice := ss.opts.WalsenderNice
 	err := lookup
 	if err == nil {

@@ -50,13 +50,13 @@ func TestWalsenderNiceWeighsTheSessionsWalsender(t *testing.T) {
 	_, err = CreateSlot(ctx, dbURL, slot)
 	require.NoError(t, err)
 
-	stream := NewStream(Options{ConnString: dbURL, Slot: slot, Publication: pub, Table: table, WalsenderNice: 3, Logger: zerolog.Nop()})
+	stream := NewStream(Options[struct{}]{ConnString: dbURL, Slot: slot, Publication: pub, Table: table, WalsenderNice: 3, Logger: zerolog.Nop()})
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	started, done := make(chan Session, 1), make(chan error, 1)
 	plan := func(Session) (pglogrepl.LSN, pglogrepl.LSN, error) { return 0, 0, nil }
 	go func() {
-		done <- stream.Run(runCtx, plan, NewQueue(100, 1<<20), drained{}, func(s Session) { started <- s })
+		done <- stream.Run(runCtx, plan, NewQueue[struct{}](100, 1<<20), drained{}, func(s Session) { started <- s })
 	}()
 	var sess Session
 	select {
@@ -114,7 +114,7 @@ func niceOf(t *testing.T, pid int) int {
 // session with no pid and no error says the server did not name it.
 func TestWeighWalsenderNamesWhyItCouldNot(t *testing.T) {
 	var logged strings.Builder
-	ss := &session{opts: Options{WalsenderNice: -5}, log: zerolog.New(&logged)}
+	ss := &session[struct{}]{opts: Options[struct{}]{WalsenderNice: -5}, log: zerolog.New(&logged)}
 	ss.weighWalsender(Walsender{}, errors.New("ask for the walsender's pid: permission denied"))
 	require.Contains(t, logged.String(), "could not weigh the walsender")
 	require.Contains(t, logged.String(), "permission denied")

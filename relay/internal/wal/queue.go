@@ -11,9 +11,9 @@ import (
 // memory stays bounded however large a transaction is, and a busy consumer
 // gets everything that arrived meanwhile in one batch while the stream
 // keeps reading: group commit without a timer.
-type Queue struct {
+type Queue[P any] struct {
 	mu       sync.Mutex
-	chunks   []Chunk
+	chunks   []Chunk[P]
 	rows     int
 	bytes    int
 	maxRows  int
@@ -24,13 +24,13 @@ type Queue struct {
 }
 
 // NewQueue returns a Queue holding up to maxRows rows and maxBytes bytes.
-func NewQueue(maxRows, maxBytes int) *Queue {
-	return &Queue{maxRows: maxRows, maxBytes: maxBytes,
+func NewQueue[P any](maxRows, maxBytes int) *Queue[P] {
+	return &Queue[P]{maxRows: maxRows, maxBytes: maxBytes,
 		ready: make(chan struct{}, 1), space: make(chan struct{}, 1)}
 }
 
 // put adds c unless the queue is full; with force, whether full or not.
-func (q *Queue) put(c Chunk, force bool) bool {
+func (q *Queue[P]) put(c Chunk[P], force bool) bool {
 	q.mu.Lock()
 	if !force && len(q.chunks) > 0 && (q.rows+len(c.Rows) > q.maxRows || q.bytes+c.Bytes > q.maxBytes) {
 		q.mu.Unlock()
@@ -45,14 +45,14 @@ func (q *Queue) put(c Chunk, force bool) bool {
 }
 
 // queuedRows is how many rows are queued.
-func (q *Queue) queuedRows() int {
+func (q *Queue[P]) queuedRows() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.rows
 }
 
 // Close marks the end of the stream: Take returns what is left, then false.
-func (q *Queue) Close() {
+func (q *Queue[P]) Close() {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
@@ -61,19 +61,19 @@ func (q *Queue) Close() {
 
 // Take waits for chunks and returns all that are queued, in order. It
 // returns false once the queue is closed and empty (or ctx ends).
-func (q *Queue) Take(ctx context.Context) ([]Chunk, bool) {
+func (q *Queue[P]) Take(ctx context.Context) ([]Chunk[P], bool) {
 	return q.take(ctx.Done(), nil)
 }
 
 // TakeBefore is Take that gives up at deadline: it returns false when
 // nothing is queued by then, or the queue is closed and empty.
-func (q *Queue) TakeBefore(deadline time.Time) ([]Chunk, bool) {
+func (q *Queue[P]) TakeBefore(deadline time.Time) ([]Chunk[P], bool) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	return q.take(nil, t.C)
 }
 
-func (q *Queue) take(done <-chan struct{}, expired <-chan time.Time) ([]Chunk, bool) {
+func (q *Queue[P]) take(done <-chan struct{}, expired <-chan time.Time) ([]Chunk[P], bool) {
 	for {
 		q.mu.Lock()
 		if len(q.chunks) > 0 {

@@ -1,6 +1,9 @@
 package wal
 
 import (
+	"github.com/postbox-relay/postbox/relay/internal/state"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+
 	"context"
 	"testing"
 	"time"
@@ -12,8 +15,8 @@ import (
 // at once, what arrives before its deadline, nothing after it, and false
 // once the queue is closed and empty.
 func TestTakeBeforeGivesUpAtItsDeadline(t *testing.T) {
-	q := NewQueue(10, 1<<20)
-	require.True(t, q.put(Chunk{Rows: []Row{{EventID: "a"}}}, false))
+	q := NewQueue[struct{}](10, 1<<20)
+	require.True(t, q.put(Chunk[struct{}]{Rows: []store.OutboxRow{{Event: state.Event{EventID: "a"}}}}, false))
 	got, ok := q.TakeBefore(time.Now().Add(time.Hour))
 	require.True(t, ok)
 	require.Len(t, got, 1)
@@ -23,7 +26,7 @@ func TestTakeBeforeGivesUpAtItsDeadline(t *testing.T) {
 
 	go func() {
 		time.Sleep(10 * time.Millisecond)
-		q.put(Chunk{Rows: []Row{{EventID: "b"}}}, false)
+		q.put(Chunk[struct{}]{Rows: []store.OutboxRow{{Event: state.Event{EventID: "b"}}}}, false)
 	}()
 	got, ok = q.TakeBefore(time.Now().Add(10 * time.Second))
 	require.True(t, ok, "a chunk queued before the deadline")
@@ -40,11 +43,11 @@ func TestTakeBeforeGivesUpAtItsDeadline(t *testing.T) {
 // even when the queue is full (the session ending while it waited), so
 // its consumer finishes what was started for it.
 func TestForcedPutGoesPastTheBounds(t *testing.T) {
-	q := NewQueue(1, 1<<20)
-	require.True(t, q.put(Chunk{Rows: []Row{{EventID: "a"}}}, false))
-	require.False(t, q.put(Chunk{Rows: []Row{{EventID: "b"}}}, false), "full")
+	q := NewQueue[struct{}](1, 1<<20)
+	require.True(t, q.put(Chunk[struct{}]{Rows: []store.OutboxRow{{Event: state.Event{EventID: "a"}}}}, false))
+	require.False(t, q.put(Chunk[struct{}]{Rows: []store.OutboxRow{{Event: state.Event{EventID: "b"}}}}, false), "full")
 	require.Equal(t, 1, q.queuedRows())
-	require.True(t, q.put(Chunk{Rows: []Row{{EventID: "b"}}}, true))
+	require.True(t, q.put(Chunk[struct{}]{Rows: []store.OutboxRow{{Event: state.Event{EventID: "b"}}}}, true))
 	got, ok := q.Take(context.Background())
 	require.True(t, ok)
 	require.Len(t, got, 2)

@@ -14,37 +14,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
-
-// Row is one outbox insert, its columns decoded by their types.
-type Row struct {
-	OutboxID  int64
-	EventID   string
-	Endpoint  string
-	URL       string
-	EventType string
-	Payload   []byte
-	// PayloadTooLarge is the payload's size when it was above max_body
-	// and so not read into Payload (which is then nil).
-	PayloadTooLarge int
-	Headers         []byte    // nil when NULL
-	CreatedAt       time.Time // zero when NULL (the ingest time is stored)
-	// Invalid says why the row cannot be delivered as it stands (a contract
-	// column missing or unreadable, a created_at that is not a time); it
-	// becomes a dead letter with it.
-	Invalid string
-	// Message: the event was a logical decoding message (outbox.Emit),
-	// not a table row. Whether it may be delivered is the configuration's
-	// (outbox_messages), checked at each attempt: any role that may run
-	// pg_logical_emit_message can write one.
-	Message bool
-}
 
 // Chunk is consecutive rows of one committed transaction, in order. A
 // transaction larger than the chunk limits arrives as several chunks; its
 // last has Final set and the commit's positions.
-type Chunk struct {
-	Rows       []Row
+type Chunk[P any] struct {
+	Rows       []store.OutboxRow
 	Final      bool
 	CommitLSN  pglogrepl.LSN
 	EndLSN     pglogrepl.LSN // the checkpoint once this transaction is ingested
@@ -62,8 +39,9 @@ type Chunk struct {
 	// TxRows, on a transaction's final chunk, counts the outbox rows of
 	// all its chunks.
 	TxRows int
-	// Prepared is the consumer's, set by Options.Prepare.
-	Prepared any
+	// Prepared is what the consumer decided of the chunk (Options.Prepare,
+	// or the consumer as it takes a chunk left unprepared); nil until then.
+	Prepared *P
 }
 
 // Acker is the consumer's side of the stream: how far everything is
@@ -79,7 +57,7 @@ type Acker interface {
 }
 
 // Options configure a Stream.
-type Options struct {
+type Options[P any] struct {
 	ConnString  string
 	Slot        string
 	Publication string
@@ -95,7 +73,7 @@ type Options struct {
 	// session before the final status update.
 	DrainTimeout time.Duration
 	// MaxBody, when set, is the current max_body: a payload above it is
-	// not read (Row.PayloadTooLarge).
+	// not read (store.OutboxRow.PayloadTooLarge).
 	MaxBody    func() int
 	ChunkRows  int // ChunkRowsDefault when zero
 	ChunkBytes int // ChunkBytesDefault when zero
@@ -113,7 +91,7 @@ type Options struct {
 	// decisions and memory while they wait. A chunk prepared is always
 	// queued, if need be beyond the queue's bounds when the session ends
 	// while it waits.
-	Prepare func(*Chunk)
+	Prepare func(*Chunk[P])
 	// WalsenderNice, when not zero, is the nice value each session gives
 	// its walsender before it starts replication (weighWalsender): where
 	// the database's CPUs run saturated, the walsender otherwise waits its
@@ -122,8 +100,8 @@ type Options struct {
 }
 
 // Stream reads outbox inserts from a logical replication slot.
-type Stream struct {
-	opts Options
+type Stream[P any] struct {
+	opts Options[P]
 }
 
 // Defaults of Options.
@@ -134,13 +112,10 @@ const (
 	ChunkRowsDefault      = 1000
 	ChunkBytesDefault     = 1 << 20
 	// PrepareAheadRows is the queue's length (in rows) below which the
-	// stream prepares chunks itself (Options.Prepare). Under full insert
-	// load (about 2,000 events/s) an ingest's write takes 5-20 ms and the
-	// walsender sends in bursts, so more rows than that queue behind a
-	// write without the ingest falling behind: at 64, 3.6 % of first
-	// attempts waited 2-35 ms for the ingest to prepare them after its
-	// write, at 256 0.1 % (two runs each, a diagnostic build). A catch-up
-	// keeps the queue full, far above either.
+	// stream prepares chunks itself (Options.Prepare). The walsender sends
+	// in bursts, so a few hundred rows queue behind an ingest's write
+	// without the ingest falling behind (docs/benchmarks.md); a catch-up
+	// keeps the queue full, far above it.
 	PrepareAheadRows = 256
 )
 
@@ -149,7 +124,7 @@ const (
 // than max_body if larger) make the row invalid rather than fill memory.
 const minKeep = 64 << 10
 
-func (o Options) maxBody() int {
+func (o Options[P]) maxBody() int {
 	if o.MaxBody == nil {
 		return 0
 	}
@@ -158,7 +133,7 @@ func (o Options) maxBody() int {
 
 // WithDefaults fills unset options from the …Default constants (a stall
 // timeout of three status intervals).
-func (o Options) WithDefaults() Options {
+func (o Options[P]) WithDefaults() Options[P] {
 	if o.StatusInterval <= 0 {
 		o.StatusInterval = StatusIntervalDefault
 	}
@@ -178,7 +153,7 @@ func (o Options) WithDefaults() Options {
 }
 
 // NewStream returns a Stream.
-func NewStream(opts Options) *Stream { return &Stream{opts: opts.WithDefaults()} }
+func NewStream[P any](opts Options[P]) *Stream[P] { return &Stream[P]{opts: opts.WithDefaults()} }
 
 // Session describes a started replication session.
 type Session struct {
@@ -206,13 +181,13 @@ type Plan func(s Session) (start, skipBefore pglogrepl.LSN, err error)
 // it closes out, waits for ack.Drained(), reports the final position and
 // closes the connection. started, when not nil, is called once replication
 // has started.
-func (s *Stream) Run(ctx context.Context, plan Plan, out *Queue, ack Acker, started func(Session)) error {
+func (s *Stream[P]) Run(ctx context.Context, plan Plan, out *Queue[P], ack Acker, started func(Session)) error {
 	conn, err := Connect(ctx, s.opts.ConnString)
 	if err != nil {
 		out.Close()
 		return err
 	}
-	ss := &session{
+	ss := &session[P]{
 		opts:  s.opts,
 		conn:  conn,
 		out:   out,
@@ -240,10 +215,10 @@ func (s *Stream) Run(ctx context.Context, plan Plan, out *Queue, ack Acker, star
 	return err
 }
 
-type session struct {
-	opts       Options
+type session[P any] struct {
+	opts       Options[P]
 	conn       *pgconn.PgConn
-	out        *Queue
+	out        *Queue[P]
 	ack        Acker
 	log        zerolog.Logger
 	skipBefore pglogrepl.LSN
@@ -253,7 +228,7 @@ type session struct {
 	inTx bool // between Begin and Commit
 	skip bool // the current transaction was ingested before
 	rows int  // the current transaction's outbox rows so far
-	cur  Chunk
+	cur  Chunk[P]
 	sent time.Time // when the server sent the last XLogData message (its clock)
 
 	sentEnd pglogrepl.LSN // end of the last transaction sent
@@ -265,7 +240,7 @@ type session struct {
 	lastRecv   time.Time
 }
 
-func (ss *session) run(ctx context.Context, plan Plan, started func(Session)) error {
+func (ss *session[P]) run(ctx context.Context, plan Plan, started func(Session)) error {
 	sys, err := pglogrepl.IdentifySystem(ctx, ss.conn)
 	if err != nil {
 		return fmt.Errorf("identify system: %w", err)
@@ -364,7 +339,7 @@ func (w *wakeContext) stop() {
 
 // nextWake is when the receive loop must wake without a message: for the
 // periodic status, or soon when a durable position waits to be reported.
-func (ss *session) nextWake() time.Time {
+func (ss *session[P]) nextWake() time.Time {
 	next := ss.lastStatus.Add(ss.opts.StatusInterval)
 	if ss.sentEnd > ss.lastFlush {
 		if soon := time.Now().Add(100 * time.Millisecond); soon.Before(next) {
@@ -377,7 +352,7 @@ func (ss *session) nextWake() time.Time {
 // sendStatus reports the flushed position when forced, due, or advanced.
 // A periodic (due) update asks the server to reply, which is how a stalled
 // connection is detected.
-func (ss *session) sendStatus(force bool) error {
+func (ss *session[P]) sendStatus(force bool) error {
 	durable := ss.ack.Durable(ss.serverEnd)
 	flush := durable
 	if !ss.inTx && durable >= ss.sentEnd && ss.serverEnd > flush {
@@ -409,7 +384,7 @@ func (ss *session) sendStatus(force bool) error {
 	return nil
 }
 
-func (ss *session) handle(ctx context.Context, data []byte) error {
+func (ss *session[P]) handle(ctx context.Context, data []byte) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -438,7 +413,7 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 	return nil
 }
 
-func (ss *session) logical(ctx context.Context, data []byte) error {
+func (ss *session[P]) logical(ctx context.Context, data []byte) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -464,7 +439,7 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 	case *pglogrepl.BeginMessage:
 		ss.inTx = true
 		ss.skip = m.FinalLSN < ss.skipBefore
-		ss.cur = Chunk{CommitLSN: m.FinalLSN, CommitTime: m.CommitTime}
+		ss.cur = Chunk[P]{CommitLSN: m.FinalLSN, CommitTime: m.CommitTime}
 		ss.rows = 0
 	case *pglogrepl.CommitMessage:
 		ss.inTx = false
@@ -473,7 +448,7 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 			return nil
 		}
 		c := ss.cur
-		ss.cur = Chunk{}
+		ss.cur = Chunk[P]{}
 		c.Final, c.EndLSN, c.CommitLSN, c.CommitTime = true, m.TransactionEndLSN, m.CommitLSN, m.CommitTime
 		c.Received, c.Sent, c.TxRows = time.Now(), ss.sent, ss.rows
 		if err := ss.send(ctx, c); err != nil {
@@ -486,7 +461,7 @@ func (ss *session) logical(ctx context.Context, data []byte) error {
 
 // insert adds an inserted outbox row to the transaction's chunk, sending
 // the chunk on when it is full.
-func (ss *session) insert(ctx context.Context, data []byte) error {
+func (ss *session[P]) insert(ctx context.Context, data []byte) error {
 	if ss.skip {
 		return nil
 	}
@@ -507,7 +482,7 @@ func (ss *session) insert(ctx context.Context, data []byte) error {
 
 // add appends a row to the transaction's chunk, sending the chunk on when
 // it is full.
-func (ss *session) add(ctx context.Context, row Row) error {
+func (ss *session[P]) add(ctx context.Context, row store.OutboxRow) error {
 	ss.cur.Rows = append(ss.cur.Rows, row)
 	ss.rows++
 	ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
@@ -515,7 +490,7 @@ func (ss *session) add(ctx context.Context, row Row) error {
 		part := ss.cur
 		part.Received = time.Now()
 		// The transaction is a large one: its next part is likely full too.
-		ss.cur = Chunk{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime, Rows: make([]Row, 0, len(part.Rows))}
+		ss.cur = Chunk[P]{CommitLSN: part.CommitLSN, CommitTime: part.CommitTime, Rows: make([]store.OutboxRow, 0, len(part.Rows))}
 		return ss.send(ctx, part)
 	}
 	return nil
@@ -524,7 +499,7 @@ func (ss *session) add(ctx context.Context, row Row) error {
 // send hands a chunk to the consumer. While the consumer's queue is full it
 // keeps the server informed, so a slow ingest does not trip
 // wal_sender_timeout.
-func (ss *session) send(ctx context.Context, c Chunk) error {
+func (ss *session[P]) send(ctx context.Context, c Chunk[P]) error {
 	if ss.opts.Prepare != nil && ss.out.queuedRows() < PrepareAheadRows {
 		ss.opts.Prepare(&c)
 	}
@@ -636,8 +611,8 @@ func (r *relation) decodeTime(v []byte, oid uint32) (time.Time, error) {
 // decode reads an outbox row from the tuple's columns. A payload longer
 // than maxBody is left out, its size kept (PayloadTooLarge); another
 // column too long to keep makes the row invalid.
-func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) Row {
-	var row Row
+func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) store.OutboxRow {
+	var row store.OutboxRow
 	var missing []string
 	text := func(name string) string {
 		v, _, null, ok := r.value(t, name)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
 // outboxRelation is the outbox table's columns as a Relation message
@@ -61,7 +62,7 @@ func TestDecodeCreatedAt(t *testing.T) {
 
 	table, err := outbox.ParseTable("public.outbox")
 	require.NoError(t, err)
-	decode := func(t *testing.T, oid uint32, createdAt *pglogrepl.TupleDataColumn) Row {
+	decode := func(t *testing.T, oid uint32, createdAt *pglogrepl.TupleDataColumn) store.OutboxRow {
 		rel := newRelation(outboxRelation(oid), table, pgtype.NewMap())
 		require.True(t, rel.outbox)
 		_, cols, err := parseInsert(encodeInsert(16384, insertTuple(createdAt)), 1<<20)
@@ -223,12 +224,12 @@ func TestParsedValuesOutliveTheMessage(t *testing.T) {
 // as it takes it. Once the consumer catches up, chunks are prepared again.
 func TestTheStreamPreparesWhileTheConsumerKeepsPace(t *testing.T) {
 	prepared := 0
-	ss := &session{out: NewQueue(10*PrepareAheadRows, 1<<30), opts: Options{Prepare: func(c *Chunk) {
+	ss := &session[bool]{out: NewQueue[bool](10*PrepareAheadRows, 1<<30), opts: Options[bool]{Prepare: func(c *Chunk[bool]) {
 		prepared++
-		c.Prepared = true
+		c.Prepared = new(true)
 	}}}
 	ctx := context.Background()
-	row := Chunk{Rows: make([]Row, 1), Final: true}
+	row := Chunk[bool]{Rows: make([]store.OutboxRow, 1), Final: true}
 	for range 2 * PrepareAheadRows {
 		require.NoError(t, ss.send(ctx, row))
 	}

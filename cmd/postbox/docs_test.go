@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/postbox-relay/postbox/cmd/postbox/internal/bench"
+)
+
+// subcommands are the words that name a command of their own after a
+// command's name.
+var subcommands = map[string][]string{
+	"endpoints":    {"pause", "resume"},
+	"dead-letters": {"analyze"},
+	"secret":       {"new", "show"},
+}
+
+// commandFlags returns the flags a command (its words, such as "endpoints
+// pause") accepts, read from its -h output: what its flag set holds.
+func commandFlags(t *testing.T, words ...string) map[string]bool {
+	t.Helper()
+	var stderr bytes.Buffer
+	run(append(append([]string(nil), words...), "-h"), io.Discard, &stderr)
+	flags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+-([a-z][a-z0-9-]*)`).FindAllStringSubmatch(stderr.String(), -1) {
+		flags[m[1]] = true
+	}
+	return flags
+}
+
+// allCommands lists every command by its words.
+func allCommands() [][]string {
+	var out [][]string
+	for _, c := range commands {
+		out = append(out, []string{c.name})
+		for _, sub := range subcommands[c.name] {
+			out = append(out, []string{c.name, sub})
+		}
+	}
+	return out
+}
+
+// TestUsageMatchesFlagSets: what the usage text says of --config and
+// --json is what each command's flag set accepts, and every flag the
+// usage names under a command is one of its flags.
+func TestUsageMatchesFlagSets(t *testing.T) {
+	t.Parallel()
+	var noConfig, withJSON []string
+	for _, words := range allCommands() {
+		if words[0] == "secret" && len(words) == 1 || words[0] == "help" {
+			continue // "secret" alone is a usage error, not a command
+		}
+		flags := commandFlags(t, words...)
+		name := strings.Join(words, " ")
+		if !flags["config"] {
+			noConfig = append(noConfig, name)
+		}
+		if flags["json"] {
+			withJSON = append(withJSON, name)
+		}
+	}
+	listed := func(s string) []string {
+		s = strings.NewReplacer("\n", " ", " and ", ", ", "(pause and resume too)", ", endpoints pause, endpoints resume", "(analyze too)", ", dead-letters analyze").Replace(s)
+		var out []string
+		for _, f := range strings.Split(s, ",") {
+			if f = strings.Join(strings.Fields(f), " "); f != "" {
+				out = append(out, f)
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	sort.Strings(noConfig)
+	sort.Strings(withJSON)
+	require.Equal(t, noConfig, listed(noConfigCommands), "the usage names the commands without --config")
+	require.Equal(t, withJSON, listed(jsonCommands), "the usage names the commands with --json")
+
+	// Each command's lines of the usage: a line indented by two spaces
+	// starts a command, deeper ones continue it.
+	var cmd []string
+	for _, line := range strings.Split(usage[strings.Index(usage, "Commands:"):strings.Index(usage, "--config FILE")], "\n") {
+		if strings.HasPrefix(line, "  ") && !strings.HasPrefix(line, "   ") {
+			cmd = commandWords(strings.Fields(line))
+		}
+		if cmd == nil {
+			continue
+		}
+		flags := commandFlags(t, cmd...)
+		for _, f := range flagsIn(line) {
+			require.True(t, flags[f], "the usage names --%s under %q, which does not take it", f, strings.Join(cmd, " "))
+		}
+	}
+}
+
+// commandWords returns the command a command line names (its first words
+// that are a command and a subcommand of it), or nil.
+func commandWords(fields []string) []string {
+	if len(fields) == 0 || !slices.ContainsFunc(commands, func(c command) bool { return c.name == fields[0] }) {
+		return nil
+	}
+	if len(fields) > 1 && slices.Contains(subcommands[fields[0]], fields[1]) {
+		return fields[:2]
+	}
+	return fields[:1]
+}
+
+var flagRe = regexp.MustCompile(`(?:^|[\s\[(/,])--([a-z][a-z0-9-]*)`)
+
+// flagsIn returns the --flags a piece of text names.
+func flagsIn(s string) []string {
+	var out []string
+	for _, m := range flagRe.FindAllStringSubmatch(s, -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// docFiles are the markdown files a user reads: the README and docs/.
+func docFiles(t *testing.T) map[string]string {
+	t.Helper()
+	paths, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	paths = append(paths, "../../README.md")
+	out := map[string]string{}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		out[strings.TrimPrefix(p, "../../")] = string(b)
+	}
+	require.Contains(t, out, "docs/operations.md")
+	return out
+}
+
+// codeLines returns the lines of a markdown file's fenced blocks of the
+// given languages ("" for a bare fence), and its inline code spans.
+func codeLines(doc string, langs ...string) (fenced, inline []string) {
+	in, keep := false, false
+	for _, line := range strings.Split(doc, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "```") {
+			in = !in
+			keep = in && slices.Contains(langs, strings.TrimPrefix(trimmed, "```"))
+			continue
+		}
+		if in {
+			if keep {
+				fenced = append(fenced, line)
+			}
+			continue
+		}
+		for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(line, -1) {
+			inline = append(inline, m[1])
+		}
+	}
+	return fenced, inline
+}
+
+var commandLineRe = regexp.MustCompile(`(?:^|[\s=;(])(?:postbox|go run \./cmd/postbox) ([a-z][a-z-]*(?: [a-z][a-z-]*)?)`)
+
+// TestDocsCommandFlagsExist: every `postbox <command> --flag` the README
+// and docs/ show, in a shell block or inline, names a command that
+// exists and flags its flag set holds.
+func TestDocsCommandFlagsExist(t *testing.T) {
+	t.Parallel()
+	flagsOf := map[string]map[string]bool{}
+	checked := 0
+	for name, doc := range docFiles(t) {
+		fenced, inline := codeLines(doc, "sh", "")
+		for n, line := range append(fenced, inline...) {
+			locs := commandLineRe.FindAllStringSubmatchIndex(line, -1)
+			for i, loc := range locs {
+				cmd := commandWords(strings.Fields(line[loc[2]:loc[3]]))
+				if cmd == nil {
+					// A shell block's line that starts with postbox is a command
+					// line; inline, "postbox" may be a log line's subject
+					// (`postbox started`).
+					start := strings.TrimSpace(line)
+					require.False(t, n < len(fenced) && (strings.HasPrefix(start, "postbox ") || strings.HasPrefix(start, "go run ./cmd/postbox ")),
+						"%s: `%s` names no command of postbox", name, start)
+					continue
+				}
+				end := len(line)
+				if i+1 < len(locs) {
+					end = locs[i+1][0]
+				}
+				key := strings.Join(cmd, " ")
+				if flagsOf[key] == nil {
+					flagsOf[key] = commandFlags(t, cmd...)
+				}
+				for _, f := range flagsIn(line[loc[3]:end]) {
+					if key == "bench" && "--"+f == bench.BareClientArg {
+						continue // the bench's own child process, named where it is described
+					}
+					require.True(t, flagsOf[key][f], "%s: `%s`: postbox %s has no --%s", name, strings.TrimSpace(line), key, f)
+					checked++
+				}
+			}
+		}
+	}
+	require.Greater(t, checked, 30, "the docs' command lines were found")
+}

@@ -1,9 +1,13 @@
 package outbox_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -68,4 +72,51 @@ func TestDocsGoSnippetsAreExamples(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, found, 3, "the docs' Go snippets were found")
+}
+
+// TestDocsNameOnlyOutboxIdentifiersThatExist: every outbox.Name the
+// README and docs/ mention, in prose or code, is an exported name of
+// package outbox.
+func TestDocsNameOnlyOutboxIdentifiersThatExist(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	exported := map[string]bool{}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil && d.Name.IsExported() {
+					exported[d.Name.Name] = true
+				}
+			case *ast.GenDecl:
+				for _, spec := range d.Specs {
+					switch s := spec.(type) {
+					case *ast.TypeSpec:
+						exported[s.Name.Name] = s.Name.IsExported()
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							exported[n.Name] = n.IsExported()
+						}
+					}
+				}
+			}
+		}
+	}
+	require.True(t, exported["Insert"], "package outbox was read")
+	docs, err := filepath.Glob("../docs/*.md")
+	require.NoError(t, err)
+	docs = append(docs, "../README.md")
+	for _, path := range docs {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile(`\boutbox\.([A-Z][A-Za-z0-9]*)`).FindAllStringSubmatch(string(b), -1) {
+			require.True(t, exported[m[1]], "%s names outbox.%s, which package outbox does not export", path, m[1])
+		}
+	}
 }

@@ -99,6 +99,9 @@ func TestUsageMatchesFlagSets(t *testing.T) {
 		}
 		flags := commandFlags(t, cmd...)
 		for _, f := range flagsIn(line) {
+			if f == "h" {
+				continue
+			}
 			require.True(t, flags[f], "the usage names --%s under %q, which does not take it", f, strings.Join(cmd, " "))
 		}
 	}
@@ -116,7 +119,7 @@ func commandWords(fields []string) []string {
 	return fields[:1]
 }
 
-var flagRe = regexp.MustCompile(`(?:^|[\s\[(/,])--([a-z][a-z0-9-]*)`)
+var flagRe = regexp.MustCompile(`(?:^|[\s\[(/,])--?([a-z][a-z0-9-]*)`)
 
 // flagsIn returns the --flags a piece of text names.
 func flagsIn(s string) []string {
@@ -175,6 +178,7 @@ var commandLineRe = regexp.MustCompile(`(?:^|[\s=;(])(?:postbox|go run \./cmd/po
 func TestDocsCommandFlagsExist(t *testing.T) {
 	t.Parallel()
 	flagsOf := map[string]map[string]bool{}
+	named := map[string]bool{} // "command --flag" the docs show
 	checked := 0
 	for name, doc := range docFiles(t) {
 		fenced, inline := codeLines(doc, "sh", "")
@@ -200,16 +204,33 @@ func TestDocsCommandFlagsExist(t *testing.T) {
 					flagsOf[key] = commandFlags(t, cmd...)
 				}
 				for _, f := range flagsIn(line[loc[3]:end]) {
-					if key == "bench" && "--"+f == bench.BareClientArg {
-						continue // the bench's own child process, named where it is described
+					if key == "bench" && "--"+f == bench.BareClientArg || f == "h" {
+						continue // the bench's own child process, named where it is described; help
 					}
 					require.True(t, flagsOf[key][f], "%s: `%s`: postbox %s has no --%s", name, strings.TrimSpace(line), key, f)
+					named[key+" --"+f] = true
 					checked++
 				}
 			}
 		}
 	}
 	require.Greater(t, checked, 30, "the docs' command lines were found")
+
+	// And the other way: every flag of every command is shown with it
+	// somewhere (--config and --json are the usage's, for all of them).
+	var missing []string
+	for _, words := range allCommands() {
+		key := strings.Join(words, " ")
+		for f := range commandFlags(t, words...) {
+			// dead-letters analyze shares the list's flag set; --limit cuts
+			// the list alone.
+			if f != "config" && f != "json" && !named[key+" --"+f] && key+" --"+f != "dead-letters analyze --limit" {
+				missing = append(missing, "postbox "+key+" --"+f)
+			}
+		}
+	}
+	sort.Strings(missing)
+	require.Empty(t, missing, "flags no doc shows with their command (in a shell block or inline code)")
 }
 
 // sqlBlocks returns a markdown file's ```sql blocks.

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -316,4 +317,56 @@ func TestDocsSQLSnippetsRun(t *testing.T) {
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM postbox.outbox`).Scan(&n))
 	require.Positive(t, n, "the docs' inserts wrote the outbox")
+}
+
+// slug is GitHub's anchor for a heading: lower case, spaces as hyphens,
+// punctuation left out.
+func slug(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// TestDocsLinksResolve: every relative link of the README and docs/
+// names a file of the repository, and an anchor a heading of it.
+func TestDocsLinksResolve(t *testing.T) {
+	t.Parallel()
+	docs := docFiles(t)
+	anchors := func(doc string) map[string]bool {
+		out := map[string]bool{}
+		for _, m := range regexp.MustCompile("(?m)^#{1,6} (.+)$").FindAllStringSubmatch(doc, -1) {
+			out[slug(strings.ReplaceAll(m[1], "`", ""))] = true
+		}
+		return out
+	}
+	checked := 0
+	for name, doc := range docs {
+		for _, m := range regexp.MustCompile(`\]\(([^)\s]+)\)`).FindAllStringSubmatch(doc, -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			path := name
+			if file != "" {
+				path = filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(name), file)))
+				_, err := os.Stat(filepath.Join("../..", path))
+				require.NoError(t, err, "%s links to %s, which does not exist", name, target)
+			}
+			if anchor != "" {
+				target, ok := docs[path]
+				require.True(t, ok, "%s links to an anchor of %s, which is not one of the docs", name, path)
+				require.True(t, anchors(target)[anchor], "%s links to %s#%s, which has no such heading", name, path, anchor)
+			}
+			checked++
+		}
+	}
+	require.Greater(t, checked, 20, "the docs' links were found")
 }

@@ -93,9 +93,11 @@ type SQLExecer interface {
 // ErrNotExecer is returned when Insert is given something it cannot write with.
 var ErrNotExecer = errors.New("outbox: tx must be a pgx.Tx (or other PgxExecer) or a *sql.Tx (or other SQLExecer)")
 
-// Insert writes e into the default outbox table using tx, which should be the
-// caller's own transaction: the event is then delivered if and only if that
-// transaction commits. tx is a pgx.Tx or a *sql.Tx. It returns the event id.
+// Insert writes e into the default outbox table, postbox.outbox, using tx,
+// which should be the caller's own transaction: the event is then delivered
+// if and only if that transaction commits. tx is a pgx.Tx or a *sql.Tx. It
+// returns the event id. For a relay configured with another outbox_table,
+// write through that table: ParseTable, then Table.Insert.
 func Insert(ctx context.Context, tx any, e Event) (string, error) {
 	return Table{schema: "postbox", name: "outbox"}.Insert(ctx, tx, e)
 }

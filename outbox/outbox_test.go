@@ -144,3 +144,30 @@ func TestDerivedSecretVectors(t *testing.T) {
 	require.ErrorIs(t, outbox.Verify([]string{b.Reveal()}, h, []byte(`{}`), now), outbox.ErrNoMatch, "b's secret does not verify a's deliveries")
 	require.ErrorIs(t, outbox.Verify([]string{file.Vectors[0].Master}, h, []byte(`{}`), now), outbox.ErrNoMatch, "nor does the master")
 }
+
+// TestTableInsertWritesTheConfiguredTable: a relay configured with
+// another outbox_table reads that table, and Table.Insert writes it (the
+// package-level Insert writes postbox.outbox alone).
+func TestTableInsertWritesTheConfiguredTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
+	require.NoError(t, err)
+	defer pool.Close()
+	table, err := outbox.ParseTable("app.events_outbox")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, outbox.SchemaSQL(table))
+	require.NoError(t, err)
+
+	var id string
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		id, err = table.Insert(ctx, tx, outbox.Event{Endpoint: "acme_network", Payload: []byte(`{"click_id":"c1"}`)})
+		return err
+	}))
+	var got string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT event_id::text FROM app.events_outbox WHERE endpoint = 'acme_network'`).Scan(&got))
+	require.Equal(t, id, got)
+	var other *string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass('postbox.outbox')::text`).Scan(&other))
+	require.Nil(t, other, "nothing was written to postbox.outbox")
+}

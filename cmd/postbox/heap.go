@@ -15,7 +15,7 @@ const (
 	// the heap doubled it, many times a second. With this floor a
 	// catch-up's relay took 7% less CPU per event and peaked at 52–55 MB of
 	// RSS (50–54 at the default); 32 MiB saved 11% and peaked at 62–63 MB,
-	// too near the 64 MB it is held to (docs/operations.md).
+	// too near the 64 MB it is held to (docs/benchmarks.md).
 	HeapFloorDefault = 24 << 20
 	// heapFloorPace is the time between collections the floor aims for:
 	// the heap may grow by what the relay allocates in that time (up to

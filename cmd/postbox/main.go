@@ -30,7 +30,7 @@ const (
 	exitInterrupt = 130
 )
 
-const usage = `postbox delivers webhooks and affiliate postbacks from a PostgreSQL outbox.
+var usage = `postbox delivers webhooks and affiliate postbacks from a PostgreSQL outbox.
 
 Usage: postbox <command> [flags]
 
@@ -39,15 +39,17 @@ Commands:
                 schema's version, never change it, for a role without DDL rights)
   migrate       create or upgrade the outbox table and postbox's schema
   status        the health summary and firing alerts (--check: exit 1 while any fires)
-  endpoints     per endpoint: breaker state, pause, p50/p95/p99 over 24 h, samples, failures
+  endpoints     per endpoint: breaker state, pause, p50/p95/p99 over 24 h, samples,
+                failures (--endpoint)
   endpoints pause NAME [--for D]
                 hold an endpoint's deliveries on every instance until resumed (or for D);
                 its events wait in the queue, nothing is dropped
   endpoints resume NAME
                 end an endpoint's pause (an operator's or the receiver's)
-  dead-letters  recent dead letters (--endpoint, --since); "analyze" explains them
+  dead-letters  recent dead letters, newest first (--endpoint, --since, --limit: 100
+                unless set); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
-                --since/--until, --from-lsn, --event-id, --dry-run, --rate)
+                --since/--until, --from-lsn, --event-id, --limit, --dry-run, --rate)
   events        search events, newest commit first: --endpoint, --status (of the latest
                 delivery), --since/--until, --payload KEY=VALUE (a search_keys field;
                 repeat), --limit
@@ -59,16 +61,27 @@ Commands:
   secret new    print a fresh signing secret (whsec_…)
   secret show --endpoint NAME
                 print the secret(s) that endpoint's partner verifies with
-  demo          run postbox against a throwaway PostgreSQL and local receivers
-  bench         measure latency and catch-up throughput
+  demo          run postbox against a throwaway PostgreSQL and local receivers (--keep, -v)
+  bench         measure latency, catch-up, load and faults against a throwaway
+                PostgreSQL (--scenario; 'postbox bench -h' lists them all)
   version       print the version
 
-Every command takes --config (or POSTBOX_CONFIG) and honours
-POSTBOX_DATABASE_URL; status, endpoints, dead-letters, replay, events and
-event take --json and read the database directly, so they work while no
-relay runs.
+--config FILE (or POSTBOX_CONFIG): every command but ` + noConfigCommands + `;
+  a command that reads the database takes its URL from the file or from
+  POSTBOX_DATABASE_URL.
+--json (one JSON document): ` + jsonCommands + `.
+status, endpoints, dead-letters, replay, events and event read the database
+directly, so they work while no relay runs.
 Run 'postbox <command> -h' for a command's flags.
 `
+
+// noConfigCommands are the commands without --config, and jsonCommands
+// those with --json, as the usage names them (TestUsageMatchesFlagSets
+// checks them against the commands' flag sets).
+const (
+	noConfigCommands = "secret new, bench and version"
+	jsonCommands     = "status, endpoints (pause and resume too),\n  dead-letters (analyze too), replay, events, event, doctor and bench"
+)
 
 func main() {
 	// Whatever reaches standard error, a fatal error included, passes the

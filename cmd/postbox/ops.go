@@ -380,6 +380,10 @@ func cmdResume(ctx context.Context, args []string, stdout, stderr io.Writer) int
 func printable(s string) string  { return telemetry.Printable(s) }
 func shellQuote(s string) string { return telemetry.ShellQuote(s) }
 
+// deadLetterLimitDefault is how many dead letters postbox dead-letters
+// lists unless --limit says otherwise.
+const deadLetterLimitDefault = 100
+
 func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	analyze := len(args) > 0 && args[0] == "analyze"
 	if analyze {
@@ -388,7 +392,7 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := flag.NewFlagSet("postbox dead-letters", flag.ContinueOnError)
 	endpoint := fs.String("endpoint", "", "only this endpoint")
 	sinceText := fs.String("since", "24h", "how far back: a duration (24h, 7d) or a time (RFC 3339)")
-	limit := fs.Int("limit", 100, "list at most this many")
+	limit := fs.Int("limit", deadLetterLimitDefault, "list at most this many, the newest (analyze counts them all)")
 	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
 	if env == nil {
 		return code
@@ -441,6 +445,11 @@ func cmdDeadLetters(ctx context.Context, args []string, stdout, stderr io.Writer
 	if len(dls) == 0 {
 		fmt.Fprintf(stdout, "no dead letters since %s\n", since.UTC().Format(time.RFC3339))
 		return exitOK
+	}
+	if len(dls) == *limit {
+		// Said, so that a list cut at the limit never reads as all of them.
+		fmt.Fprintf(stderr, "the newest %d dead letters since %s; there may be more (--limit, or dead-letters analyze for the counts)\n",
+			*limit, since.UTC().Format(time.RFC3339))
 	}
 	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DEAD AT\tENDPOINT\tEVENT ID\tATTEMPTS\tSTATUS\tLAST ERROR")

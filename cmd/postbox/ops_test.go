@@ -392,8 +392,14 @@ func TestStatusCheckAndJSON(t *testing.T) {
 	code, out, _ = postbox(t, "dead-letters", "--config", cfg, "analyze")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, out, "credentials_changed")
-	code, out, _ = postbox(t, "dead-letters", "--config", cfg, "--endpoint", "bad")
+	code, out, errOut = postbox(t, "dead-letters", "--config", cfg, "--endpoint", "bad")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, out, "http 403")
 	require.True(t, strings.HasPrefix(out, "DEAD AT"))
+	require.NotContains(t, errOut, "there may be more", "a list under its limit is all of them")
+	// A list cut at its limit says so.
+	code, out, errOut = postbox(t, "dead-letters", "--config", cfg, "--limit", "1")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, 2, strings.Count(out, "\n"), "the header and one dead letter")
+	require.Contains(t, errOut, "the newest 1 dead letters since")
 }

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"sort"
@@ -70,4 +71,25 @@ func documented(section string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestDocsYAMLSnippetsParse: every ```yaml block of the README and docs/
+// is a configuration postbox accepts (unknown keys, bad durations and
+// templates are refused as at start).
+func TestDocsYAMLSnippetsParse(t *testing.T) {
+	t.Parallel()
+	paths, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	paths = append(paths, "../../README.md")
+	found := 0
+	for _, p := range paths {
+		doc, err := os.ReadFile(p)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(doc), -1) {
+			_, err := config.Parse([]byte(m[1]))
+			require.NoError(t, err, "%s:\n%s", p, m[1])
+			found++
+		}
+	}
+	require.Positive(t, found, "the docs' YAML was found")
 }

@@ -286,7 +286,7 @@ const WalsenderSample = time.Second
 // walsenderCheck watches the walsender streaming the slot (pid) for
 // sample, where it runs on this machine: under a load that keeps the
 // database's CPUs busy it waits its turn for one, and the rows committed
-// meanwhile with it (docs/operations.md, "The walsender's weight").
+// meanwhile with it (docs/benchmarks.md, "The walsender's weight").
 func walsenderCheck(ctx context.Context, q telemetry.Querier, pid int, sample time.Duration, batch bool) (Check, error) {
 	c := Check{Name: "walsender", Severity: OK}
 	var port *int32

@@ -11,7 +11,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-// Events under way (docs/operations.md): an instance alone keeps events
+// Events under way (docs/architecture.md): an instance alone keeps events
 // in memory without writing their deliveries, and writes each delivery
 // once, in the state its first attempt left it. A range of event ids in
 // postbox.under_way names them as the instance's while it lives; the

@@ -65,13 +65,22 @@
 // A delivery in flight belongs to the instance named in lease_owner for as
 // long as that instance is alive. It heartbeats every second on a
 // connection it holds for its whole life and registers that connection's
-// backend: when the process dies (kill -9, OOM), the connection ends with
-// it and any other instance returns its deliveries to the queue at its next
-// heartbeat; a host that vanishes is noticed by the server's TCP keepalives
-// within seconds. A frozen instance keeps its connection, so its deliveries
-// return when its registration's lease runs out. A late result of an
-// instance whose deliveries were returned is not written: the owner no
-// longer matches.
+// backend, and its process (host, boot id, pid namespace, pid and start
+// time). When the process dies (kill -9, OOM), the connection ends with
+// it; a host that vanishes is noticed by the server's TCP keepalives
+// within seconds. But a connection cut while its process lives looks the
+// same, so the other instances return its deliveries to the queue only
+// once it has not heartbeated for a grace and they have seen it gone for
+// a grace more (the heartbeat rule). An instance of the same host, boot
+// and pid namespace can prove more: when the registered pid no longer
+// runs the registered process (a pid taken by another process since
+// started at another time), the instance is gone for good, and its
+// deliveries and its stream's lead are taken back at once; a restarted
+// instance does so for its predecessor at its first look. Other hosts,
+// and other systems than Linux, prove nothing and wait for the rule. A
+// frozen instance keeps its connection, so its deliveries return when its
+// registration's lease runs out. A late result of an instance whose
+// deliveries were returned is not written: the owner no longer matches.
 //
 // # Endpoint protection
 //

@@ -4,6 +4,7 @@ package proc
 
 import (
 	"errors"
+	"os"
 	"syscall"
 )
 
@@ -18,3 +19,10 @@ func ReadCPU(int) (CPU, error) {
 
 // SetBatch needs Linux's SCHED_BATCH.
 func SetBatch(bool) error { return errors.ErrUnsupported }
+
+// Self is this process: without Linux's boot id nothing proves it gone
+// later (see Process.Provable).
+func Self() Process { return Process{Host: host(), PID: os.Getpid()} }
+
+// Gone proves nothing outside Linux: it reports false.
+func Gone(Process) bool { return false }

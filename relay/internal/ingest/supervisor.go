@@ -277,6 +277,16 @@ func (s *Supervisor) session(ctx context.Context) error {
 	cfg := s.env.Config()
 	sent := time.Now()
 	lead, ok, leader, err := s.env.Store.AcquireLeadership(ctx, s.env.Owner, cfg.LeaderLease)
+	if err == nil && !ok && leader != "" && s.leaderGone(ctx, leader) {
+		// The leader's process is gone from this host: its lease can
+		// only run out, and the stream need not wait for that.
+		gone := leader
+		sent = time.Now()
+		lead, ok, leader, err = s.env.Store.TakeLeadershipFrom(ctx, s.env.Owner, gone, cfg.LeaderLease)
+		if ok {
+			s.log.Info().Str("instance", gone).Msg("taking the stream over at once from a leader of this host whose process is gone (same boot, its pid no longer runs it)")
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -376,6 +386,18 @@ func (s *Supervisor) session(ctx context.Context) error {
 		return fmt.Errorf("%w: the leadership lease was lost", store.ErrFenced)
 	}
 	return err
+}
+
+// leaderGone reports whether the leader named is proven gone: an instance
+// of this host whose process no longer runs (proc.Gone). Its lease alone
+// says nothing of that, nor does a slot let go of (a connection cut while
+// its process lives looks the same).
+func (s *Supervisor) leaderGone(ctx context.Context, leader string) bool {
+	if leader == s.env.Owner {
+		return false
+	}
+	p, ok, err := s.env.Store.InstanceProcess(ctx, leader)
+	return err == nil && ok && proc.Gone(p)
 }
 
 // prepareSlot makes sure the publication and a usable slot exist (taking

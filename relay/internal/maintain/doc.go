@@ -4,7 +4,10 @@
 //
 //   - heartbeat keeps this instance registered (which keeps its claims its
 //     own) and notes whether other instances are alive;
-//   - rescuer returns the deliveries of instances that died to the queue;
+//   - rescuer returns the deliveries of instances that died to the queue:
+//     at once those of an instance of this host whose process it sees gone
+//     (a restarted instance's predecessor), the others by the heartbeat
+//     rule;
 //   - outboxPurger deletes ingested outbox rows past their retention;
 //   - telemetry keeps the metrics' gauges current and, on the leader,
 //     logs alert changes once for all instances;

@@ -2,6 +2,7 @@ package maintain
 
 import (
 	"context"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 )
 
@@ -34,7 +36,7 @@ func TestAnInstanceSeenGoneForAGraceLosesItsDeliveries(t *testing.T) {
 	gone := map[string]time.Time{}
 	release := func(at time.Time) int64 {
 		t.Helper()
-		n, err := releaseAbandoned(ctx, s, gone, at, nil)
+		n, err := releaseAbandoned(ctx, s, gone, nil, at, nil)
 		require.NoError(t, err)
 		return n
 	}
@@ -79,4 +81,46 @@ func TestRescuerReturnsADeadInstancesDeliveries(t *testing.T) {
 		return count(t, tb.st, `SELECT count(*) FROM postbox.deliveries WHERE status = 'pending' AND lease_owner IS NULL`) == 2
 	}, store.LifeGraceDefault+wait, tick)
 	require.Eventually(t, func() bool { return queued.Load() == 1 }, wait, tick)
+}
+
+// TestRescuerTakesBackAGoneNeighboursClaimsAtOnce: an instance registered
+// from this host, boot and pid namespace whose process is gone loses its
+// deliveries at the rescuer's first look, although its registration has
+// an hour to run and the heartbeat rule would wait for it; one registered
+// from another boot keeps them (no proof: the rule decides).
+func TestRescuerTakesBackAGoneNeighboursClaimsAtOnce(t *testing.T) {
+	t.Parallel()
+	me := proc.Self()
+	if !me.Provable() {
+		t.Skip("no proof of a process's end on this OS")
+	}
+	tb := setup(t, nil)
+	ctx := context.Background()
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	gone := me
+	gone.PID = cmd.Process.Pid
+	elsewhere := gone
+	elsewhere.BootID = "00000000-0000-0000-0000-000000000000"
+	queue(t, tb.st, 4)
+	for id, p := range map[string]proc.Process{"gone": gone, "elsewhere": elsewhere} {
+		claimed, err := tb.st.Claim(ctx, id, 2, nil, nil, 2, nil)
+		require.NoError(t, err)
+		require.Len(t, claimed, 2)
+		require.NoError(t, tb.st.Heartbeat(ctx, tb.st.Pool, store.Instance{ID: id, Hostname: p.Host, PID: p.PID, Process: p}, time.Hour, false))
+	}
+
+	var queued atomic.Int32
+	r := newRescuer(tb.env, new(sync.Mutex), func() { queued.Add(1) })
+	r.rescue(ctx)
+	require.Equal(t, 2, count(t, tb.st, `SELECT count(*) FROM postbox.deliveries WHERE status = 'pending' AND lease_owner IS NULL`),
+		"the gone one's, at the first look")
+	require.Equal(t, 2, count(t, tb.st, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = 'elsewhere'`))
+	require.EqualValues(t, 1, queued.Load())
+	require.Contains(t, tb.log.String(), "its claims return at once")
+	require.Contains(t, tb.log.String(), `"instance":"gone"`)
+	require.NotContains(t, tb.log.String(), `"instance":"elsewhere"`)
+	r.rescue(ctx)
+	require.Equal(t, 2, count(t, tb.st, `SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = 'elsewhere'`),
+		"no proof: its registration stands")
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/telemetry"
@@ -74,7 +75,7 @@ func (e *Env) Logger(component string) zerolog.Logger {
 // Instance is this instance's registration row.
 func (e *Env) Instance(streaming bool) store.Instance {
 	host, _ := os.Hostname()
-	in := store.Instance{ID: e.Owner, Hostname: host, PID: os.Getpid(), Version: e.Version, Streaming: streaming}
+	in := store.Instance{ID: e.Owner, Hostname: host, PID: os.Getpid(), Version: e.Version, Streaming: streaming, Process: proc.Self()}
 	if fs := e.Faults.Current(); len(fs) > 0 {
 		in.Fault, in.FaultSince = fs[0].Cause, fs[0].Since
 	}

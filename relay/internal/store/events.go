@@ -721,14 +721,20 @@ type Leadership struct {
 // current lease (or owner already does), with a new fencing token. It
 // reports false, with the current leader, when another instance leads.
 func (s *Store) AcquireLeadership(ctx context.Context, owner string, lease time.Duration) (Leadership, bool, string, error) {
+	return s.acquireLeadership(ctx, owner, "", lease)
+}
+
+// acquireLeadership is AcquireLeadership, taking it also from gone (see
+// TakeLeadershipFrom) unless that is "".
+func (s *Store) acquireLeadership(ctx context.Context, owner, gone string, lease time.Duration) (Leadership, bool, string, error) {
 	var token int64
 	err := s.Pool.QueryRow(ctx, `
 		INSERT INTO postbox.checkpoints AS c (slot, leader, fencing, lease_expires_at)
 		VALUES ($1, $2, 1, now() + $3 * interval '1 second')
 		ON CONFLICT (slot) DO UPDATE SET leader = $2, fencing = c.fencing + 1,
 		                                 lease_expires_at = now() + $3 * interval '1 second'
-		WHERE c.leader IS NULL OR c.leader = $2 OR c.lease_expires_at < now()
-		RETURNING fencing`, s.Slot, owner, lease.Seconds()).Scan(&token)
+		WHERE c.leader IS NULL OR c.leader = $2 OR c.lease_expires_at < now() OR (c.leader = $4 AND $4 <> '')
+		RETURNING fencing`, s.Slot, owner, lease.Seconds(), gone).Scan(&token)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var leader string
 		_ = s.Pool.QueryRow(ctx, `SELECT coalesce(leader, '') FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&leader)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -664,6 +665,10 @@ type Instance struct {
 	// since FaultSince.
 	Fault      string
 	FaultSince time.Time
+	// Process is the instance's process (proc.Self): its boot id, pid
+	// namespace and start time are registered with it, so that another
+	// instance on its host can prove it gone (see Store.Neighbours).
+	Process proc.Process
 }
 
 // LifeGraceDefault is how long an instance registered with a connection
@@ -722,15 +727,17 @@ func (s *Store) Heartbeat(ctx context.Context, q Querier, in Instance, lease tim
 		}
 	}
 	_, err := q.Exec(ctx, `
-		INSERT INTO postbox.instances AS i (id, hostname, pid, version, expires_at, streaming, backend_pid, backend_start, fault, fault_since)
-		SELECT $1, $2, $3, $4, now() + $5 * interval '1 second', $6, a.pid, a.backend_start, $8, $9
+		INSERT INTO postbox.instances AS i (id, hostname, pid, version, expires_at, streaming, backend_pid, backend_start, fault, fault_since,
+		                                    boot_id, pid_ns, pid_start)
+		SELECT $1, $2, $3, $4, now() + $5 * interval '1 second', $6, a.pid, a.backend_start, $8, $9, $10, $11, $12
 		FROM (SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() AND $7
 		      UNION ALL SELECT NULL, NULL WHERE NOT $7) AS a
 		ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at, streaming = excluded.streaming,
 		  backend_pid = CASE WHEN $7 THEN excluded.backend_pid ELSE i.backend_pid END,
 		  backend_start = CASE WHEN $7 THEN excluded.backend_start ELSE i.backend_start END,
 		  fault = excluded.fault, fault_since = excluded.fault_since`,
-		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds(), in.Streaming, live, nullString(in.Fault), nullTime(in.FaultSince))
+		in.ID, in.Hostname, in.PID, in.Version, lease.Seconds(), in.Streaming, live, nullString(in.Fault), nullTime(in.FaultSince),
+		nullString(in.Process.BootID), nullString(in.Process.PIDNS), nullInt(in.Process.Start))
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}

@@ -111,6 +111,7 @@ func laneUnrecorded(maxInFlight int) int { return 4 * maxInFlight }
 // deliveries than bound, the attempts in flight at the faults.
 func requireDupsWithin(t *testing.T, res tally, bound int, why string) {
 	t.Helper()
+	t.Logf("duplicates: %d repeated deliveries of %d ids, bound %d (%s)", res.extra, res.duplicated, bound, why)
 	require.LessOrEqual(t, res.extra, bound, "duplicates (%d ids delivered more than once) within the attempts in flight at the faults: %s", res.duplicated, why)
 }
 

@@ -140,7 +140,8 @@ type Fault struct {
 	Unrecorded int `json:"arrived_unrecorded"`
 	// Exposed is the events either in flight just before the fault or
 	// left unrecorded by it, and for a fault of the database those that
-	// first arrived while it lasted, each counted once. These are the
+	// first arrived from its start until the database answered again
+	// (the reads of InFlightAfter and Unrecorded), each counted once. These are the
 	// attempts in flight at the fault: the events it can have made the
 	// relays send twice.
 	Exposed  int             `json:"exposed"`
@@ -370,6 +371,9 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		if err != nil {
 			f.Error = strings.TrimPrefix(f.Error+"; ", "; ") + err.Error()
 		}
+		// A fault of the database lasts, for the relays, until they can
+		// record again: what first arrived from its start until the
+		// database answered the reads above.
 		f.expose(unrecorded, led.firstSince(f.at))
 		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d, arrived during: %d, in flight after: %d)%s\n",
 			f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, errSuffix(f.Error))

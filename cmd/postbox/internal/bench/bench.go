@@ -571,8 +571,8 @@ func (r *Result) check() error {
 			unbounded(name, l.Dups)
 		}
 	}
-	for name, l := range map[string]*LoadResult{"load": r.Load, "load-floor": r.LoadFloor} {
-		if l != nil {
+	for i, l := range []*LoadResult{r.Load, r.LoadFloor} {
+		if name := []string{"load", "load-floor"}[i]; l != nil {
 			measured(name, l.Measured, l.Received)
 			unbounded(name, l.Dups)
 		}

@@ -78,6 +78,7 @@ func TestConfirmedFlushNeverPassesIngest(t *testing.T) {
 	defer smp.mu.Unlock()
 	t.Logf("confirmed_flush_lsn sampled %d times (%d while the ingest waited, %d after the kill), %d checked against newly confirmed commits; past the checkpoint row in %d (nothing in progress); sent %d, received %d distinct, %d duplicated",
 		smp.samples, beforeKill-held, smp.samples-beforeKill, smp.checks, smp.pastCheckpoint, res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, defaultLane, "one instance killed")
 	require.Zero(t, smp.violated, "the slot confirmed outbox commits that were not ingested, first: %v", smp.violations)
 }
 
@@ -260,12 +261,13 @@ func TestServerCrashBeforeTheIngestIsFlushed(t *testing.T) {
 		return pglogrepl.ParseLSN(text)
 	}
 	var sent []string
-	exercised := 0
+	exercised, rounds := 0, 0
 	for round := 1; round <= 8 && exercised == 0; round++ {
 		// Start just after the WAL writer's turn, which flushes what
 		// the commits before left: the next comes 10 s later. (The
 		// pool may hold connections the last crash broke: each fails
 		// once.)
+		rounds = round
 		var tick pglogrepl.LSN
 		waitForT(t, 60*time.Second, "the WAL writer's turn", func() bool {
 			if tick == 0 {
@@ -328,4 +330,5 @@ func TestServerCrashBeforeTheIngestIsFlushed(t *testing.T) {
 	release()
 	res := waitAllDelivered(t, pool, sent, rc)
 	t.Logf("sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, rounds*defaultLane, "one crash a round")
 }

@@ -132,6 +132,9 @@ func TestDatabaseFaults(t *testing.T) {
 	res := waitAllDelivered(t, pool, prod.ids(), rc)
 	t.Logf("database faults: sent %d (%d inserts failed during them), received %d distinct, %d duplicated",
 		res.sent, prod.failed.Load(), res.received, res.duplicated)
+	// Each fault ends the relay's sessions twice, as it comes and as it
+	// goes (reconnect).
+	requireDupsWithin(t, res, 2*len(faults)*defaultLane, "the faults' sessions ended")
 	p.waitLog(t, 10*time.Second, "database fault cleared")
 }
 

@@ -20,6 +20,7 @@ import (
 
 	osproc "github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -92,7 +93,26 @@ func (p *producer) ids() []string {
 // tally compares what was sent with what the receiver got.
 type tally struct {
 	sent, received, duplicated int
-	missing                    []string
+	// extra is the deliveries beyond each id's first, counted by
+	// webhook-id at the receiver: what a duplicate bound limits.
+	extra   int
+	missing []string
+}
+
+// laneUnrecorded is the most attempts one instance's lane for an endpoint
+// with max_in_flight c can have made whose outcome is not yet recorded: c
+// in flight, and dispatch.AheadLimit(c) = 3c finished and waiting for
+// their event's ingest to commit. A fault that ends an instance, its
+// sessions or its ingest can have those sent again, and no others: the
+// bound of a fault test's duplicates, per instance and fault.
+func laneUnrecorded(maxInFlight int) int { return 4 * maxInFlight }
+
+// requireDupsWithin fails the test when the receiver got more repeated
+// deliveries than bound, the attempts in flight at the faults.
+func requireDupsWithin(t *testing.T, res tally, bound int, why string) {
+	t.Helper()
+	t.Logf("duplicates: %d repeated deliveries of %d ids, bound %d (%s)", res.extra, res.duplicated, bound, why)
+	require.LessOrEqual(t, res.extra, bound, "duplicates (%d ids delivered more than once) within the attempts in flight at the faults: %s", res.duplicated, why)
 }
 
 func count(sent []string, rc *counter) tally {
@@ -102,6 +122,7 @@ func count(sent []string, rc *counter) tally {
 	for _, n := range rc.ids {
 		if n > 1 {
 			t.duplicated++
+			t.extra += n - 1
 		}
 	}
 	for _, id := range sent {
@@ -219,6 +240,10 @@ func deref(s *string) string {
 // second).
 const takeoverMargin = 2 * time.Second
 
+// defaultLane is laneUnrecorded for an endpoint with the default
+// max_in_flight, as the fault tests' endpoint p has.
+var defaultLane = laneUnrecorded(config.MaxInFlightDefault)
+
 // takeoverWithin is the longest a standby may take to stream after the
 // leader dies or freezes: the lease the leader last renewed runs out
 // within leaderLease, the standby asks every leaderLease/6, and then it
@@ -258,6 +283,7 @@ func TestStreamerKilledStandbyTakesOver(t *testing.T) {
 	standby.waitLog(t, 10*time.Second, `"message":"streaming"`)
 	t.Logf("streamer killed: sent %d, received %d distinct, %d duplicated; standby streaming %s after the kill",
 		res.sent, res.received, res.duplicated, takeover.Round(time.Millisecond))
+	requireDupsWithin(t, res, defaultLane, "one instance killed")
 	require.Less(t, takeover, takeoverWithin(leaderLease), "the standby takes over within the leader lease and the stated margin, not after wal_sender_timeout")
 }
 
@@ -298,6 +324,7 @@ func TestPostgresRestart(t *testing.T) {
 	res := waitAllDelivered(t, pool, prod.ids(), rc)
 	t.Logf("PostgreSQL restarted fast and immediate: sent %d (%d inserts failed while it was down), received %d distinct, %d duplicated",
 		res.sent, prod.failed.Load(), res.received, res.duplicated)
+	requireDupsWithin(t, res, 2*2*defaultLane, "two restarts, each ending both instances' sessions")
 	for _, p := range []*proc{a, b} {
 		select {
 		case <-p.exited:
@@ -330,6 +357,7 @@ func TestSlotDroppedByAnOperator(t *testing.T) {
 	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
 	p.waitLog(t, 10*time.Second, "REPLICATION SLOT LOST")
 	t.Logf("slot dropped: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, defaultLane, "one instance's stream ended")
 }
 
 // TestSlotInvalidated lets the slot exceed max_slot_wal_keep_size while
@@ -367,6 +395,7 @@ func TestSlotInvalidated(t *testing.T) {
 	second.waitLog(t, 10*time.Second, "REPLICATION SLOT INVALIDATED")
 	second.waitLog(t, 10*time.Second, "reconciled outbox rows the stream had not delivered")
 	t.Logf("slot invalidated: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, 0, "the first instance stopped cleanly, its attempts recorded, before the slot was lost")
 }
 
 // freezer is a TCP proxy to PostgreSQL that can freeze the replication
@@ -529,6 +558,7 @@ func TestStalledReplicationConnection(t *testing.T) {
 	res := waitAllReceived(t, prod.ids(), rc, 90*time.Second)
 	t.Logf("replication connection frozen: noticed after %s; sent %d, received %d distinct, %d duplicated",
 		noticed.Round(time.Millisecond), res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, defaultLane, "one instance's stream stalled and restarted")
 }
 
 // bulkRelay starts a relay process built without the race detector (its
@@ -589,6 +619,7 @@ func TestOutboxAlteredWhileStreaming(t *testing.T) {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status <> 'delivered'`) == 0
 	})
 	t.Logf("outbox altered while streaming: sent %d, received %d distinct, %d duplicated", res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, 0, "a relation message is no fault: no attempt is lost track of")
 }
 
 // TestSIGTERMDuringABurst stops postbox while a burst is being delivered:
@@ -707,6 +738,7 @@ func TestFailoverToAPromotedStandby(t *testing.T) {
 	require.Contains(t, logs, "timeline changed")
 	t.Logf("failover to a promoted standby: streaming again %s after the crash; sent %d (%d inserts failed meanwhile), received %d distinct, %d duplicated",
 		recovered.Round(time.Millisecond), res.sent, prod.failed.Load(), res.received, res.duplicated)
+	requireDupsWithin(t, res, 2*defaultLane, "one crash ending both instances' sessions")
 }
 
 // TestFrozenLeaderIsFencedOff freezes the streaming instance (SIGSTOP) in
@@ -828,6 +860,7 @@ func TestFrozenLeaderIsFencedOff(t *testing.T) {
 	require.Contains(t, leader.out.String(), "another instance took over streaming")
 	t.Logf("streamer frozen mid-ingest: standby streaming %s after SIGSTOP; the old leader's commit (xid %s) refused; sent %d, received %d distinct, %d duplicated",
 		takeover.Round(time.Millisecond), oldXID, res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, defaultLane, "one instance frozen, its ingest refused")
 	require.Less(t, takeover, takeoverWithin(leaderLease), "the standby takes over within the leader lease and the stated margin")
 }
 
@@ -890,6 +923,7 @@ func TestFrozenTransactionIsEnded(t *testing.T) {
 		"the fault names the ended session")
 	t.Logf("frozen mid-ingest: its session ended %s after its transaction was seen idle; sent %d, received %d distinct, %d duplicated (attempted before the rollback)",
 		ended.Round(100*time.Millisecond), res.sent, res.received, res.duplicated)
+	requireDupsWithin(t, res, defaultLane, "one instance frozen, its ingest rolled back")
 }
 
 // TestDoctor explains the test server: all required settings in place,

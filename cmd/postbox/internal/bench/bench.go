@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -34,7 +35,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "load", "load-floor", "chaos", "soak", "dead", "scale"}
+var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "catchup-bulk", "load", "load-floor", "chaos", "soak", "dead", "scale"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -43,6 +44,20 @@ var ErrBadSignatures = errors.New("deliveries failed signature verification")
 // ErrLost is returned by Run, with the figures, when a committed event was
 // never delivered.
 var ErrLost = errors.New("committed events were never delivered")
+
+// ErrUnmeasured is returned by Run, with the figures, when a scenario that
+// measures commit → delivery has events it received without a latency:
+// its percentiles would leave them out.
+var ErrUnmeasured = errors.New("received events without a commit → delivery latency")
+
+// ErrDuplicates is returned by Run, with the figures, when a scenario's
+// duplicates exceed their bound: none without a fault, and for each chaos
+// fault the attempts in flight at it (Fault.dupBound).
+var ErrDuplicates = errors.New("duplicates above their bound")
+
+// ErrSlow is returned by Run, with the figures, when the chaos scenario's
+// steady endpoints took longer than ChaosSteadyWithin.
+var ErrSlow = errors.New("steady endpoints' events arrived later than the bound")
 
 // maxRate keeps the latency scenario's pacing interval above zero.
 const maxRate = 100000
@@ -195,7 +210,10 @@ type Result struct {
 	Hanging *LatencyResult `json:"latency_with_hanging_endpoint,omitempty"`
 	Failing *FailingResult `json:"failing_endpoint,omitempty"`
 	Catchup *CatchupResult `json:"catchup,omitempty"`
-	Load    *LoadResult    `json:"load,omitempty"`
+	// CatchupBulk is the catch-up of a backlog written in transactions of
+	// catchupBulkRows rows (catchup-bulk).
+	CatchupBulk *CatchupResult `json:"catchup_bulk,omitempty"`
+	Load        *LoadResult    `json:"load,omitempty"`
 	// LoadFloor is the load scenario without the relay (see loadFloor).
 	LoadFloor *LoadResult  `json:"load_floor_without_relay,omitempty"`
 	Chaos     *ChaosResult `json:"chaos,omitempty"`
@@ -223,8 +241,12 @@ type LoadResult struct {
 	P99ms          float64 `json:"p99_ms"`
 	// Over50ms is the share of events that arrived more than 50 ms after
 	// their commit.
-	Over50ms       float64 `json:"over_50ms_share"`
-	Sent           int     `json:"sent"`
+	Over50ms float64 `json:"over_50ms_share"`
+	Sent     int     `json:"sent"`
+	// Received is the distinct events received, and Measured those with a
+	// latency: all of them, or the run fails (Result.check).
+	Received       int     `json:"received"`
+	Measured       int     `json:"measured"`
 	Lost           int     `json:"lost"`
 	Dups           int     `json:"duplicates"`
 	Unacknowledged int     `json:"unacknowledged_delivered"`
@@ -253,11 +275,14 @@ type FailingResult struct {
 
 // LatencyResult is the latency and hanging scenarios'.
 type LatencyResult struct {
-	Rate           int     `json:"rate_per_s"`
-	Endpoints      int     `json:"endpoints"`
-	Hanging        bool    `json:"one_endpoint_hanging"`
-	Sent           int     `json:"sent"`
-	Received       int     `json:"received"`
+	Rate      int  `json:"rate_per_s"`
+	Endpoints int  `json:"endpoints"`
+	Hanging   bool `json:"one_endpoint_hanging"`
+	Sent      int  `json:"sent"`
+	Received  int  `json:"received"`
+	// Measured is the received events with a latency: all of them, or the
+	// run fails (Result.check).
+	Measured       int     `json:"measured"`
 	Lost           int     `json:"lost"`
 	Dups           int     `json:"duplicates"`
 	Unacknowledged int     `json:"unacknowledged_delivered"`
@@ -278,19 +303,24 @@ type LatencyResult struct {
 	Disk *DiskFlush `json:"disk_flush,omitempty"`
 }
 
-// CatchupResult is the catchup scenario's.
+// CatchupResult is the catchup and catchup-bulk scenarios'.
 type CatchupResult struct {
-	Backlog        int     `json:"backlog"`
-	Endpoints      int     `json:"endpoints"`
-	Seconds        float64 `json:"seconds_from_start"`
-	DrainSeconds   float64 `json:"seconds_first_to_last"`
-	Rate           float64 `json:"deliveries_per_s"`
-	DrainRate      float64 `json:"drain_per_s"`
-	Lost           int     `json:"lost"`
-	Dups           int     `json:"duplicates"`
-	Unacknowledged int     `json:"unacknowledged_delivered"`
-	BadSignatures  int     `json:"bad_signatures"`
-	RSSMB          float64 `json:"relay_peak_rss_mb"`
+	Backlog int `json:"backlog"`
+	// EventsPerTransaction is how the backlog was written: 1 (catchup,
+	// as an application commits its events) or catchupBulkRows
+	// (catchup-bulk), by Producers producers.
+	EventsPerTransaction int     `json:"events_per_transaction"`
+	Producers            int     `json:"producers"`
+	Endpoints            int     `json:"endpoints"`
+	Seconds              float64 `json:"seconds_from_start"`
+	DrainSeconds         float64 `json:"seconds_first_to_last"`
+	Rate                 float64 `json:"deliveries_per_s"`
+	DrainRate            float64 `json:"drain_per_s"`
+	Lost                 int     `json:"lost"`
+	Dups                 int     `json:"duplicates"`
+	Unacknowledged       int     `json:"unacknowledged_delivered"`
+	BadSignatures        int     `json:"bad_signatures"`
+	RSSMB                float64 `json:"relay_peak_rss_mb"`
 	// Costs are from the relay's start until the last arrival: the
 	// backlog was inserted before.
 	Costs *Costs `json:"costs,omitempty"`
@@ -417,9 +447,14 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		env.dbURL, env.slot = opts.DatabaseURL, pgtest.UniqueName("bench")
 	} else {
 		fmt.Fprintln(log, "bench: starting PostgreSQL (fsync on)")
-		popts := pgtest.Options{Fsync: true, Settings: map[string]string{}}
+		// track_commit_timestamp: an event reconciled from the outbox table
+		// has no committed_at, and its row's commit time stands in for it
+		// (env.commitTimes).
+		popts := pgtest.Options{Fsync: true, Settings: map[string]string{"track_commit_timestamp": "on"}}
 		if statementsFile != "" {
-			popts.Settings = map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all", "pg_stat_statements.track_planning": "on"}
+			popts.Settings["shared_preload_libraries"] = "pg_stat_statements"
+			popts.Settings["pg_stat_statements.track"] = "all"
+			popts.Settings["pg_stat_statements.track_planning"] = "on"
 		}
 		// POSTBOX_BENCH_PGSETTINGS, "name=value;name=value", adds settings
 		// to the bench's server: to log its slow statements, autovacuum
@@ -480,7 +515,9 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		case "failing":
 			res.Failing, err = env.failing(ctx)
 		case "catchup":
-			res.Catchup, err = env.catchup(ctx, opts)
+			res.Catchup, err = env.catchup(ctx, opts, 1)
+		case "catchup-bulk":
+			res.CatchupBulk, err = env.catchup(ctx, opts, catchupBulkRows)
 		case "load":
 			res.Load, err = env.load(ctx, opts)
 		case "load-floor":
@@ -501,15 +538,76 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 	if n, first := env.recv.badSignatures(); n > 0 {
 		return res, fmt.Errorf("%d %w (the first: %w)", n, ErrBadSignatures, first)
 	}
-	if n := res.lost(); n > 0 {
-		return res, fmt.Errorf("%d %w", n, ErrLost)
+	return res, res.check()
+}
+
+// check judges a run's figures: it fails on events lost in any scenario,
+// on received events without a latency where a scenario measures it, on
+// duplicates above their bound (none without a fault; each chaos fault's
+// the attempts in flight at it), on the chaos scenario's steady endpoints
+// slower than ChaosSteadyWithin, and on a soak that grew.
+func (r *Result) check() error {
+	var errs []error
+	if n := r.lost(); n > 0 {
+		errs = append(errs, fmt.Errorf("%d %w", n, ErrLost))
 	}
-	if res.Soak != nil {
-		if err := res.Soak.err(); err != nil {
-			return res, err
+	measured := func(name string, measured, received int) {
+		if measured != received {
+			errs = append(errs, fmt.Errorf("%s: %w: %d measured of %d received", name, ErrUnmeasured, measured, received))
 		}
 	}
-	return res, nil
+	unbounded := func(name string, dups int) {
+		if dups > 0 {
+			errs = append(errs, fmt.Errorf("%s: %d %w (0 without a fault)", name, dups, ErrDuplicates))
+		}
+	}
+	latency := map[string]*LatencyResult{"latency": r.Latency, "floor": r.Floor, "hanging": r.Hanging}
+	if r.Dead != nil {
+		latency["dead, alone"], latency["dead, beside the dead endpoints"] = r.Dead.Alone, r.Dead.Beside
+	}
+	for _, name := range slices.Sorted(maps.Keys(latency)) {
+		if l := latency[name]; l != nil {
+			measured(name, l.Measured, l.Received)
+			unbounded(name, l.Dups)
+		}
+	}
+	for i, l := range []*LoadResult{r.Load, r.LoadFloor} {
+		if name := []string{"load", "load-floor"}[i]; l != nil {
+			measured(name, l.Measured, l.Received)
+			unbounded(name, l.Dups)
+		}
+	}
+	for _, c := range []*CatchupResult{r.Catchup, r.CatchupBulk} {
+		if c != nil {
+			unbounded(c.name(), c.Dups)
+		}
+	}
+	if r.Soak != nil {
+		unbounded("soak", r.Soak.Dups)
+	}
+	if r.Scale != nil {
+		for _, run := range r.Scale.Runs {
+			unbounded(fmt.Sprintf("scale, %d instances", run.Instances), run.Dups)
+		}
+	}
+	if c := r.Chaos; c != nil {
+		measured("chaos", c.Measured, c.Received)
+		if c.DupsBeforeFaults > 0 {
+			errs = append(errs, fmt.Errorf("chaos: %d %w, before any fault", c.DupsBeforeFaults, ErrDuplicates))
+		}
+		for _, f := range c.Faults {
+			if f.Dups > f.dupBound() {
+				errs = append(errs, fmt.Errorf("chaos: the %s at %.1f s: %d %w of %d, the attempts in flight at it", f.Kind, f.AtSeconds, f.Dups, ErrDuplicates, f.dupBound()))
+			}
+		}
+		if c.HealthyMaxms > c.SteadyBoundms {
+			errs = append(errs, fmt.Errorf("chaos: %w: the longest took %.0f ms, the bound is %.0f ms", ErrSlow, c.HealthyMaxms, c.SteadyBoundms))
+		}
+	}
+	if r.Soak != nil {
+		errs = append(errs, r.Soak.err())
+	}
+	return errors.Join(errs...)
 }
 
 // syncWriter serialises the bench's progress lines with the relay's output.
@@ -532,8 +630,23 @@ func (r *Result) lost() int {
 			n += l.Lost
 		}
 	}
-	if r.Catchup != nil {
-		n += r.Catchup.Lost
+	for _, c := range []*CatchupResult{r.Catchup, r.CatchupBulk} {
+		if c != nil {
+			n += c.Lost
+		}
+	}
+	if r.Dead != nil {
+		for _, l := range []*LatencyResult{r.Dead.Alone, r.Dead.Beside} {
+			if l != nil {
+				n += l.Lost
+			}
+		}
+	}
+	if r.Floor != nil {
+		n += r.Floor.Lost
+	}
+	if r.LoadFloor != nil {
+		n += r.LoadFloor.Lost
 	}
 	if r.Load != nil {
 		n += r.Load.Lost

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -39,6 +40,12 @@ const (
 	// producers stop: the longest fault (a freeze or read-only spell of
 	// up to 5 s, or a restart) and a margin.
 	chaosRecovery = 8 * time.Second
+	// ChaosSteadyWithin bounds the commit → delivery of every event of the
+	// endpoints that do not flap, faults and all: the longest fault (a
+	// freeze or read-only spell of 5 s) and the longest a relay then waits
+	// to reconnect and retry (backoff_cap, and the reconnect backoff's cap,
+	// 5 s). The run fails beyond it.
+	ChaosSteadyWithin = 10 * time.Second
 )
 
 // The faults the chaos scenario injects.
@@ -67,30 +74,44 @@ func (o Options) faultKinds() ([]string, error) {
 
 // ChaosResult is the chaos scenario's.
 type ChaosResult struct {
-	Seed           uint64  `json:"seed"`
-	Relays         int     `json:"relays"`
-	Rate           int     `json:"rate_per_s"`
-	Endpoints      int     `json:"endpoints"`
-	Seconds        float64 `json:"seconds"`
-	Faults         []Fault `json:"faults"`
-	Sent           int     `json:"sent"`
-	FailedInserts  int     `json:"failed_inserts"`
-	SkippedInserts int     `json:"skipped_inserts"`
-	Received       int     `json:"received"`
-	Lost           int     `json:"lost"`
-	Dups           int     `json:"duplicates"`
-	DupBound       int     `json:"duplicate_bound"`
-	DupsWithin     bool    `json:"duplicates_within_bound"`
-	Unacknowledged int     `json:"unacknowledged_delivered"`
-	BadSignatures  int     `json:"bad_signatures"`
-	DrainSeconds   float64 `json:"drain_seconds_after_load"`
-	Maxms          float64 `json:"max_commit_to_delivery_ms"`
-	P99ms          float64 `json:"p99_ms"`
+	Seed          uint64  `json:"seed"`
+	Relays        int     `json:"relays"`
+	Rate          int     `json:"rate_per_s"`
+	Endpoints     int     `json:"endpoints"`
+	Seconds       float64 `json:"seconds"`
+	Faults        []Fault `json:"faults"`
+	Sent          int     `json:"sent"`
+	FailedInserts int     `json:"failed_inserts"`
+	// FailedCommitted is the failed inserts (errored or timed out) found
+	// committed in the database afterwards: expected like any other, and
+	// in Sent.
+	FailedCommitted int `json:"failed_inserts_committed"`
+	SkippedInserts  int `json:"skipped_inserts"`
+	Received        int `json:"received"`
+	// Measured is the received events with a commit → delivery latency:
+	// all of them, or the run fails.
+	Measured int `json:"measured"`
+	Lost     int `json:"lost"`
+	Dups     int `json:"duplicates"`
+	// DupBound is the sum of the faults' bounds; DupsWithin says each
+	// fault's duplicates were within its own, and none came before the
+	// first fault (DupsBeforeFaults).
+	DupBound         int     `json:"duplicate_bound"`
+	DupsWithin       bool    `json:"duplicates_within_bound"`
+	DupsBeforeFaults int     `json:"duplicates_before_any_fault"`
+	Unacknowledged   int     `json:"unacknowledged_delivered"`
+	BadSignatures    int     `json:"bad_signatures"`
+	DrainSeconds     float64 `json:"drain_seconds_after_load"`
+	Maxms            float64 `json:"max_commit_to_delivery_ms"`
+	P99ms            float64 `json:"p99_ms"`
 	// HealthyMaxms and HealthyP99ms are the longest and the 99th
 	// percentile commit → delivery of the endpoints that do not flap: what
 	// the faults alone cost.
 	HealthyMaxms float64 `json:"max_commit_to_delivery_ms_steady_endpoints"`
 	HealthyP99ms float64 `json:"p99_ms_steady_endpoints"`
+	// SteadyBoundms is ChaosSteadyWithin: HealthyMaxms above it fails the
+	// run.
+	SteadyBoundms float64 `json:"steady_endpoints_bound_ms"`
 	// LostWhere counts the lost events by where postbox has them: their
 	// delivery's status, still in the outbox, or nowhere.
 	LostWhere map[string]int `json:"lost_where,omitempty"`
@@ -108,48 +129,85 @@ type Fault struct {
 	InFlight      int `json:"in_flight_before"`
 	During        int `json:"arrived_during"`
 	InFlightAfter int `json:"in_flight_after"`
-	// Unrecorded is the events that had reached the receiver before the
-	// fault, or while it was injected, but were recorded delivered after
-	// it began: the fault took the record of that arrival with it (a
-	// result not yet written, or an ingest under way when the fast path
-	// had already started the attempt), so each was sent again. It counts
-	// attempts the in-flight figures cannot see: those whose delivery was
-	// not yet committed.
+	// Unrecorded is the events that had reached the receiver in the 5 s
+	// before the fault, or while it was injected, and were not recorded
+	// delivered once it was recovered from (a state read then, not a
+	// time): the fault took the record of that arrival with it (a result
+	// not yet written, or an ingest under way when the fast path had
+	// already started the attempt), or had not let it be written yet. It
+	// counts attempts the in-flight figures cannot see: those whose
+	// delivery was not yet committed.
 	Unrecorded int `json:"arrived_unrecorded"`
 	// Exposed is the events either in flight just before the fault or
-	// left unrecorded by it, each counted once: a delivery claimed before
-	// the fault whose result the fault lost is both. These are the events
-	// the fault can have made the relays send twice.
-	Exposed  int      `json:"exposed"`
-	recent   []string // ids that first arrived in the seconds before the fault, or during it
-	inFlight []string // ids of the deliveries in flight just before the fault
-	dupIDs   []string // the ids of Dups
-	// Dups is the duplicates that arrived after this fault and before the
-	// next.
+	// left unrecorded by it, and for a fault of the database those that
+	// first arrived from its start until the database answered again
+	// (the reads of InFlightAfter and Unrecorded), each counted once. These are the
+	// attempts in flight at the fault: the events it can have made the
+	// relays send twice.
+	Exposed  int             `json:"exposed"`
+	exposed  map[string]bool // their ids
+	inFlight []string        // ids of the deliveries in flight just before the fault
+	dupIDs   []string        // the ids of Dups
+	// Dups is the duplicates counted against this fault, by webhook-id at
+	// the receiver: each repeat of an event is the latest fault's before
+	// it arrived that exposed the event, or if none did, the latest
+	// fault's before it (a repeat no fault explains).
 	Dups  int    `json:"duplicates"`
 	Error string `json:"error,omitempty"`
 	at    time.Time
 }
 
 // dupBound is how many duplicates the fault may cause: the events exposed
-// to it (in flight just before it, or arrived and left unrecorded, each
-// once), and for a fault of the database also those that arrived while it
-// lasted, whose results may not have been recordable; or, if more, the
-// deliveries in flight once it was recovered from. A relay killed or
-// frozen, or the slot dropped, leaves the other relays' deliveries alone.
-//
-// The two sets are added, not the larger taken: a first attempt the fast
-// path made before its ingest committed is in neither table's in-flight
-// rows, and when the fault fails that ingest the stream brings the event
-// again, so it is sent twice beside the in-flight deliveries the fault
-// returned to the queue.
-func (f *Fault) dupBound() int {
-	n := f.Exposed
-	switch f.Kind {
-	case faultRestartFast, faultRestartImmediate, faultReadOnly:
-		n += f.During
+// to it (see Exposed: a first attempt the fast path made before its ingest
+// committed is in no in-flight row, and when the fault fails that ingest
+// the stream brings the event again); or, if more, the deliveries in
+// flight once it was recovered from. A relay killed or frozen, or the
+// slot dropped, leaves the other relays' deliveries alone.
+func (f *Fault) dupBound() int { return max(f.Exposed, f.InFlightAfter) }
+
+// dbFault says whether a fault of kind stops the database: its sessions'
+// results of the attempts meanwhile may not be recordable.
+func dbFault(kind string) bool {
+	return kind == faultRestartFast || kind == faultRestartImmediate || kind == faultReadOnly
+}
+
+// expose sets f's exposed events: in flight before it, arrived and
+// unrecorded after it, and for a fault of the database arrived during it.
+func (f *Fault) expose(unrecorded, during []string) {
+	f.exposed = union(f.inFlight, unrecorded)
+	if dbFault(f.Kind) {
+		for _, id := range during {
+			f.exposed[id] = true
+		}
 	}
-	return max(n, f.InFlightAfter)
+	f.Unrecorded, f.Exposed = len(unrecorded), len(f.exposed)
+}
+
+// attributeDups counts each repeated delivery (its id and arrival) against
+// a fault, see Fault.Dups; it returns those that came before any fault.
+func attributeDups(faults []Fault, ids []string, at []time.Time) (before int) {
+	for k, id := range ids {
+		pick := -1
+		for i := len(faults) - 1; i >= 0; i-- {
+			if at[k].Before(faults[i].at) {
+				continue
+			}
+			if pick < 0 {
+				pick = i // the latest before it, if none exposed the event
+			}
+			if faults[i].exposed[id] {
+				pick = i
+				break
+			}
+		}
+		if pick < 0 {
+			before++
+			continue
+		}
+		faults[pick].Dups++
+		faults[pick].dupIDs = append(faults[pick].dupIDs, id)
+	}
+	return before
 }
 
 // chaosRelay is one of the chaos scenario's relay processes.
@@ -307,8 +365,16 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		f.During = led.arrived() - arrivedBefore
 		// Taken after the fault: an attempt that arrived while a relay was
 		// being killed was its last, and its record died with it.
-		f.recent = led.firstSince(f.at.Add(-5 * time.Second))
+		recent := led.firstSince(f.at.Add(-5 * time.Second))
 		f.InFlightAfter = e.inFlight(ctx)
+		unrecorded, err := e.unrecorded(ctx, recent)
+		if err != nil {
+			f.Error = strings.TrimPrefix(f.Error+"; ", "; ") + err.Error()
+		}
+		// A fault of the database lasts, for the relays, until they can
+		// record again: what first arrived from its start until the
+		// database answered the reads above.
+		f.expose(unrecorded, led.firstSince(f.at))
 		fmt.Fprintf(e.log, "bench: chaos %6.1fs %-17s %s (in flight before: %d, arrived during: %d, in flight after: %d)%s\n",
 			f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, errSuffix(f.Error))
 		res.Faults = append(res.Faults, f)
@@ -316,6 +382,9 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 	producing.Wait()
 	loadEnd := time.Now()
 	res.FailedInserts, res.SkippedInserts = failed, skipped
+	if _, res.FailedCommitted, err = e.resolve(ctx, led, "postbox.outbox"); err != nil {
+		return nil, err
+	}
 	fmt.Fprintf(e.log, "bench: chaos, load stopped; waiting up to %s for %d committed events\n", chaosDrain, led.pending())
 	err = waitFor(ctx, chaosDrain, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(loadEnd).Seconds()
@@ -339,33 +408,14 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		return nil, err
 	}
 	res.HealthyP99ms, res.HealthyMaxms = quantile(steady, 0.99), quantile(steady, 1)
+	res.SteadyBoundms = float64(ChaosSteadyWithin.Milliseconds())
 	res.Sent, res.Received, res.Lost, res.Dups, res.Unacknowledged = t.sent, t.received, t.lost, t.dups, t.unacknowledged
-	for i := range res.Faults {
-		f := &res.Faults[i]
-		rows, err := e.pool.Query(ctx, `
-			SELECT e.event_id::text FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
-			WHERE e.event_id = ANY($1::uuid[]) AND d.status = 'delivered' AND d.delivered_at > $2`,
-			f.recent, f.at)
-		var unrecorded []string
-		if err == nil {
-			unrecorded, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
-		if err != nil {
-			return nil, fmt.Errorf("count the arrivals a fault left unrecorded: %w", err)
-		}
-		f.Unrecorded = len(unrecorded)
-		f.Exposed = len(union(f.inFlight, unrecorded))
+	res.Measured = len(lat)
+	res.DupsBeforeFaults = attributeDups(res.Faults, t.dupIDs, t.dupAt)
+	res.DupsWithin = res.DupsBeforeFaults == 0
+	for _, f := range res.Faults {
 		res.DupBound += f.dupBound()
-	}
-	res.DupsWithin = res.Dups <= res.DupBound
-	for k, at := range t.dupAt {
-		for i := len(res.Faults) - 1; i >= 0; i-- {
-			if !at.Before(res.Faults[i].at) {
-				res.Faults[i].Dups++
-				res.Faults[i].dupIDs = append(res.Faults[i].dupIDs, t.dupIDs[k])
-				break
-			}
-		}
+		res.DupsWithin = res.DupsWithin && f.Dups <= f.dupBound()
 	}
 	if t.lost > 0 {
 		res.LostWhere = e.whereLost(ctx, t.lostIDs)
@@ -384,24 +434,11 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 // latenciesExcept is the commit → first arrival, in milliseconds and
 // sorted, of the events for endpoints other than endpoint.
 func (e *env) latenciesExcept(ctx context.Context, first map[string]time.Time, endpoint string) ([]float64, error) {
-	rows, err := e.pool.Query(ctx, `SELECT event_id::text, committed_at FROM postbox.events WHERE committed_at IS NOT NULL AND endpoint <> $1`, endpoint)
+	committed, err := e.commitTimes(ctx, endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("read commit times: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
-	var lat []float64
-	for rows.Next() {
-		var id string
-		var committed time.Time
-		if err := rows.Scan(&id, &committed); err != nil {
-			return nil, fmt.Errorf("read commit times: %w", err)
-		}
-		if at, ok := first[id]; ok {
-			lat = append(lat, float64(at.Sub(committed).Microseconds())/1000)
-		}
-	}
-	slices.Sort(lat)
-	return lat, rows.Err()
+	return latenciesFrom(first, committed), nil
 }
 
 // whereLost counts the event ids by where postbox has them.
@@ -597,13 +634,14 @@ func (e *env) produceChaos(ctx context.Context, led *ledger, rate, endpoints int
 		wg.Go(func() {
 			for i := range jobs {
 				ictx, cancel := context.WithTimeout(ctx, chaosInsertTimeout)
-				var id string
-				err := e.pool.QueryRow(ictx, `INSERT INTO postbox.outbox`+insertSQL, fmt.Sprintf("ep-%d", i%endpoints), payload(i)).Scan(&id)
+				id := outbox.NewEventID()
+				_, err := e.pool.Exec(ictx, `INSERT INTO postbox.outbox`+insertSQL, id, fmt.Sprintf("ep-%d", i%endpoints), payload(i))
 				cancel()
 				if err != nil {
 					mu.Lock()
 					failed++
 					mu.Unlock()
+					led.doubt(id) // it may have committed: looked up once the producers stop
 					continue
 				}
 				led.commit(id)
@@ -641,12 +679,38 @@ func (e *env) chaosConfig(endpoints int) string {
 	// from 30 s to an hour, a breaker open for seconds instead of minutes,
 	// and attempts enough that no event is dead-lettered by the faults.
 	b.WriteString("defaults:\n  max_attempts: 1000\n  backoff_base: 500ms\n  backoff_cap: 5s\n  cooldown: 2s\n  max_cooldown: 10s\n")
+	// Ingested outbox rows are kept for the run: an event reconciled from
+	// them after a dropped slot has no committed_at, and its row's
+	// transaction's commit time is its latency's start (env.commitTimes).
+	b.WriteString("outbox_retention: 1h\n")
 	b.WriteString("endpoints:\n")
 	for i := range endpoints - 1 {
 		fmt.Fprintf(&b, "  ep-%d:\n    url: %s/ep-%d\n", i, e.recv.URL, i)
 	}
 	fmt.Fprintf(&b, "  ep-%d:\n    url: %s/flap/ep-%d\n    timeout: %s\n", endpoints-1, e.recv.URL, endpoints-1, flapTimeout)
 	return b.String()
+}
+
+// unrecorded returns those of ids (events that arrived at the receiver)
+// not recorded delivered now, retrying for a few seconds while the
+// database is still coming back; all of them when it does not answer.
+func (e *env) unrecorded(ctx context.Context, ids []string) ([]string, error) {
+	var out []string
+	var err error
+	_ = waitFor(ctx, 10*time.Second, 200*time.Millisecond, func() (bool, error) {
+		var rows pgx.Rows
+		if rows, err = e.pool.Query(ctx, `
+			SELECT l.id::text FROM unnest($1::uuid[]) AS l(id)
+			WHERE NOT EXISTS (SELECT 1 FROM postbox.events ev JOIN postbox.deliveries d ON d.event_pk = ev.id
+			                  WHERE ev.event_id = l.id AND d.status = 'delivered')`, ids); err == nil {
+			out, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		return err == nil, nil
+	})
+	if err != nil {
+		return ids, fmt.Errorf("read which arrivals are recorded (all taken as not): %w", err)
+	}
+	return out, nil
 }
 
 // inFlightIDs returns the event ids of the deliveries in flight and of

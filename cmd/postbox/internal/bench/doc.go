@@ -37,9 +37,15 @@
 //     not expected). It shows whether one stuck endpoint slows the others.
 //   - failing: 200 events for an endpoint that answers only 500, for 30 s;
 //     counts the requests it gets — what the circuit breaker saves.
-//   - catchup: Options.Backlog events queued while the relay is down, then
-//     the relay started; measures deliveries/s from relay start and from
-//     the first delivery to the last, and the relay's peak RSS.
+//   - catchup: Options.Backlog events queued while the relay is down, one
+//     event a transaction from Options.Producers producers (as an
+//     application commits its events), then the relay started; measures
+//     deliveries/s from relay start and from the first delivery to the
+//     last, and the relay's peak RSS. Its output and JSON name the
+//     transaction size (events_per_transaction).
+//   - catchup-bulk: the same backlog written in transactions of 1,000 rows,
+//     one after the other, which the relay ingests by its bulk-copy path
+//     (`--scenario catchup,catchup-bulk` gives both, named).
 //   - load: Options.Producers producers inserting single-row transactions
 //     as fast as they commit for Options.Duration, first into an
 //     unpublished copy of the outbox (the machine's rate without the
@@ -86,24 +92,41 @@
 //     stop it waits up to 3 minutes for every committed event, then
 //     reports the faults, lost events (the run fails if any), duplicates
 //     against their bound — for each fault, the events exposed to it (in
-//     flight just before it, or arrived before it or while it was
-//     injected and recorded only after it, each once), and for a fault of
-//     the database also those that arrived while it lasted, as their
-//     results may not have been recordable, or if more the deliveries in
-//     flight once it was recovered from; summed — the longest commit →
-//     delivery and the relays' peak RSS. --faults limits the faults to some kinds, --relays sets
+//     flight just before it, or arrived in the 5 s before it or while it
+//     was injected and not recorded delivered once it was recovered from,
+//     each once), and for a fault of the database also those that
+//     arrived while it lasted, as their results may not have been
+//     recordable, or if more the deliveries in flight once it was
+//     recovered from; each fault's checked — the longest commit →
+//     delivery (the steady endpoints' within ChaosSteadyWithin, 10 s, or
+//     the run fails) and the relays' peak RSS. --faults limits the faults to some kinds, --relays sets
 //     how many relays run. The relays retry within seconds rather than the defaults'
 //     minutes (see chaosConfig), so that every event can arrive in time.
 //
-// Lost and duplicated deliveries are counted by event id. Producers record
-// the id of every event whose INSERT they saw commit (RETURNING event_id,
-// recorded only after the statement's commit returned OK); the receiver
-// records each id it gets (the webhook-id header). An event is lost when
-// its id was committed and never arrived — every committed id is checked —
-// and each delivery of an id after its first is a duplicate. An id that
-// arrives without its commit having been acknowledged to the producer (a
-// commit whose answer was lost) is reported as unacknowledged_delivered,
-// not counted against the relay.
+// Lost and duplicated deliveries are counted by event id. Producers choose
+// each event's id and record it once they saw its INSERT commit (recorded
+// only after the statement's commit returned OK); the receiver records
+// each id it gets (the webhook-id header). An insert that errored or timed
+// out may have committed all the same: its id is looked up in the database
+// once the producers stop (env.resolve), and one found is expected like
+// any other. An event is lost when its id was committed and never arrived
+// — every committed id is checked — and each delivery of an id after its
+// first is a duplicate. An id that arrives without its commit having been
+// acknowledged to the producer (a commit whose answer was lost) is
+// reported as unacknowledged_delivered, not counted against the relay.
+//
+// Every received event has a latency: from its committed_at, or for an
+// event the stream did not bring (reconciled from the outbox table after
+// a lost slot) from its outbox row's transaction's commit time
+// (pg_xact_commit_timestamp; the bench's own server runs with
+// track_commit_timestamp on). Each scenario that measures latency prints
+// measured/received, and Run fails when they differ. Run fails (with the
+// figures, and `postbox bench` exits non-zero) on events lost in any
+// scenario, dead's and the floors' included; on duplicates above their
+// bound: none in a scenario without faults, and in chaos, for each fault,
+// the attempts in flight at it (Fault.dupBound; a repeat is the fault's
+// that exposed its event, see attributeDups); and on chaos's steady
+// endpoints slower than ChaosSteadyWithin.
 //
 // For performance work, environment variables of the bench's shell
 // (POSTBOX_* variables never reach the relay itself) write diagnostics to

@@ -51,12 +51,16 @@ func (e *env) floor(ctx context.Context, o Options) (*LatencyResult, error) {
 	fmt.Fprintf(e.log, "bench: floor, %d events/s over %d endpoints for %s, no relay: a bare logical client forwards each row\n", o.Rate, o.Endpoints, o.Duration)
 	from := e.read(ctx)
 	e.pace(ctx, o, floorTable, led, false)
+	if _, _, err := e.resolve(ctx, led, floorTable); err != nil {
+		_, _ = fw.stop()
+		return nil, err
+	}
 	t, lat, to, err := e.endFloor(ctx, fw, led, 30*time.Second, 50*time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
 	res := &LatencyResult{
-		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
+		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received, Measured: len(lat),
 		Lost: t.lost, Dups: t.dups, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		Costs: e.floorCosts(ctx, from, to, t.sent), Split: fw.split(),
@@ -132,6 +136,10 @@ func (e *env) loadFloor(ctx context.Context, o Options) (*LoadResult, error) {
 	fmt.Fprintf(e.log, "bench: load floor, %d producers inserting for %s, no relay: a bare logical client forwards each row\n", o.Producers, o.Duration)
 	from := e.read(ctx)
 	e.produceFlat(ctx, o, floorTable, led, res)
+	if _, _, err := e.resolve(ctx, led, floorTable); err != nil {
+		_, _ = fw.stop()
+		return nil, err
+	}
 	t, lat, to, err := e.endFloor(ctx, fw, led, 5*time.Minute, 20*time.Millisecond)
 	if err != nil {
 		return nil, err
@@ -139,6 +147,7 @@ func (e *env) loadFloor(ctx context.Context, o Options) (*LoadResult, error) {
 	res.DrainSeconds = to.at.Sub(res.loadEnd).Seconds()
 	res.P50ms, res.P99ms, res.Over50ms = quantile(lat, 0.50), quantile(lat, 0.99), shareOver(lat, 50)
 	res.Lost, res.Dups, res.BadSignatures = t.lost, t.dups, e.recv.scenarioBad()
+	res.Received, res.Measured = t.received, len(lat)
 	res.Costs, res.Split = e.floorCosts(ctx, from, to, res.Sent), fw.split()
 	return res, nil
 }

@@ -32,14 +32,14 @@ func (r *Result) Print(w io.Writer) {
 		default:
 			fmt.Fprintf(w, "\ncommit → receiver latency at %d events/s over %d endpoints%s:\n", l.Rate, l.Endpoints, l.warmedUp())
 		}
-		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
+		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   (measured/received %d/%d)\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms, l.Measured, l.Received)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
 		l.Split.print(w)
 		l.Costs.print(w)
 	}
 	if l := r.Floor; l != nil {
 		fmt.Fprintf(w, "\nthe floor: commit → receiver latency at %d events/s over %d endpoints with no relay, a bare logical client forwarding each row at its Commit%s:\n", l.Rate, l.Endpoints, l.warmedUp())
-		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms)
+		fmt.Fprintf(w, "  p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   (measured/received %d/%d)\n", l.P50ms, l.P90ms, l.P99ms, l.Maxms, l.Measured, l.Received)
 		fmt.Fprintf(w, "  sent %d, received %d, lost %d, duplicates %d%s\n", l.Sent, l.Received, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
 		l.Split.printExact(w)
 		l.Disk.print(w)
@@ -53,7 +53,7 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "\n%d producers inserting single-row transactions as fast as they commit, for %.0f s, over %d endpoints:\n", l.Producers, l.Seconds, l.Endpoints)
 		fmt.Fprintf(w, "  inserts %.0f/s with the relay running (%.0f/s without it); deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.BaselinePerS, l.DeliveriesPerS)
 		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
-		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms); sent %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Sent, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
+		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms; measured/received %d/%d); sent %d, lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Measured, l.Received, l.Sent, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures), l.RSSMB)
 		l.printWeight(w)
 		l.Split.print(w)
 		l.Costs.print(w)
@@ -62,13 +62,16 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "\nthe floor under load: %d producers inserting single-row transactions as fast as they commit, for %.0f s, over %d endpoints, with no relay, a bare logical client forwarding each row at its Commit:\n", l.Producers, l.Seconds, l.Endpoints)
 		fmt.Fprintf(w, "  inserts %.0f/s; deliveries %.0f/s meanwhile\n", l.InsertsPerS, l.DeliveriesPerS)
 		fmt.Fprintf(w, "  lag (committed, not yet received): at most %d, %d when the load stopped, drained %.1f s later\n", l.MaxLag, l.LagAtEnd, l.DrainSeconds)
-		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms); sent %d, lost %d, duplicates %d%s\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Sent, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
+		fmt.Fprintf(w, "  commit → receiver p50 %.2f ms, p99 %.2f ms (%.1f%% over 50 ms; measured/received %d/%d); sent %d, lost %d, duplicates %d%s\n", l.P50ms, l.P99ms, 100*l.Over50ms, l.Measured, l.Received, l.Sent, l.Lost, l.Dups, anomalies(0, l.BadSignatures))
 		l.printWeight(w)
 		l.Split.printExact(w)
 		l.Costs.print(w)
 	}
-	if c := r.Catchup; c != nil {
-		fmt.Fprintf(w, "\ncatch-up of a %d-event backlog over %d endpoints:\n", c.Backlog, c.Endpoints)
+	for _, c := range []*CatchupResult{r.Catchup, r.CatchupBulk} {
+		if c == nil {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s of a %d-event backlog over %d endpoints, %s:\n", c.name(), c.Backlog, c.Endpoints, c.written())
 		fmt.Fprintf(w, "  %.0f deliveries/s from relay start (%.1f s); %.0f/s first to last delivery (%.1f s)\n", c.Rate, c.Seconds, c.DrainRate, c.DrainSeconds)
 		fmt.Fprintf(w, "  lost %d, duplicates %d%s; relay peak RSS %.0f MB\n", c.Lost, c.Dups, anomalies(c.Unacknowledged, c.BadSignatures), c.RSSMB)
 		c.Costs.print(w)
@@ -88,18 +91,26 @@ func (r *Result) Print(w io.Writer) {
 	if c := r.Chaos; c != nil {
 		fmt.Fprintf(w, "\nchaos (seed %d): %d relays, %d events/s over %d endpoints (one flapping) for %.0f s, %d faults:\n", c.Seed, c.Relays, c.Rate, c.Endpoints, c.Seconds, len(c.Faults))
 		for _, f := range c.Faults {
-			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight before, %d arrived during, %d in flight after, %d arrived and left unrecorded (%d events exposed); %d duplicates until the next%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, f.Unrecorded, f.Exposed, f.Dups, errSuffix(f.Error))
+			within := "within"
+			if f.Dups > f.dupBound() {
+				within = "ABOVE"
+			}
+			fmt.Fprintf(w, "  %6.1f s  %-17s %s; %d in flight before, %d arrived during, %d in flight after, %d arrived and left unrecorded (%d events exposed); %d duplicates, %s its bound of %d%s\n", f.AtSeconds, f.Kind, f.Target, f.InFlight, f.During, f.InFlightAfter, f.Unrecorded, f.Exposed, f.Dups, within, f.dupBound(), errSuffix(f.Error))
 		}
 		within := "within"
 		if !c.DupsWithin {
 			within = "ABOVE"
 		}
-		fmt.Fprintf(w, "  sent %d (%d inserts failed, %d skipped while the producers waited), received %d, lost %d%s\n", c.Sent, c.FailedInserts, c.SkippedInserts, c.Received, c.Lost, anomalies(c.Unacknowledged, c.BadSignatures))
+		fmt.Fprintf(w, "  sent %d (%d inserts failed, of which %d were found committed and are counted as sent; %d skipped while the producers waited), received %d, lost %d%s\n", c.Sent, c.FailedInserts, c.FailedCommitted, c.SkippedInserts, c.Received, c.Lost, anomalies(c.Unacknowledged, c.BadSignatures))
 		for k, n := range c.LostWhere {
 			fmt.Fprintf(w, "    lost, %s: %d\n", k, n)
 		}
-		fmt.Fprintf(w, "  duplicates %d, %s the bound of %d (attempts in flight at or during the faults)\n", c.Dups, within, c.DupBound)
-		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms (without the flapping endpoint: p99 %.0f ms, longest %.0f ms); drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.HealthyP99ms, c.HealthyMaxms, c.DrainSeconds, c.RSSMB)
+		fmt.Fprintf(w, "  duplicates %d (%d before any fault), each fault's %s its bound, the attempts in flight at it (%d in all)\n", c.Dups, c.DupsBeforeFaults, within, c.DupBound)
+		steady := "within"
+		if c.HealthyMaxms > c.SteadyBoundms {
+			steady = "ABOVE"
+		}
+		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms (measured/received %d/%d); without the flapping endpoint: p99 %.0f ms, longest %.0f ms, %s the bound of %.0f s; drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.Measured, c.Received, c.HealthyP99ms, c.HealthyMaxms, steady, c.SteadyBoundms/1000, c.DrainSeconds, c.RSSMB)
 	}
 	if s := r.Soak; s != nil {
 		fmt.Fprintf(w, "\nsoak: %d events/s over %d endpoints for %.0f s, one relay, sampled every %s:\n", s.Rate, s.Endpoints, s.Seconds, soakInterval)

@@ -27,6 +27,10 @@ type ledger struct {
 	dupIDs    []string    // which id each duplicate was
 	arrivals  int         // every delivery, first or not
 	missing   int         // committed and not yet arrived, kept for cheap waiting
+	// uncertain is the ids of inserts that errored or timed out: they
+	// may have committed all the same (the answer lost), and are looked
+	// up in the database (env.resolve) before the scenario is judged.
+	uncertain []string
 }
 
 func newLedger() *ledger {
@@ -47,6 +51,22 @@ func (l *ledger) commit(ids ...string) {
 			l.missing++
 		}
 	}
+}
+
+// doubt records the id of an insert that errored or timed out.
+func (l *ledger) doubt(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.uncertain = append(l.uncertain, id)
+}
+
+// doubted takes the ids recorded by doubt since the last call.
+func (l *ledger) doubted() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ids := l.uncertain
+	l.uncertain = nil
+	return ids
 }
 
 // arrive records a delivery of id at time at.

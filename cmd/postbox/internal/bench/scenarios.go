@@ -9,17 +9,22 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/postbox-relay/postbox/outbox"
 )
 
-// insertSQL inserts one event into the outbox (or a copy of it) and returns
-// its id; the QueryRow's Scan returns only once the implicit transaction's
-// commit has been acknowledged.
-const insertSQL = ` (endpoint, payload) VALUES ($1, $2) RETURNING event_id::text`
+// insertSQL inserts one event, its id given, into the outbox (or a copy of
+// it); the Exec returns only once the implicit transaction's commit has
+// been acknowledged. The id is the producer's so that an insert that
+// errored or timed out, which may have committed all the same, can be
+// looked up afterwards (env.resolve).
+const insertSQL = ` (event_id, endpoint, payload) VALUES ($1, $2, $3)`
 
 // produce writes event i for ep in its own transaction: a row of table,
 // or with o.Emit a message as outbox.Emit writes it (table is then not
-// used). It returns once the commit is acknowledged.
+// used). It returns once the commit is acknowledged, and the event's id
+// whether or not it did.
 func (e *env) produce(ctx context.Context, o Options, table, ep string, i int) (string, error) {
 	if o.Emit {
 		msg, id, err := outbox.EncodeMessage(outbox.Event{Endpoint: ep, Payload: []byte(payload(i))}, time.Now())
@@ -33,9 +38,39 @@ func (e *env) produce(ctx context.Context, o Options, table, ep string, i int) (
 		_, err = e.pool.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, $2::bytea)`, prefix, msg)
 		return id, err
 	}
-	var id string
-	err := e.pool.QueryRow(ctx, `INSERT INTO `+table+insertSQL, ep, payload(i)).Scan(&id)
+	id := outbox.NewEventID()
+	_, err := e.pool.Exec(ctx, `INSERT INTO `+table+insertSQL, id, ep, payload(i))
 	return id, err
+}
+
+// resolve looks up the inserts of led that errored or timed out (ledger.doubt)
+// in table and, for the outbox, postbox.events (an ingest with
+// outbox_retention 0 deletes the row it ingests): one found committed is
+// expected like any other, one not found never committed. It returns how
+// many were looked up and how many had committed. An emitted message is in
+// postbox.events only once ingested: resolve it after the relay caught up.
+func (e *env) resolve(ctx context.Context, led *ledger, table string) (doubted, committed int, err error) {
+	ids := led.doubted()
+	if len(ids) == 0 {
+		return 0, 0, nil
+	}
+	q := `SELECT event_id::text FROM ` + table + ` WHERE event_id = ANY($1::uuid[])`
+	if table == "postbox.outbox" {
+		q += ` UNION SELECT event_id::text FROM postbox.events WHERE event_id = ANY($1::uuid[])`
+	}
+	var found []string
+	_ = waitFor(ctx, 30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		var rows pgx.Rows
+		if rows, err = e.pool.Query(ctx, q, ids); err == nil {
+			found, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		return err == nil, nil // the server may still be coming back
+	})
+	if err != nil {
+		return len(ids), 0, fmt.Errorf("look up the inserts that errored: %w", err)
+	}
+	led.commit(found...)
+	return len(ids), len(found), nil
 }
 
 func payload(i int) string {
@@ -64,6 +99,10 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	fmt.Fprintf(e.log, "bench: latency, %d events/s over %d endpoints for %s (one hanging: %v)\n", o.Rate, o.Endpoints, o.Duration, hanging)
 	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
 	e.pace(ctx, o, "postbox.outbox", led, hanging)
+	if _, _, err := e.resolve(ctx, led, "postbox.outbox"); err != nil {
+		e.stopRelay()
+		return nil, err
+	}
 	waited := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	split := splitBetween(fromSplit, scrapeSplit(ctx, e.admin))
 	to, rss, err := e.endRun(ctx, waited)
@@ -78,7 +117,7 @@ func (e *env) latency(ctx context.Context, o Options, hanging bool) (*LatencyRes
 	e.dumpWALRecords(ctx, walRecordsFile, "latency", from.wal, to.wal, t.sent)
 	e.truncate(ctx, false)
 	res := &LatencyResult{
-		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received,
+		Rate: o.Rate, Endpoints: o.Endpoints, Hanging: hanging, Sent: t.sent, Received: t.received, Measured: len(lat),
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		RSSMB: rss, Costs: e.costs(ctx, from, to, t.sent), Split: split,
@@ -112,6 +151,7 @@ func (e *env) warmUp(ctx context.Context, o Options, table string, hanging bool)
 	w := o
 	w.Duration = o.Warmup
 	e.pace(ctx, w, table, led, hanging)
+	_, _, _ = e.resolve(ctx, led, table) // one not found is a loss of the warm-up's
 	_ = waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	t := led.tally()
 	return warmup{seconds: o.Warmup.Seconds(), sent: t.sent, lost: t.lost, dups: t.dups, signature: e.recv.scenarioBad(),
@@ -160,7 +200,11 @@ func (e *env) pace(ctx context.Context, o Options, table string, led *ledger, ha
 					ep = "hang"
 				}
 				id, err := e.produce(ctx, o, table, ep, i)
-				if err == nil && ep != "hang" {
+				switch {
+				case ep == "hang":
+				case err != nil:
+					led.doubt(id)
+				default:
 					led.commit(id)
 				}
 			}
@@ -176,8 +220,9 @@ func (e *env) pace(ctx context.Context, o Options, table string, led *ledger, ha
 
 // insertFlat inserts single-row transactions into table from o.Producers
 // connections as fast as they commit, for d; it returns how many
-// committed, and calls each (if not nil) with every committed event's id.
-func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Duration, each func(id string)) int {
+// committed, and calls each (if not nil) with every event's id and its
+// insert's error.
+func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Duration, each func(id string, err error)) int {
 	var sent atomic.Int64
 	var wg sync.WaitGroup
 	stop := time.Now().Add(d)
@@ -185,12 +230,11 @@ func (e *env) insertFlat(ctx context.Context, o Options, table string, d time.Du
 		wg.Go(func() {
 			for i := w; time.Now().Before(stop) && ctx.Err() == nil; i += o.Producers {
 				id, err := e.produce(ctx, o, table, fmt.Sprintf("ep-%d", i%o.Endpoints), i)
-				if err != nil {
-					continue
-				}
-				sent.Add(1)
 				if each != nil {
-					each(id)
+					each(id, err)
+				}
+				if err == nil {
+					sent.Add(1)
 				}
 			}
 		})
@@ -219,7 +263,13 @@ func (e *env) produceFlat(ctx context.Context, o Options, table string, led *led
 		}
 	}()
 	start := time.Now()
-	res.Sent = e.insertFlat(ctx, o, table, o.Duration, func(id string) { led.commit(id) })
+	res.Sent = e.insertFlat(ctx, o, table, o.Duration, func(id string, err error) {
+		if err != nil {
+			led.doubt(id)
+			return
+		}
+		led.commit(id)
+	})
 	res.loadEnd = time.Now()
 	<-sampled
 	res.LagAtEnd = led.pending()
@@ -263,6 +313,10 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	}
 	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
 	e.produceFlat(ctx, o, "postbox.outbox", led, res)
+	if _, _, err := e.resolve(ctx, led, "postbox.outbox"); err != nil {
+		e.stopRelay()
+		return nil, err
+	}
 	sent := res.Sent
 	err = waitFor(ctx, 5*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	res.DrainSeconds = time.Since(res.loadEnd).Seconds()
@@ -281,6 +335,7 @@ func (e *env) load(ctx context.Context, o Options) (*LoadResult, error) {
 	res.P50ms, res.P99ms = quantile(lat, 0.50), quantile(lat, 0.99)
 	res.Over50ms = shareOver(lat, 50)
 	res.Lost, res.Dups, res.Unacknowledged = t.lost, t.dups, t.unacknowledged
+	res.Received, res.Measured = t.received, len(lat)
 	res.BadSignatures = e.recv.scenarioBad()
 	e.dumpWALRecords(ctx, walRecordsFile, "load", from.wal, to.wal, sent)
 	e.truncate(ctx, false)
@@ -328,17 +383,31 @@ func (e *env) endRun(ctx context.Context, waitErr error) (to meter, rssMB float6
 	return to, rssMB, nil
 }
 
+// catchupBulkRows is the rows of each of catchup-bulk's transactions.
+const catchupBulkRows = 1000
+
 // catchup queues o.Backlog events while the relay is down, then starts it
-// and waits for every one of them.
-func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
+// and waits for every one of them. The backlog is written one event a
+// transaction by o.Producers producers (perTx 1: as an application commits
+// its events), or in transactions of perTx rows one after the other,
+// which the relay ingests by its bulk-copy path.
+func (e *env) catchup(ctx context.Context, o Options, perTx int) (*CatchupResult, error) {
 	led := e.recv.reset()
 	if err := e.ensureSchema(ctx); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(e.log, "bench: catch-up, queueing %d events while the relay is down\n", o.Backlog)
-	for done := 0; done < o.Backlog; done += 1000 {
-		if err := e.queue(ctx, o, led, done, min(1000, o.Backlog-done)); err != nil {
-			return nil, err
+	res := &CatchupResult{Backlog: o.Backlog, Endpoints: o.Endpoints, EventsPerTransaction: perTx, Producers: 1}
+	if perTx == 1 {
+		res.Producers = o.Producers
+	}
+	fmt.Fprintf(e.log, "bench: %s, queueing %d events while the relay is down, %s\n", res.name(), o.Backlog, res.written())
+	if perTx == 1 {
+		e.queueEach(ctx, o, led)
+	} else {
+		for done := 0; done < o.Backlog; done += perTx {
+			if err := e.queue(ctx, o, led, done, min(perTx, o.Backlog-done)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	e.settle(ctx)
@@ -348,6 +417,14 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 		return nil, err
 	}
 	err := waitFor(ctx, 10*time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+	if err == nil {
+		// An insert that errored may have committed (an emitted message
+		// is found only once ingested): those found are waited for too.
+		var found int
+		if _, found, err = e.resolve(ctx, led, "postbox.outbox"); err == nil && found > 0 {
+			err = waitFor(ctx, time.Minute, 20*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
+		}
+	}
 	elapsed := time.Since(start)
 	to, rss, err := e.endRun(ctx, err)
 	if err != nil {
@@ -364,14 +441,53 @@ func (e *env) catchup(ctx context.Context, o Options) (*CatchupResult, error) {
 		}
 	}
 	drain := hi.Sub(lo).Seconds()
-	e.dumpWALRecords(ctx, walRecordsFile, "catch-up", from.wal, to.wal, t.received)
+	e.dumpWALRecords(ctx, walRecordsFile, res.name(), from.wal, to.wal, t.received)
 	e.truncate(ctx, false)
-	return &CatchupResult{
-		Backlog: o.Backlog, Endpoints: o.Endpoints, Seconds: elapsed.Seconds(), DrainSeconds: drain,
-		Rate: float64(t.received) / elapsed.Seconds(), DrainRate: float64(t.received) / drain,
-		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(), RSSMB: rss,
-		Costs: e.costs(ctx, from, to, t.received),
-	}, nil
+	res.Seconds, res.DrainSeconds = elapsed.Seconds(), drain
+	res.Rate, res.DrainRate = float64(t.received)/elapsed.Seconds(), float64(t.received)/drain
+	res.Lost, res.Dups, res.Unacknowledged, res.BadSignatures, res.RSSMB = t.lost, t.dups, t.unacknowledged, e.recv.scenarioBad(), rss
+	res.Costs = e.costs(ctx, from, to, t.received)
+	return res, nil
+}
+
+// name is the scenario's name.
+func (c *CatchupResult) name() string {
+	if c.EventsPerTransaction > 1 {
+		return "catchup-bulk"
+	}
+	return "catchup"
+}
+
+// written says how the backlog was written.
+func (c *CatchupResult) written() string {
+	if c.EventsPerTransaction > 1 {
+		return fmt.Sprintf("written in transactions of %d events, one after the other", c.EventsPerTransaction)
+	}
+	return fmt.Sprintf("written one event a transaction by %d producers", c.Producers)
+}
+
+// queueEach writes o.Backlog events, each in its own transaction, from
+// o.Producers producers, and records their ids once committed.
+func (e *env) queueEach(ctx context.Context, o Options, led *ledger) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range o.Producers {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= o.Backlog {
+					return
+				}
+				id, err := e.produce(ctx, o, "postbox.outbox", fmt.Sprintf("ep-%d", i%o.Endpoints), i)
+				if err != nil {
+					led.doubt(id)
+					continue
+				}
+				led.commit(id)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // queue writes n events, numbered from first, in one transaction, as

@@ -102,6 +102,10 @@ func (e *env) soak(ctx context.Context, o Options) (*SoakResult, error) {
 	failed, skipped := e.produceChaos(ctx, led, o.Rate, o.Endpoints, o.Duration)
 	res.FailedInserts = failed + skipped
 	<-sampled
+	if _, _, err := e.resolve(ctx, led, "postbox.outbox"); err != nil {
+		e.stopRelay()
+		return nil, err
+	}
 	err := waitFor(ctx, time.Minute, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	e.stopRelay()
 	if err != nil {

@@ -24,10 +24,8 @@ import (
 // delivery written delivered with its attempt), and every record costs
 // the walsender a turn of its loop; it skips the arrays' unnest too. The
 // look-up and the three copies cost a round trip each, so the smallest
-// batches insert. From 8 on the copy pays at live rates too: at 200
-// events/s it cut the WAL records per event from 17.9–19.2 to 15.2–15.4
-// with the same latency, and under full load from 16.5 to 14.6–15.0
-// (postbox bench, against 32, the first threshold).
+// batches insert. From 8 on the copy pays at live rates too
+// (docs/benchmarks.md).
 //
 // Only an ingest alone copies: beside another ingest of the same rows
 // (SetConcurrent) it needs ON CONFLICT, which COPY has not. It skips the

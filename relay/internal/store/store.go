@@ -3,9 +3,14 @@
 // with FOR UPDATE SKIP LOCKED and a lease, results, lease expiry), and the
 // reconciliation of outbox rows that the stream did not bring.
 //
-// Each file holds the SQL of one table family: events.go (events and the
-// checkpoint), queue.go (deliveries, latency samples, endpoint health),
-// preflight.go (server settings).
+// Each file holds one concern and its SQL. The ingest: events.go (its
+// writes), ingest_copy.go (the COPY path), checkpoint.go (commit and
+// checkpoint), leadership.go (fencing), outbox.go (reconciliation reads,
+// purge). The queue: queue.go (claims), record.go (results), health.go,
+// histogram.go, park.go, underway.go (events under way), release.go
+// (returned claims), replay.go. Instances: instances.go (registry,
+// liveness). Upkeep: retention.go, migrate.go. The server: preflight.go,
+// privileges.go, emitgrants.go, transient.go (error classes).
 package store
 
 import (

@@ -1,0 +1,195 @@
+// The outbox table as the relay reads it: its row, the reconciliation's
+// reads (Snapshot, UningestedOutbox), the purge, and the endpoint name cut.
+
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/postbox-relay/postbox/relay/internal/state"
+)
+
+// OutboxRow is one outbox row, its columns decoded by their types: what
+// the WAL stream decodes (wal) and reconciliation reads
+// (UningestedOutbox), and what the ingest writes (NewEvent).
+type OutboxRow struct {
+	state.Event
+	OutboxID int64 // 0 for a logical decoding message
+	// PayloadTooLarge is the payload's size when it was above max_body
+	// and so not read (Payload is then nil).
+	PayloadTooLarge int
+	// Invalid says why the row cannot be delivered as it stands (a
+	// contract column missing or unreadable, a created_at that is not a
+	// finite time); it becomes a dead letter with it.
+	Invalid string
+}
+
+// Snapshot returns a snapshot of now (pg_current_snapshot) and a WAL
+// position at or after every commit it sees.
+func (s *Store) Snapshot(ctx context.Context) (string, pglogrepl.LSN, error) {
+	var snap, lsn string
+	if err := s.Pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text, pg_current_wal_lsn()::text`).Scan(&snap, &lsn); err != nil {
+		return "", 0, fmt.Errorf("snapshot: %w", err)
+	}
+	pos, err := pglogrepl.ParseLSN(lsn)
+	return snap, pos, err
+}
+
+// UningestedOutbox returns up to limit outbox rows with id > after that are
+// not in postbox.events and that were committed as of snapshot (see
+// Snapshot; "" for all), in id order. Rows committed later are the
+// stream's to bring.
+//
+// A row's xmin is a 32-bit transaction id; it is widened to the 64-bit
+// form pg_visible_in_snapshot takes with the epoch of the snapshot's
+// xmax (one less when the id is above xmax's low half, i.e. from before
+// the last wraparound).
+func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, snapshot string, maxBody int64) ([]OutboxRow, error) {
+	rows, err := s.Pool.Query(ctx, `
+		WITH snap AS (
+		  SELECT $3::text::pg_snapshot AS s, pg_snapshot_xmax($3::text::pg_snapshot)::text::int8 AS xmax8
+		  WHERE $3::text <> ''
+		)
+		SELECT o.id, o.event_id::text, o.endpoint, coalesce(o.url, ''), o.event_type,
+		       CASE WHEN octet_length(o.payload::text) <= $4 THEN o.payload::text END, octet_length(o.payload::text),
+		       o.headers::text, o.created_at::timestamptz
+		FROM `+s.Table.Ident()+` o
+		WHERE o.id > $1
+		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = left(o.endpoint, `+endpointKept+`))
+		  AND ($3::text = '' OR (SELECT pg_visible_in_snapshot(
+		        ((((snap.xmax8 >> 32) - CASE WHEN o.xmin::text::int8 > (snap.xmax8 & 4294967295) THEN 1 ELSE 0 END) << 32)
+		          | o.xmin::text::int8)::text::xid8, snap.s) FROM snap))
+		ORDER BY o.id LIMIT $2`, after, limit, snapshot, maxBody)
+	if err != nil {
+		return nil, fmt.Errorf("read outbox: %w", needs(err, s.outboxNeeds("SELECT", "reconciliation")))
+	}
+	defer rows.Close()
+	var out []OutboxRow
+	for rows.Next() {
+		var r OutboxRow
+		var endpoint, eventType, payload, headers *string
+		var size *int
+		var created pgtype.Timestamptz
+		if err := rows.Scan(&r.OutboxID, &r.EventID, &endpoint, &r.URL, &eventType, &payload, &size, &headers, &created); err != nil {
+			return nil, fmt.Errorf("read outbox: %w", err)
+		}
+		if payload == nil && size != nil {
+			// Above maxBody: measured, not read, as the stream does.
+			r.PayloadTooLarge = *size
+		}
+		// A NULL where the contract wants a value (a table made by hand)
+		// makes the row a dead letter, as the stream does; it never stops
+		// reconciliation.
+		for _, c := range []struct {
+			name string
+			v    *string
+			dst  *string
+		}{{"endpoint", endpoint, &r.Endpoint}, {"payload", payload, nil}, {"event_type", eventType, &r.EventType}} {
+			switch {
+			case c.v == nil && c.name != "event_type" && (c.name != "payload" || r.PayloadTooLarge == 0):
+				r.Invalid = "invalid_row: column " + c.name + " missing or unreadable"
+			case c.v != nil && c.dst != nil:
+				*c.dst = *c.v
+			}
+		}
+		switch {
+		case r.Invalid != "":
+		case created.Valid && created.InfinityModifier == pgtype.Finite:
+			r.CreatedAt = created.Time
+		case created.Valid:
+			r.Invalid = "invalid_row: column created_at in " + s.Table.String() + " is not a time: " + created.InfinityModifier.String()
+		}
+		if payload != nil {
+			r.Payload = []byte(*payload)
+		}
+		if headers != nil {
+			r.Headers = []byte(*headers)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read outbox: %w", needs(err, s.outboxNeeds("SELECT", "reconciliation")))
+	}
+	return out, nil
+}
+
+// PurgeIngestedOutbox looks at up to window outbox rows, in the order of
+// their ids, from the first after after, and deletes those older than
+// retention that have been ingested (their event id and endpoint are in
+// postbox.events). It returns how many it deleted and where the next
+// purge goes on: after the last row it looked at, or from the start (0)
+// once it reached the end of the table or a row younger than retention.
+//
+// It reads the table through its primary key, a window at a time, never
+// the whole table: an outbox kept for hours holds hours of rows, and one
+// that is emptied at the ingest (retention 0) holds its deleted rows
+// until vacuum. Ids follow the inserts, so the oldest rows come first;
+// rows that are old but not ingested (left for reconciliation) do not
+// stop the purge, which steps over them to the rows after.
+func (s *Store) PurgeIngestedOutbox(ctx context.Context, retention time.Duration, after int64, window int) (deleted, next int64, err error) {
+	var last int64
+	var seen int
+	var young bool
+	err = s.Pool.QueryRow(ctx, purgeOutboxSQL(s.Table.Ident()), retention.Seconds(), after, window).Scan(&deleted, &last, &seen, &young)
+	if err != nil {
+		return 0, 0, fmt.Errorf("purge outbox: %w", needs(err, s.outboxNeeds("SELECT, DELETE", "the outbox purge")))
+	}
+	if seen < window || young {
+		return deleted, 0, nil
+	}
+	return deleted, last, nil
+}
+
+// purgeOutboxSQL is PurgeIngestedOutbox's statement for the outbox table
+// (its quoted name): of the window of rows after $2 ($3 of them), it
+// deletes those older than $1 seconds that are ingested, and returns how
+// many it deleted, the window's last id, its size and whether a row of it
+// is younger than $1.
+func purgeOutboxSQL(table string) string {
+	return `
+		WITH w AS MATERIALIZED (
+		  SELECT o.id, o.event_id, o.endpoint, o.created_at < now() - $1 * interval '1 second' AS old
+		  FROM ` + table + ` o WHERE o.id > $2 ORDER BY o.id LIMIT $3
+		), gone AS (
+		  DELETE FROM ` + table + ` o USING w
+		  WHERE o.id = w.id AND w.old
+		    AND EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = w.event_id AND e.endpoint = left(w.endpoint, ` + endpointKept + `))
+		  RETURNING o.id
+		)
+		SELECT (SELECT count(*) FROM gone), coalesce((SELECT max(id) FROM w), 0), (SELECT count(*) FROM w),
+		       coalesce((SELECT NOT bool_and(old) FROM w), false)`
+}
+
+// endpointKept is StoredEndpoint's cut in SQL: left(name, it).
+var endpointKept = strconv.Itoa(MaxEndpointLen + 1)
+
+// MaxEndpointLen is the longest endpoint name, in bytes, a row may give:
+// the console shows names in lists and headings, and a name is part of
+// several index keys (an index entry has a size limit). A longer one is a
+// dead letter (invalid_row), stored under StoredEndpoint's cut of it.
+const MaxEndpointLen = 200
+
+// StoredEndpoint is the name an event of endpoint name is stored under:
+// the name itself, or for one longer than MaxEndpointLen its first
+// MaxEndpointLen+1 characters, which SQL's left() gives too (so the
+// reconciliation and the outbox purge match a row to its event), and
+// which is still too long to be delivered when replayed.
+func StoredEndpoint(name string) string {
+	if len(name) <= MaxEndpointLen {
+		return name
+	}
+	n := 0
+	for i := range name {
+		if n == MaxEndpointLen+1 {
+			return name[:i]
+		}
+		n++
+	}
+	return name
+}

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/admin"
@@ -572,13 +571,13 @@ func (r *Relay) Streaming() bool {
 
 // walsenderCPU is the CPU of the walsender streaming this instance's
 // session, where it runs on this machine (telemetry.Metrics.SetWalsender).
-func (r *Relay) walsenderCPU() (proc.CPU, bool) {
+func (r *Relay) walsenderCPU() (telemetry.WalsenderCPU, bool) {
 	s := r.svc.Load()
 	if s == nil {
-		return proc.CPU{}, false
+		return telemetry.WalsenderCPU{}, false
 	}
 	_, c, ok := s.ingest.WalsenderCPU()
-	return c, ok
+	return telemetry.WalsenderCPU{Ran: c.Ran, Waited: c.Waited, Nice: c.Nice}, ok
 }
 
 // Durable is the LSN up to which outbox transactions are ingested.

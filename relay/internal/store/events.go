@@ -360,9 +360,6 @@ func insertEventsStatements(keys []string, concurrent bool) *insertStatements {
 	return &insertStatements{many: withoutDelivered(many), one: withoutDelivered(one), manyDone: many, oneDone: one}
 }
 
-// InTx reports whether a transaction is open.
-func (ic *IngestConn) InTx() bool { return ic.inTx }
-
 // Insert writes events (deduplicated by event id and endpoint) in the open
 // transaction, opening one if needed. With deleteOutbox (outbox_retention
 // 0) it deletes their outbox rows in the same transaction, so a

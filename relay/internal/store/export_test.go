@@ -43,3 +43,6 @@ const CopyAttemptsMin = copyAttemptsMin
 // CopyEventsMin is the batch size from which an ingest alone copies its
 // events.
 const CopyEventsMin = copyEventsMin
+
+// InTx reports whether a transaction is open.
+func (ic *IngestConn) InTx() bool { return ic.inTx }

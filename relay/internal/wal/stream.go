@@ -107,7 +107,6 @@ type Stream[P any] struct {
 // Defaults of Options.
 const (
 	StatusIntervalDefault = 10 * time.Second
-	StallTimeoutDefault   = 3 * StatusIntervalDefault
 	DrainTimeoutDefault   = 30 * time.Second
 	ChunkRowsDefault      = 1000
 	ChunkBytesDefault     = 1 << 20

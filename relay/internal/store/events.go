@@ -43,7 +43,7 @@ type NewEvent struct {
 	PayloadDropped int
 	// UnderWay (with Status InFlight) asks that a copied batch write the
 	// event alone, its delivery to be written once its attempt ends
-	// (RecordUnderWay), and name it in a range of the ingesting instance
+	// (recordUnderWay), and name it in a range of the ingesting instance
 	// (Ingested.Range). A batch inserted by the statement writes it in
 	// flight all the same.
 	UnderWay bool

@@ -26,7 +26,7 @@ type Claimed struct {
 	AttemptCount int
 	CommittedAt  time.Time // zero when unknown
 	// EventPK and Range name an event under way (DeliveryID is 0): its
-	// delivery is written when its attempt ends (RecordUnderWay).
+	// delivery is written when its attempt ends (recordUnderWay).
 	EventPK, Range int64
 }
 
@@ -441,7 +441,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	// (firstOnDelivery).
 	var attempts attemptRows
 	var written, inline []int  // indexes into rs
-	var under []UnderWayResult // events under way: their deliveries are inserted
+	var under []underWayResult // events under way: their deliveries are inserted
 	for i := range rs {
 		r := &rs[i]
 		if r.Written {
@@ -449,7 +449,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			continue
 		}
 		if r.DeliveryID == 0 && r.Range != 0 {
-			under = append(under, UnderWayResult{Result: r,
+			under = append(under, underWayResult{Result: r,
 				Inline: hist != nil && firstOnDelivery(*r)})
 			continue
 		}
@@ -510,7 +510,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			// recorder counts them in memory.
 			var underAttempts attemptRows
 			if len(under) > 0 {
-				ids, err := RecordUnderWay(ctx, tx, owner, under)
+				ids, err := recordUnderWay(ctx, tx, owner, under)
 				if err != nil {
 					return err
 				}
@@ -839,7 +839,7 @@ func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit i
 			n = tag.RowsAffected()
 			// Their events under way get pending deliveries.
 			err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-				queued, err := SweepUnderWay(ctx, tx, dead, lane)
+				queued, err := sweepOwnersUnderWay(ctx, tx, dead, lane)
 				n += queued
 				return err
 			})
@@ -909,7 +909,7 @@ func (s *Store) ReleaseOwned(ctx context.Context, owner string, lane LaneFunc) (
 	// Its events under way, not attempted or not recorded, are queued as
 	// a dead owner's would be.
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		queued, err := SweepUnderWay(ctx, tx, []string{owner}, lane)
+		queued, err := sweepOwnersUnderWay(ctx, tx, []string{owner}, lane)
 		n += queued
 		return err
 	})

@@ -181,7 +181,7 @@ type Plan func(s Session) (start, skipBefore pglogrepl.LSN, err error)
 // closes the connection. started, when not nil, is called once replication
 // has started.
 func (s *Stream[P]) Run(ctx context.Context, plan Plan, out *Queue[P], ack Acker, started func(Session)) error {
-	conn, err := Connect(ctx, s.opts.ConnString)
+	conn, err := connect(ctx, s.opts.ConnString)
 	if err != nil {
 		out.Close()
 		return err

@@ -135,8 +135,8 @@ func (tb *testBundle) startAny(t *testing.T, opts relay.Options) *relay.Relay {
 func (tb *testBundle) newRelay(t *testing.T, opts relay.Options) *relay.Relay {
 	t.Helper()
 	opts.Logger = zerolog.New(tb.logs).Level(tb.logLevel).With().Timestamp().Logger()
-	if opts.HTTP.BeneathGuard == nil {
-		opts.HTTP.BeneathGuard = loopbackOnly(t)
+	if !opts.HasBeneathGuard() {
+		opts = opts.WithBeneathGuard(loopbackOnly(t))
 	}
 	r, err := relay.New(tb.resolved(t), opts)
 	require.NoError(t, err)

@@ -7,16 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/admin"
@@ -42,26 +41,31 @@ var Version = "dev"
 // Config is postbox's configuration (see package config).
 type Config = config.Config
 
-// Options are the relay's replaceable parts, for tests and embedding.
+// Options are the relay's replaceable parts for an application that embeds
+// it.
 type Options struct {
 	Logger zerolog.Logger
 	// InstanceID names this instance in leases; a random one by default.
 	InstanceID string
-	// Now is the clock for timestamps; time.Now by default.
-	Now func() time.Time
-	// Rand returns floats in [0,1) for backoff jitter; math/rand by default.
-	Rand func() float64
-	// HTTP configures the delivery client (its dialer, clock).
-	HTTP deliver.Options
 	// Pool, when set, is the application's own pool for postbox's queries
 	// (configure it with ConfigurePool, and give it PoolSize connections
 	// to spare). The relay never closes it. The replication connection
 	// still comes from the configuration's database_url.
 	Pool *pgxpool.Pool
-	// IngestLinger is how long the ingest of a live transaction waits for
+
+	// The parts below are the tests' (export_test.go sets them).
+
+	// now is the clock for timestamps; time.Now by default.
+	now func() time.Time
+	// rand returns floats in [0,1) for backoff jitter; math/rand by default.
+	rand func() float64
+	// beneathGuard is asked about every address the relay's guard lets
+	// through, just before the connect (see guard.Dialer).
+	beneathGuard func(netip.AddrPort) error
+	// ingestLinger is how long the ingest of a live transaction waits for
 	// the transactions that follow, to commit them together
-	// (ingest.LingerDefault when zero). For tests.
-	IngestLinger time.Duration
+	// (ingest.LingerDefault when zero).
+	ingestLinger time.Duration
 }
 
 // Relay streams the outbox and delivers its events. Start it, Stop it.
@@ -124,22 +128,20 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	if r.owner == "" {
 		r.owner = newInstanceID()
 	}
-	if r.opts.Now == nil {
-		r.opts.Now = time.Now
+	if r.opts.now == nil {
+		r.opts.now = time.Now
 	}
-	if r.opts.Rand == nil {
-		r.opts.Rand = rand.Float64
+	if r.opts.rand == nil {
+		r.opts.rand = rand.Float64
 	}
-	r.faults = service.NewFaults(opts.Logger.With().Str("component", "database").Logger(), r.opts.Now)
+	r.faults = service.NewFaults(opts.Logger.With().Str("component", "database").Logger(), r.opts.now)
 	r.metrics.SetWalsender(r.walsenderCPU)
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
-	copts := opts.HTTP
-	copts.UserAgent = "postbox/" + Version
-	if copts.DialContext == nil {
-		copts.DialContext = guard.Dialer(func() guard.Guard { return execute.Guard(r.cfg.Load()) }, copts.BeneathGuard)
-	}
-	r.client = deliver.NewClient(copts)
+	r.client = deliver.NewClient(deliver.Options{
+		UserAgent:   "postbox/" + Version,
+		DialContext: guard.Dialer(func() guard.Guard { return execute.Guard(r.cfg.Load()) }, opts.beneathGuard),
+	})
 	r.hardCtx, r.hardStop = context.WithCancel(context.Background())
 	return r, nil
 }
@@ -182,7 +184,7 @@ func (r *Relay) start(ctx context.Context) error {
 	cfg := r.cfg.Load()
 	if cfg.AdminListen != "" {
 		pages := console.New(console.Options{Pool: r.pool, Config: r.cfg.Load, Loopback: admin.LoopbackAddr(cfg.AdminListen),
-			Version: Version, Log: r.opts.Logger, Now: r.opts.Now})
+			Version: Version, Log: r.opts.Logger, Now: r.opts.now})
 		var certs *admin.TLS
 		if cfg.AdminTLSCert != "" {
 			var err error
@@ -232,7 +234,7 @@ func (r *Relay) start(ctx context.Context) error {
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
 	s.disp.Connect(s.recorder, s.claimer)
 	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Kept: s.claimer.Wake, Alone: env.Alone,
-		Linger: r.opts.IngestLinger, Fatal: r.fail})
+		Linger: r.opts.ingestLinger, Fatal: r.fail})
 	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload,
 		WalsenderCPU: s.ingest.WalsenderCPU})
 
@@ -277,7 +279,7 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 	env := service.NewEnv(&r.cfg)
 	env.Store = &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	env.Log, env.Metrics, env.Owner, env.Version = r.opts.Logger, r.metrics, r.owner, Version
-	env.Now, env.Rand = r.opts.Now, r.opts.Rand
+	env.Now, env.Rand = r.opts.now, r.opts.rand
 	env.Faults = r.faults
 	if err := store.Preflight(ctx, pool); err != nil {
 		return nil, err
@@ -572,21 +574,13 @@ func (r *Relay) Streaming() bool {
 
 // walsenderCPU is the CPU of the walsender streaming this instance's
 // session, where it runs on this machine (telemetry.Metrics.SetWalsender).
-func (r *Relay) walsenderCPU() (proc.CPU, bool) {
+func (r *Relay) walsenderCPU() (telemetry.WalsenderCPU, bool) {
 	s := r.svc.Load()
 	if s == nil {
-		return proc.CPU{}, false
+		return telemetry.WalsenderCPU{}, false
 	}
 	_, c, ok := s.ingest.WalsenderCPU()
-	return c, ok
-}
-
-// Durable is the LSN up to which outbox transactions are ingested.
-func (r *Relay) Durable() pglogrepl.LSN {
-	if s := r.svc.Load(); s != nil {
-		return s.ingest.Durable().Get()
-	}
-	return 0
+	return telemetry.WalsenderCPU{Ran: c.Ran, Waited: c.Waited, Nice: c.Nice}, ok
 }
 
 // Metrics are the relay's Prometheus metrics.

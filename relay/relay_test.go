@@ -78,7 +78,7 @@ func TestRetriesWithBackoffUntilSuccess(t *testing.T) {
 		ec.BackoffBase = &b
 	})
 	// The jitter's top: each wait is its full ceiling, base·2^(n-1).
-	tb.start(t, relay.Options{Rand: func() float64 { return 0.999 }})
+	tb.start(t, relay.Options{}.WithRand(func() float64 { return 0.999 }))
 
 	ids := tb.insert(t, outbox.Event{Endpoint: "flaky", Payload: []byte(`{"n":1}`)})
 	tb.waitSettled(t, 1, 20*time.Second)

@@ -18,7 +18,6 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
-	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
@@ -41,12 +40,12 @@ func TestBlockedTargetsAreNeverContacted(t *testing.T) {
 	_, port, _ := net.SplitHostPort(rc.Listener.Addr().String())
 	var mu sync.Mutex
 	var dialled []string
-	tb.start(t, relay.Options{HTTP: deliver.Options{BeneathGuard: func(ap netip.AddrPort) error {
+	tb.start(t, relay.Options{}.WithBeneathGuard(func(ap netip.AddrPort) error {
 		mu.Lock()
 		dialled = append(dialled, ap.String())
 		mu.Unlock()
 		return errors.New("tripwire: the guard let " + ap.String() + " through")
-	}}})
+	}))
 	cases := map[string]string{
 		"http://127.0.0.1:" + port + "/hook":      "blocked_target: 127.0.0.1 is loopback",
 		"http://localhost:" + port + "/hook":      "blocked_target: ",

@@ -193,7 +193,7 @@ func TestALaneEndsTheIngestLinger(t *testing.T) {
 	tb := setup(t)
 	rc := newReceiver(t, nil)
 	tb.endpoint(t, "ep", rc.URL, func(ec *config.EndpointConfig) { ec.MaxInFlight = intp(2) })
-	tb.start(t, relay.Options{IngestLinger: time.Hour})
+	tb.start(t, relay.Options{}.WithIngestLinger(time.Hour))
 	ids := tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":1}`)})
 	require.Eventually(t, func() bool { return rc.count() == 1 }, 20*time.Second, 5*time.Millisecond)
 	// The ingest of the first now lingers: two more, each its own
@@ -220,7 +220,7 @@ func TestAQueuedDeliveryEndsTheIngestLinger(t *testing.T) {
 	rc := newReceiver(t, nil)
 	tb.endpoint(t, "ep", rc.URL, nil)
 	tb.endpoint(t, "ord", rc.URL, func(ec *config.EndpointConfig) { ec.Ordered = new(bool); *ec.Ordered = true })
-	tb.start(t, relay.Options{IngestLinger: time.Hour})
+	tb.start(t, relay.Options{}.WithIngestLinger(time.Hour))
 	tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":1}`)})
 	require.Eventually(t, func() bool { return rc.count() == 1 }, 20*time.Second, 5*time.Millisecond)
 	tb.insert(t, outbox.Event{Endpoint: "ord", Payload: []byte(`{"n":2}`)})
@@ -268,7 +268,7 @@ func TestADeliveryDoneBeforeItsIngestIsWrittenOnce(t *testing.T) {
 		return http.StatusOK
 	})
 	tb.endpoint(t, "ep", rc.URL+"/hook", nil)
-	r := tb.start(t, relay.Options{IngestLinger: time.Second})
+	r := tb.start(t, relay.Options{}.WithIngestLinger(time.Second))
 	// The second transaction arrives while the first's ingest lingers
 	// (two arriving together would be a backlog, committed at once).
 	ids := tb.insert(t, outbox.Event{Endpoint: "ep", Payload: []byte(`{"n":"ok"}`)})

@@ -49,7 +49,7 @@ func TestKilledBetweenIngestAndDelivery(t *testing.T) {
 	// In flight at the kill: deliveries the table holds in flight, and first
 	// attempts started from the stream before their ingest committed, which
 	// the table does not show yet: at most 4 × max_in_flight - 1 for the
-	// lane (dispatch.AheadLimit).
+	// lane (dispatch's aheadLimit).
 	const aheadOfIngest = 4*4 - 1
 	require.LessOrEqual(t, len(dups), inFlight+aheadOfIngest, "only attempts in flight at the kill repeat")
 	require.Equal(t, n, queryInt(t, pool, `SELECT count(*) FROM postbox.events`), "each event ingested once")
@@ -174,7 +174,7 @@ func TestKilledBetweenDeliveryAndRecording(t *testing.T) {
 	// In flight at the kill: deliveries the table holds in flight, and first
 	// attempts started from the stream before their ingest committed, which
 	// the table does not show yet: at most 4 × max_in_flight - 1 for the
-	// lane (dispatch.AheadLimit).
+	// lane (dispatch's aheadLimit).
 	const aheadOfIngest = 4*4 - 1
 	require.LessOrEqual(t, len(dups), inFlight+aheadOfIngest, "only attempts in flight at the kill repeat")
 	t.Logf("sent %d, received %d distinct in %d requests, %d duplicated (in flight at kill: %d)", n, distinct, total, len(dups), inFlight)

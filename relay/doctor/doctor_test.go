@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -69,7 +70,10 @@ func TestDoctorMeasuresTheSlotsWalsender(t *testing.T) {
 	_, err = wal.CreateSlot(ctx, dbURL, slot)
 	require.NoError(t, err)
 
-	conn, err := wal.Connect(ctx, dbURL)
+	rc, err := pgconn.ParseConfig(dbURL)
+	require.NoError(t, err)
+	rc.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, rc)
 	require.NoError(t, err)
 	defer func() { _ = conn.Close(context.Background()) }()
 	require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{

@@ -9,11 +9,11 @@ import (
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
-// EndpointQueuesSQL counts the unfinished and dead-lettered deliveries per
+// endpointQueuesSQL counts the unfinished and dead-lettered deliveries per
 // endpoint, each state through its own partial index: a scan of all
 // deliveries for "status IN (…)" reads every delivered row too. Events
 // under way (no delivery written yet) count in flight.
-const EndpointQueuesSQL = `
+const endpointQueuesSQL = `
 SELECT endpoint, 'pending', count(*) FROM postbox.deliveries WHERE status = 'pending' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
 UNION ALL
 SELECT endpoint, 'failed', count(*) FROM postbox.deliveries WHERE status = 'failed' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
@@ -43,7 +43,7 @@ func LoadEndpointsRefreshed(ctx context.Context, q Querier, endpoint string) ([]
 			out = append(out, e)
 		}
 	}
-	rows, err := q.Query(ctx, EndpointQueuesSQL, endpoint)
+	rows, err := q.Query(ctx, endpointQueuesSQL, endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("endpoint queues: %w", err)
 	}

@@ -10,3 +10,11 @@ const (
 	PerMinuteSQL        = perMinuteSQL
 	ExactPercentilesSQL = exactPercentilesSQL
 )
+
+// The statements behind Summary and the endpoints' queue counts, whose
+// plans the tests check.
+const (
+	SummarySQL        = summarySQL
+	DeliveryHourSQL   = deliveryHourSQL
+	EndpointQueuesSQL = endpointQueuesSQL
+)

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
@@ -183,8 +182,26 @@ func (m *Metrics) Streaming(on bool) {
 	}
 }
 
-// Recorded counts a recorded result.
-func (m *Metrics) Recorded(r state.Result) {
+// Outcome is what the metrics count of one recorded delivery outcome.
+type Outcome struct {
+	Endpoint string
+	// Status is delivered, failed, dead_letter or released (back to the
+	// queue unattempted).
+	Status postboxtype.DeliveryState
+	// Sampled is true when a request was sent; ResponseMS is then its
+	// duration.
+	Sampled    bool
+	ResponseMS float64
+	// CommitToDeliveryMS is from the event's commit to its delivery (-1
+	// when unknown).
+	CommitToDeliveryMS float64
+	// StreamToAttempt is postbox's own share of a first attempt started
+	// from the stream (0 for other attempts).
+	StreamToAttempt time.Duration
+}
+
+// Recorded counts a recorded outcome.
+func (m *Metrics) Recorded(r Outcome) {
 	ep := m.Label(r.Endpoint)
 	m.deliveries.WithLabelValues(ep, r.Status.String()).Inc()
 	if r.Sampled {

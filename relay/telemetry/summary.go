@@ -87,12 +87,12 @@ type Summary struct {
 	At                      time.Time  `json:"at"`
 }
 
-// SummarySQL is the seed's monitoring query but for the last hour's
-// deliveries (DeliveryHourSQL), each figure from its own index: pending,
+// summarySQL is the seed's monitoring query but for the last hour's
+// deliveries (deliveryHourSQL), each figure from its own index: pending,
 // retries and in-flight rows from their partial indexes, the last hour's
 // failures and dead letters by time. The oldest pending delivery is the
 // oldest undelivered one, in flight included.
-const SummarySQL = `
+const summarySQL = `
 WITH under_way AS ( -- read once: its events by primary key, range by range
   SELECT count(*) AS n, min(ingested_at) AS oldest FROM postbox.events_under_way
 )
@@ -114,12 +114,12 @@ SELECT
      AND last_error LIKE 'messages_off%'),
   now()`
 
-// DeliveryHourSQL is the last hour's deliveries: how many, their average
+// deliveryHourSQL is the last hour's deliveries: how many, their average
 // response time and commit-to-delivery percentiles, from delivered_at's
 // partial index. It reads every row delivered in the hour (720,000 at 200 a second, some hundreds of
 // milliseconds), so the relays' own 15-second gauges and alerts, which do
 // not need it, leave it out; `postbox status` and /status include it.
-const DeliveryHourSQL = `
+const deliveryHourSQL = `
 SELECT count(*),
        avg(last_response_ms)::float8,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY commit_to_delivery_ms),
@@ -142,13 +142,13 @@ func LoadQueueSummary(ctx context.Context, q Querier, slotName string) (Summary,
 func loadSummary(ctx context.Context, q Querier, slotName string, deliveryHour bool) (Summary, error) {
 	s := Summary{Breakers: []Breaker{}, Alerts: []Alert{}}
 	var failedRetry, failedDead int64
-	err := q.QueryRow(ctx, SummarySQL).Scan(&s.Pending, &s.AwaitingRetry, &s.InFlight, &s.DeadLetter,
+	err := q.QueryRow(ctx, summarySQL).Scan(&s.Pending, &s.AwaitingRetry, &s.InFlight, &s.DeadLetter,
 		&failedRetry, &failedDead, &s.OldestPending, &s.MessagesOffLastDay, &s.At)
 	if err != nil {
 		return s, fmt.Errorf("health summary: %w", err)
 	}
 	if deliveryHour {
-		err := q.QueryRow(ctx, DeliveryHourSQL).Scan(&s.DeliveredLastHour,
+		err := q.QueryRow(ctx, deliveryHourSQL).Scan(&s.DeliveredLastHour,
 			&s.AvgDeliveryMSLastHour, &s.CommitToDeliveryP50MS, &s.CommitToDeliveryP99MS)
 		if err != nil {
 			return s, fmt.Errorf("health summary: %w", err)

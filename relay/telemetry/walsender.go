@@ -2,18 +2,25 @@ package telemetry
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/postbox-relay/postbox/internal/proc"
 )
+
+// WalsenderCPU is what SetWalsender's reader returns of the walsender:
+// the CPU time it ran, the time it was runnable but waited for a CPU, and
+// its nice value.
+type WalsenderCPU struct {
+	Ran, Waited time.Duration
+	Nice        int
+}
 
 // walsenderCollector reads the walsender's CPU at each scrape, from the
 // function SetWalsender gave it. Its series are absent while there is
 // nothing to read: no session streams here, or its walsender runs on
 // another machine.
 type walsenderCollector struct {
-	read              atomic.Pointer[func() (proc.CPU, bool)]
+	read              atomic.Pointer[func() (WalsenderCPU, bool)]
 	ran, waited, nice *prometheus.Desc
 }
 
@@ -53,6 +60,6 @@ func (c *walsenderCollector) Collect(ch chan<- prometheus.Metric) {
 
 // SetWalsender sets how the walsender's CPU is read at each scrape: read
 // reports false when there is none to read.
-func (m *Metrics) SetWalsender(read func() (proc.CPU, bool)) {
+func (m *Metrics) SetWalsender(read func() (WalsenderCPU, bool)) {
 	m.walsender.read.Store(&read)
 }

@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/postbox-relay/postbox/internal/proc"
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
@@ -32,8 +31,8 @@ func TestWalsenderSeriesFollowTheirSource(t *testing.T) {
 	}
 	require.Empty(t, scrape(), "no source set")
 
-	cpu, ok := proc.CPU{Ran: 1500 * time.Millisecond, Waited: 250 * time.Millisecond, Nice: -10}, false
-	m.SetWalsender(func() (proc.CPU, bool) { return cpu, ok })
+	cpu, ok := telemetry.WalsenderCPU{Ran: 1500 * time.Millisecond, Waited: 250 * time.Millisecond, Nice: -10}, false
+	m.SetWalsender(func() (telemetry.WalsenderCPU, bool) { return cpu, ok })
 	require.Empty(t, scrape(), "no walsender here")
 
 	ok = true

@@ -170,7 +170,7 @@ func (d *Dispatcher) Reserve(endpoint string) bool {
 	l := d.laneLocked(endpoint)
 	limit := l.limit()
 	if time.Since(l.lastOK) < DrainWindow && d.heldJobs < d.opts.MaxHeldJobs/2 && d.heldBytes < d.opts.MaxHeldBytes/2 {
-		limit = DrainingLaneLimit(l.cap)
+		limit = drainingLaneLimit(l.cap)
 	}
 	if l.held() >= limit || d.fullLocked() {
 		return false

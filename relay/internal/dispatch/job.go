@@ -34,7 +34,7 @@ type Job struct {
 	// Probe marks the one attempt that tests a half-open circuit breaker.
 	Probe bool
 	// EventPK and Range name an event under way (DeliveryID 0), whose
-	// delivery the recorder writes once (store.RecordUnderWay).
+	// delivery the recorder writes once (the store's recordUnderWay).
 	EventPK, Range int64
 
 	assigned atomic.Int64 // the id Assign gave a job submitted before its insert

@@ -34,7 +34,7 @@ const (
 	// flush). A delivery that waits for its commit (queued, kept) ends it
 	// at once, and so does a lane's max_in_flight of first attempts: a
 	// lane makes only so many attempts ahead of an uncommitted ingest
-	// before it waits for the commit (dispatch.AheadLimit), and a linger
+	// before it waits for the commit (dispatch's aheadLimit), and a linger
 	// must neither be what it waits for nor gather more of a lane's
 	// attempts than it runs at once. A longer linger saves more, but it is
 	// also what a crash repeats: the attempts made within it, not yet

@@ -65,17 +65,11 @@ func (s BreakerSettings) EffectiveThreshold() int {
 	return t
 }
 
-// OK reports whether ordinary attempts may start.
-func (b Breaker) OK() bool { return b.State == "" || b.State == postboxtype.BreakerClosed }
-
 // ProbeDue reports whether an open breaker's cooldown has passed, so one
 // probe may be attempted.
 func (b Breaker) ProbeDue(now time.Time) bool {
 	return b.State == postboxtype.BreakerOpen && !now.Before(b.OpenedAt.Add(b.Cooldown))
 }
-
-// ReopensAt is when an open breaker admits its probe.
-func (b Breaker) ReopensAt() time.Time { return b.OpenedAt.Add(b.Cooldown) }
 
 // Record applies one attempt's outcome at now and returns the new state.
 func (b Breaker) Record(failed bool, now time.Time, s BreakerSettings) Breaker {

@@ -50,9 +50,9 @@ func (l *limiter) prune(now time.Time) {
 	}
 }
 
-// Burst is how many events a rate may send at once: one second's worth,
+// burst is how many events a rate may send at once: one second's worth,
 // at least one, at most the rate's own count.
-func Burst(r config.Rate) float64 {
+func burst(r config.Rate) float64 {
 	return float64(max(1, min(r.N, int(r.PerSecond()+0.999999))))
 }
 
@@ -76,7 +76,7 @@ func (p *Protection) Wait(ctx context.Context, endpoint string, rate config.Rate
 			b.tokens--
 			return nil
 		}
-		got, next, err := l.s.TakeTokens(ctx, endpoint, int(b.waiters.Load()), rate.PerSecond(), Burst(rate))
+		got, next, err := l.s.TakeTokens(ctx, endpoint, int(b.waiters.Load()), rate.PerSecond(), burst(rate))
 		if err != nil {
 			return err
 		}

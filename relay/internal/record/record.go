@@ -24,6 +24,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // ProbeMarginDefault is how long after a breaker's cooldown the claimer
@@ -293,7 +294,8 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 		}
 	}
 	for _, res := range results {
-		r.env.Metrics.Recorded(res)
+		r.env.Metrics.Recorded(telemetry.Outcome{Endpoint: res.Endpoint, Status: res.Status, Sampled: res.Sampled,
+			ResponseMS: res.ResponseMS, CommitToDeliveryMS: res.CommitToDeliveryMS, StreamToAttempt: res.StreamToAttempt})
 		switch res.Status {
 		case postboxtype.DeliveryFailed:
 			r.claim.RetryAt(now.Add(res.Delay))

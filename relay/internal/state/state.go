@@ -47,7 +47,7 @@ func (s Signal) String() string {
 type Result struct {
 	DeliveryID int64
 	// EventPK and Range name an event under way (DeliveryID 0): its
-	// delivery is written with this outcome (store.RecordUnderWay). The
+	// delivery is written with this outcome (the store's recordUnderWay). The
 	// recorder sets them from the job (dispatch.Job.UnderWay).
 	EventPK, Range int64
 	Endpoint       string

@@ -42,7 +42,7 @@ type NewEvent struct {
 	PayloadDropped int
 	// UnderWay (with Status InFlight) asks that a copied batch write the
 	// event alone, its delivery to be written once its attempt ends
-	// (RecordUnderWay), and name it in a range of the ingesting instance
+	// (recordUnderWay), and name it in a range of the ingesting instance
 	// (Ingested.Range). A batch inserted by the statement writes it in
 	// flight all the same.
 	UnderWay bool
@@ -358,9 +358,6 @@ func insertEventsStatements(keys []string, concurrent bool) *insertStatements {
 	one := strings.NewReplacer("{{search}}", search, "{{absent}}", absentOne, "{{conflict}}", conflict).Replace(insertEventSQL)
 	return &insertStatements{many: withoutDelivered(many), one: withoutDelivered(one), manyDone: many, oneDone: one}
 }
-
-// InTx reports whether a transaction is open.
-func (ic *IngestConn) InTx() bool { return ic.inTx }
 
 // Insert writes events (deduplicated by event id and endpoint) in the open
 // transaction, opening one if needed. With deleteOutbox (outbox_retention

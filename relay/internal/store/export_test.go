@@ -43,3 +43,22 @@ const CopyAttemptsMin = copyAttemptsMin
 // CopyEventsMin is the batch size from which an ingest alone copies its
 // events.
 const CopyEventsMin = copyEventsMin
+
+// InTx reports whether a transaction is open.
+func (ic *IngestConn) InTx() bool { return ic.inTx }
+
+// The events under way, which the tests write and read directly.
+var (
+	AddUnderWay    = addUnderWay
+	RecordUnderWay = recordUnderWay
+	SweepUnderWay  = sweepOwnersUnderWay
+)
+
+type (
+	UnderWayResult = underWayResult
+	Copier         = copier
+)
+
+// HealthQuietFor is how far behind the latest success an endpoint's
+// last_success_at may lag.
+const HealthQuietFor = healthQuietFor

@@ -78,10 +78,10 @@ func nullString(s string) *string {
 	return &s
 }
 
-// HealthQuietFor is how far behind the latest success an endpoint's
+// healthQuietFor is how far behind the latest success an endpoint's
 // last_success_at may stay: a batch that changes nothing else of the row
 // writes it only once it is this much newer.
-const HealthQuietFor = time.Second
+const healthQuietFor = time.Second
 
 // errHealthChanged ends a RecordResults transaction in which an endpoint
 // read without a lock turned out to change: it runs again with the lock.
@@ -105,7 +105,7 @@ func allSucceeded(rs []state.Result) bool {
 // The rows of reading, endpoints that only had successes, were read
 // without a lock: most such batches change nothing but the latest success
 // (the endpoint stays closed with no failures), and then the row is left
-// alone, or, once its last_success_at is HealthQuietFor behind, only that
+// alone, or, once its last_success_at is healthQuietFor behind, only that
 // moves forward, by a plain update (the later time wins). The lock, the
 // row lock's WAL record and the write are paid where the breaker, a
 // streak, a failure or a pause changes. When a row read without the lock
@@ -131,7 +131,7 @@ func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, l
 			return nil, errHealthChanged
 		}
 		changes = append(changes, HealthChange{Old: cur, New: cur})
-		if at.Sub(cur.LastSuccessAt) >= HealthQuietFor {
+		if at.Sub(cur.LastSuccessAt) >= healthQuietFor {
 			succeeded, succeededAt = append(succeeded, name), append(succeededAt, at)
 		}
 	}

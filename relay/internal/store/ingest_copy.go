@@ -305,7 +305,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 		for _, i := range underWay {
 			first, last = min(first, eventPK[i]), max(last, eventPK[i])
 		}
-		if rangeID, err = AddUnderWay(ctx, ic.conn, ic.owner, first, last); err != nil {
+		if rangeID, err = addUnderWay(ctx, ic.conn, ic.owner, first, last); err != nil {
 			return nil, fmt.Errorf("insert events: %w", err)
 		}
 	}

@@ -23,7 +23,7 @@ type Claimed struct {
 	AttemptCount int
 	CommittedAt  time.Time // zero when unknown
 	// EventPK and Range name an event under way (DeliveryID is 0): its
-	// delivery is written when its attempt ends (RecordUnderWay).
+	// delivery is written when its attempt ends (recordUnderWay).
 	EventPK, Range int64
 }
 

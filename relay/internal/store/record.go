@@ -157,7 +157,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	// (firstOnDelivery).
 	var attempts attemptRows
 	var written, inline []int  // indexes into rs
-	var under []UnderWayResult // events under way: their deliveries are inserted
+	var under []underWayResult // events under way: their deliveries are inserted
 	for i := range rs {
 		r := &rs[i]
 		if r.Written {
@@ -165,7 +165,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			continue
 		}
 		if r.DeliveryID == 0 && r.Range != 0 {
-			under = append(under, UnderWayResult{Result: r,
+			under = append(under, underWayResult{Result: r,
 				Inline: hist != nil && firstOnDelivery(*r)})
 			continue
 		}
@@ -226,7 +226,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			// recorder counts them in memory.
 			var underAttempts attemptRows
 			if len(under) > 0 {
-				ids, err := RecordUnderWay(ctx, tx, owner, under)
+				ids, err := recordUnderWay(ctx, tx, owner, under)
 				if err != nil {
 					return err
 				}

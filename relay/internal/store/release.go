@@ -46,7 +46,7 @@ func (s *Store) ReleaseAbandonedOf(ctx context.Context, owners []string, limit i
 			n = tag.RowsAffected()
 			// Their events under way get pending deliveries.
 			err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-				queued, err := SweepUnderWay(ctx, tx, dead, lane)
+				queued, err := sweepOwnersUnderWay(ctx, tx, dead, lane)
 				n += queued
 				return err
 			})
@@ -116,7 +116,7 @@ func (s *Store) ReleaseOwned(ctx context.Context, owner string, lane LaneFunc) (
 	// Its events under way, not attempted or not recorded, are queued as
 	// a dead owner's would be.
 	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		queued, err := SweepUnderWay(ctx, tx, []string{owner}, lane)
+		queued, err := sweepOwnersUnderWay(ctx, tx, []string{owner}, lane)
 		n += queued
 		return err
 	})

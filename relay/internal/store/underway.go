@@ -23,9 +23,9 @@ import (
 const addUnderWaySQL = `
 INSERT INTO postbox.under_way (owner, first_event, last_event) VALUES ($1, $2, $3) RETURNING id`
 
-// AddUnderWay records that owner holds the events first..last (those of
+// addUnderWay records that owner holds the events first..last (those of
 // them without a delivery) and returns the range's id.
-func AddUnderWay(ctx context.Context, q Querier, owner string, first, last int64) (int64, error) {
+func addUnderWay(ctx context.Context, q Querier, owner string, first, last int64) (int64, error) {
 	var id int64
 	if err := q.QueryRow(ctx, addUnderWaySQL, owner, first, last).Scan(&id); err != nil {
 		return 0, fmt.Errorf("add under way: %w", err)
@@ -38,11 +38,11 @@ func AddUnderWay(ctx context.Context, q Querier, owner string, first, last int64
 // A nil LaneFunc gives every event its endpoint's.
 type LaneFunc func(endpoint, rowURL string) string
 
-// SweepUnderWay takes the ranges of dead owners and gives each of their
+// sweepOwnersUnderWay takes the ranges of dead owners and gives each of their
 // events without a delivery a pending one, in the lane lane gives it. It
 // skips a range a recording holds (an owner thought dead may be frozen in
 // the middle of one, for as long as it is frozen): a later sweep takes it.
-func SweepUnderWay(ctx context.Context, tx pgx.Tx, owners []string, lane LaneFunc) (int64, error) {
+func sweepOwnersUnderWay(ctx context.Context, tx pgx.Tx, owners []string, lane LaneFunc) (int64, error) {
 	return sweepUnderWay(ctx, tx, lane, `
 		DELETE FROM postbox.under_way WHERE id IN (
 		  SELECT id FROM postbox.under_way WHERE owner = ANY($1) FOR UPDATE SKIP LOCKED)
@@ -181,27 +181,27 @@ FROM unnest($2::int8[], $3::int8[]) WITH ORDINALITY AS r(range_id, event_pk, ord
 WHERE r.range_id IN (SELECT id FROM mine WHERE owner = $1)
   AND NOT EXISTS (SELECT 1 FROM postbox.deliveries d WHERE d.event_pk = r.event_pk)`
 
-// underWayColumns are the columns RecordUnderWay copies.
+// underWayColumns are the columns recordUnderWay copies.
 var underWayColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "attempt_count", "next_attempt_at",
 	"last_error", "last_status_code", "last_response_ms", "last_response", "delivered_at", "commit_to_delivery_ms",
 	"attempt_target", "attempted_by", "updated_at"}
 
-// UnderWayResult is the first outcome of an event under way (its
-// Result's EventPK and Range name it), as RecordUnderWay writes it.
-type UnderWayResult struct {
+// underWayResult is the first outcome of an event under way (its
+// Result's EventPK and Range name it), as recordUnderWay writes it.
+type underWayResult struct {
 	Result *state.Result
 	Inline bool // a first attempt that delivered, kept on its row
 }
 
-// Copier is a Querier that copies too: a pool, a connection or a
+// copier is a Querier that copies too: a pool, a connection or a
 // transaction.
-type Copier interface {
+type copier interface {
 	Querier
 	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// RecordUnderWay writes the deliveries of events under way once, in the
+// recordUnderWay writes the deliveries of events under way once, in the
 // state their first attempts left them: what recordResultsSQL's update
 // does to an in-flight delivery with no attempt before, as a copy. A
 // released delivery (no attempt made) is pending after its delay; a
@@ -209,7 +209,7 @@ type Copier interface {
 // delivery ids by event id: those of fenced ranges, or of events with a
 // delivery already, are missing. Call it in a transaction: the ranges'
 // locks must last until the copy is committed.
-func RecordUnderWay(ctx context.Context, q Copier, owner string, rs []UnderWayResult) (map[int64]int64, error) {
+func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayResult) (map[int64]int64, error) {
 	n := len(rs)
 	ranges, events := make([]int64, n), make([]int64, n)
 	for i := range rs {

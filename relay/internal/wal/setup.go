@@ -163,7 +163,7 @@ func deref(s *string) string {
 // slot is synchronised to standbys and survives a failover. A slot that
 // appeared meanwhile (another instance) is fine.
 func CreateSlot(ctx context.Context, connString, slot string) (created bool, err error) {
-	conn, err := Connect(ctx, connString)
+	conn, err := connect(ctx, connString)
 	if err != nil {
 		return false, err
 	}
@@ -209,9 +209,9 @@ func DropSlot(ctx context.Context, q store.Querier, slot string) error {
 	return nil
 }
 
-// Connect opens a replication connection (replication=database) with
+// connect opens a replication connection (replication=database) with
 // postbox's session settings.
-func Connect(ctx context.Context, connString string) (*pgconn.PgConn, error) {
+func connect(ctx context.Context, connString string) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(connString)
 	if err != nil {
 		return nil, fmt.Errorf("parse database URL: %w", err)

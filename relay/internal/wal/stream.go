@@ -107,7 +107,6 @@ type Stream[P any] struct {
 // Defaults of Options.
 const (
 	StatusIntervalDefault = 10 * time.Second
-	StallTimeoutDefault   = 3 * StatusIntervalDefault
 	DrainTimeoutDefault   = 30 * time.Second
 	ChunkRowsDefault      = 1000
 	ChunkBytesDefault     = 1 << 20
@@ -182,7 +181,7 @@ type Plan func(s Session) (start, skipBefore pglogrepl.LSN, err error)
 // closes the connection. started, when not nil, is called once replication
 // has started.
 func (s *Stream[P]) Run(ctx context.Context, plan Plan, out *Queue[P], ack Acker, started func(Session)) error {
-	conn, err := Connect(ctx, s.opts.ConnString)
+	conn, err := connect(ctx, s.opts.ConnString)
 	if err != nil {
 		out.Close()
 		return err

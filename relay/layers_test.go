@@ -45,7 +45,7 @@ var only = map[string][]string{
 	"relay/internal/watermark": nil,
 	"relay/internal/state":     {"relay/postboxtype"},
 	"relay/config":             {"outbox", "relay/macro"},
-	"relay/internal/store":     {"outbox", "relay/postboxtype", "relay/internal/state"},
+	"relay/internal/store":     {"outbox", "internal/proc", "relay/postboxtype", "relay/internal/state"},
 	"relay/internal/wal":       {"outbox", "internal/proc", "relay/internal/store", "relay/internal/state"},
 	"relay/internal/dispatch":  {"relay/postboxtype", "relay/internal/state"},
 	"relay/internal/policy":    {"relay/postboxtype", "relay/config", "relay/internal/guard"},

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Print writes r for a person to read.
@@ -121,12 +122,20 @@ func (r *Result) Print(w io.Writer) {
 			fmt.Fprintf(w, "  too few samples (fewer than %d) from %.0f s on to judge growth\n", soakMinJudged, s.FromS)
 		} else {
 			fmt.Fprintf(w, "  slopes from %.0f s on (%d samples), per hour, ± the 95%% interval; growing when the interval's low end is above the threshold:\n", s.FromS, s.Slopes[0].Samples)
+			var constant []string
 			for _, f := range s.Slopes {
+				if f.PerHour == 0 && f.CI95 == 0 {
+					constant = append(constant, f.Figure)
+					continue
+				}
 				verdict := "bounded"
 				if f.Growing {
 					verdict = "GROWING"
 				}
 				fmt.Fprintf(w, "    %-32s %+12.3f ± %-10.3f %s/h (threshold %g) %s\n", f.Figure, f.PerHour, f.CI95, f.Unit, f.Threshold, verdict)
+			}
+			if len(constant) > 0 {
+				fmt.Fprintf(w, "    constant: %s\n", strings.Join(constant, ", "))
 			}
 		}
 		fmt.Fprintf(w, "  sent %d (%d inserts failed or skipped), lost %d, duplicates %d, bad signatures %d\n", s.Sent, s.FailedInserts, s.Lost, s.Dups, s.BadSignatures)

@@ -27,12 +27,16 @@ const (
 	soakRetentionRound = time.Minute
 )
 
-// soakWarmUp is when the soak starts judging: before the first purge of
-// rows past their retention, tables can only grow.
-const soakWarmUp = soakRetention + soakRetentionRound
+// soakWarmUp is when the soak starts judging. The rows of the first
+// retention are purged within a round after it, and the space they free
+// is reused only once autovacuum has been through the table: until about
+// a retention later, tables can only grow.
+const soakWarmUp = 2*soakRetention + soakRetentionRound
 
-// soakMinJudged is how many samples after soakWarmUp a fit needs.
-const soakMinJudged = 6
+// soakMinJudged is how many samples after soakWarmUp a fit needs: five
+// minutes, five purge rounds, so that one tooth of a purge's sawtooth
+// cannot pass for a slope. A soak shorter than 10 minutes is not judged.
+const soakMinJudged = 30
 
 // The soak's thresholds: a figure grows without bound when the lower end
 // of its slope's 95% confidence interval is above its threshold, per hour.

@@ -55,9 +55,9 @@ const (
 	// Two WAL segments an hour: a slot whose restart position follows its
 	// confirmed position retains a few segments, whatever the hour.
 	soakWALPerHourMB = 32
-	// At 200 events/s the relay makes about a million dead tuples an hour
-	// (each delivery's updates, each purge's deletes); 100,000 an hour is
-	// autovacuum falling a tenth behind.
+	// At 200 events/s the relay leaves millions of dead tuples an hour
+	// (720,000 events, each delivery's updates, each purge's deletes);
+	// 100,000 an hour is autovacuum falling a few percent behind.
 	soakDeadPerHour   = 100000
 	soakThresholdRate = 200
 )

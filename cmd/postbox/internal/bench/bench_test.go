@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -383,33 +382,6 @@ func buildPostbox(t *testing.T) string {
 	out, err := exec.Command("go", "build", "-o", path, "github.com/postbox-relay/postbox/cmd/postbox").CombinedOutput()
 	require.NoError(t, err, fmt.Sprintf("go build: %s", out))
 	return path
-}
-
-// TestSoakGrowth: a figure whose last third averages more than soakGrowth
-// times its middle third grows without bound; dead tuples count only once
-// autovacuum has been through.
-func TestSoakGrowth(t *testing.T) {
-	t.Parallel()
-	flat := make([]SoakSample, 9)
-	for i := range flat {
-		flat[i] = SoakSample{RSSMB: 20, RetainedWALMB: 100, DeliveriesDead: int64(20000 * (i + 1))}
-	}
-	grew, unjudged, judged := growing(flat)
-	require.True(t, judged)
-	require.Empty(t, grew)
-	require.Len(t, unjudged, 1, "dead tuples before any autovacuum")
-
-	leak := slices.Clone(flat)
-	for i := range leak {
-		leak[i].RSSMB = float64(20 * (i + 1))
-		leak[i].DeliveriesVacuum = "2026-01-01T00:00:00Z"
-	}
-	grew, unjudged, _ = growing(leak)
-	require.Empty(t, unjudged)
-	require.Len(t, grew, 2, "RSS and dead tuples: %v", grew)
-
-	_, _, judged = growing(flat[:5])
-	require.False(t, judged)
 }
 
 // TestDumpWALRecords: the WAL records between two LSNs are written per

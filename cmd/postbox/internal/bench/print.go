@@ -113,21 +113,30 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  commit → receiver p99 %.0f ms, longest %.0f ms (measured/received %d/%d); without the flapping endpoint: p99 %.0f ms, longest %.0f ms, %s the bound of %.0f s; drained %.1f s after the load; relays' peak RSS %.0f MB\n", c.P99ms, c.Maxms, c.Measured, c.Received, c.HealthyP99ms, c.HealthyMaxms, steady, c.SteadyBoundms/1000, c.DrainSeconds, c.RSSMB)
 	}
 	if s := r.Soak; s != nil {
-		fmt.Fprintf(w, "\nsoak: %d events/s over %d endpoints for %.0f s, one relay, sampled every %s:\n", s.Rate, s.Endpoints, s.Seconds, soakInterval)
+		fmt.Fprintf(w, "\nsoak: %d events/s over %d endpoints for %.0f s, one relay, retentions %.0f s, sampled every %s:\n", s.Rate, s.Endpoints, s.Seconds, s.RetentionS, soakInterval)
 		fmt.Fprintf(w, "  %7s %8s %10s %12s %10s %8s\n", "at s", "RSS MB", "tables MB", "dead tuples", "WAL MB", "pending")
 		for _, p := range s.Samples {
-			fmt.Fprintf(w, "  %7.0f %8.1f %10.1f %12d %10.1f %8d\n", p.AtSeconds, p.RSSMB, p.TablesMB, p.DeliveriesDead, p.RetainedWALMB, p.PendingDeliveries)
+			fmt.Fprintf(w, "  %7.0f %8.1f %10.1f %12d %10.1f %8d\n", p.AtSeconds, p.RSSMB, p.TablesMB, p.DeadTuples, p.RetainedWALMB, p.PendingDeliveries)
 		}
-		switch {
-		case !s.Judged:
-			fmt.Fprintln(w, "  too few samples (fewer than 6) to judge growth")
-		case len(s.Growing) > 0:
-			fmt.Fprintf(w, "  GROWING (last third above %.1f× the middle third): %s\n", soakGrowth, strings.Join(s.Growing, ", "))
-		default:
-			fmt.Fprintf(w, "  bounded: the last third within %.1f× of the middle third\n", soakGrowth)
-		}
-		if len(s.Unjudged) > 0 {
-			fmt.Fprintf(w, "  not judged: %s\n", strings.Join(s.Unjudged, ", "))
+		if !s.Judged {
+			fmt.Fprintf(w, "  too few samples (fewer than %d) from %.0f s on to judge growth\n", soakMinJudged, s.FromS)
+		} else {
+			fmt.Fprintf(w, "  slopes from %.0f s on (%d samples), per hour, ± the 95%% interval; growing when the interval's low end is above the threshold:\n", s.FromS, s.Slopes[0].Samples)
+			var constant []string
+			for _, f := range s.Slopes {
+				if f.PerHour == 0 && f.CI95 == 0 {
+					constant = append(constant, f.Figure)
+					continue
+				}
+				verdict := "bounded"
+				if f.Growing {
+					verdict = "GROWING"
+				}
+				fmt.Fprintf(w, "    %-32s %+12.3f ± %-10.3f %s/h (threshold %g) %s\n", f.Figure, f.PerHour, f.CI95, f.Unit, f.Threshold, verdict)
+			}
+			if len(constant) > 0 {
+				fmt.Fprintf(w, "    constant: %s\n", strings.Join(constant, ", "))
+			}
 		}
 		fmt.Fprintf(w, "  sent %d (%d inserts failed or skipped), lost %d, duplicates %d, bad signatures %d\n", s.Sent, s.FailedInserts, s.Lost, s.Dups, s.BadSignatures)
 	}

@@ -46,6 +46,13 @@ const (
 	// MaxStaleRangesDefault bounds the ranges of events under way one
 	// sweep looks at for those this instance lost track of.
 	MaxStaleRangesDefault = 100
+	// RetryClaimGapDefault is the least time between two claims woken by
+	// retries falling due: retries due apart are claimed together, each
+	// at most this late. A storm of failing partners schedules hundreds
+	// of retries a second, and a claim for each moment one falls due kept
+	// a claim statement running back to back; a backoff of seconds
+	// (full jitter, base 30 s by default) does not need them sooner.
+	RetryClaimGapDefault = 100 * time.Millisecond
 )
 
 // Dispatcher is what the claimer needs of the dispatcher
@@ -182,9 +189,10 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	failures := 0
+	var lastDue time.Time // when the timer last found retries due
 	for {
 		if next, ok := c.due.next(); ok {
-			timer.Reset(max(time.Until(next), time.Millisecond))
+			timer.Reset(max(time.Until(next), time.Until(lastDue.Add(RetryClaimGapDefault)), time.Millisecond))
 		} else {
 			timer.Reset(time.Hour)
 		}
@@ -193,7 +201,8 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			return
 		case <-c.wake:
 		case <-timer.C:
-			c.due.popDue(time.Now())
+			lastDue = time.Now()
+			c.due.popDue(lastDue)
 			c.backlog.Store(true) // a retry is due
 		case <-sweep.C:
 			c.rescue(c.hard)
@@ -228,7 +237,8 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 // room for and submits it, when the queue table may hold due deliveries
 // for a lane with room: something queued work (backlog), or a lane that
 // was full at the last claim (waiting) has room now. It reports whether
-// the queue may hold more for any lane: it claimed something, or the
+// the queue may hold more for any lane: it filled a lane or its limit
+// (see filledALane), or claimed an ordered endpoint's head, or the
 // dispatcher had no room at all. A cycle that only hands over kept
 // deliveries (a lane freed while the ingest kept a backlog, which fills
 // the lanes) claims nothing: in a catch-up that was most cycles, each a
@@ -306,7 +316,33 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 			c.waiting[lane] = true
 		}
 	}
-	return len(claimed)+len(heads) > 0, err
+	return len(heads) > 0 || len(claimed) >= min(total, MaxClaimDefault) || filledALane(claimed, free, caps, defaultFree), err
+}
+
+// filledALane reports whether a claim took as many as it could of some
+// lane (its cap as claimSQL reads it): that lane's queue may hold more
+// that is due. A claim that filled neither a lane nor its limit took all
+// that was due when it ran; what falls due later wakes a claim of its own
+// (RetryAt, Queued, the sweep). Before, any claim that took something
+// asked for another at once: beside a storm of failing partners, whose
+// retries fall due a few at a time, the claimer ran claim after claim,
+// each finding a handful.
+func filledALane(claimed []store.Claimed, free, caps map[string]int, defaultFree int) bool {
+	n := map[string]int{}
+	for _, cl := range claimed {
+		lane := cl.Key()
+		n[lane]++
+		limit, ok := free[lane]
+		if !ok {
+			if limit, ok = caps[cl.Endpoint]; !ok {
+				limit = defaultFree
+			}
+		}
+		if n[lane] >= limit {
+			return true
+		}
+	}
+	return false
 }
 
 // waitingHaveRoom reports whether a lane full at the last claim has room

@@ -151,7 +151,7 @@ func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, l
 		b.Queue(`
 			UPDATE postbox.endpoint_health h SET last_success_at = greatest(h.last_success_at, s.at)
 			FROM unnest($1::text[], $2::timestamptz[]) AS s(endpoint, at)
-			WHERE h.endpoint = s.endpoint`, succeeded, succeededAt)
+			WHERE h.endpoint = s.endpoint AND h.endpoint = ANY($1::text[]) -- by key: beside thousands of other rows, a join read them all`, succeeded, succeededAt)
 	}
 	if b.Len() > 0 {
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {

@@ -73,6 +73,15 @@ const (
 	queuedParked  = `d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity'`
 )
 
+// dueNow narrows a lane scan to the lanes with a delivery due: a lane
+// whose queue is all later (a retry not yet due, a Retry-After) has
+// nothing to claim. The scan's probes still read the index in lane order,
+// but the index's entries that are not due are skipped in the index
+// itself, without a probe, a health check and two claim probes per lane:
+// a storm of failing partners leaves thousands of lanes whose only
+// deliveries are retries due later.
+const dueNow = ` AND d.next_attempt_at <= now()`
+
 // claimSQL claims due deliveries: per lane at most free[lane] (or for a
 // lane not listed, its endpoint's cap in $7/$8, or $3), first attempts
 // and retries interleaved so neither starves the other, and round-robin
@@ -84,8 +93,8 @@ const (
 // breaker or a pause wait, and the deliveries of an open breaker's lane
 // are parked out of the scans' sight (see Park).
 var claimSQL = `
-WITH RECURSIVE ` + laneScan("pending_lanes", queuedPending) + `,
-` + laneScan("retry_lanes", queuedRetry) + `,
+WITH RECURSIVE ` + laneScan("pending_lanes", queuedPending+dueNow) + `,
+` + laneScan("retry_lanes", queuedRetry+dueNow) + `,
 lanes AS (
   SELECT lane, ` + fmt.Sprintf(laneName, "lane") + ` AS name
   FROM (SELECT lane FROM pending_lanes WHERE lane IS NOT NULL

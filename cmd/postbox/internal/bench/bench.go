@@ -35,7 +35,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "catchup-bulk", "load", "load-floor", "chaos", "soak", "dead", "scale"}
+var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "catchup-bulk", "load", "load-floor", "chaos", "soak", "dead", "scale", "storm"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -65,7 +65,8 @@ const maxRate = 100000
 // Options say what to measure. Zero values take the …Default constants.
 type Options struct {
 	// Scenarios is a comma-separated list of latency, floor, hanging,
-	// failing, catchup, load, load-floor, chaos, soak, dead and scale, run
+	// failing, catchup, load, load-floor, chaos, soak, dead, scale and
+	// storm, run
 	// in the order given.
 	Scenarios string
 	// Rate is the latency and chaos scenarios' events per second; zero
@@ -97,6 +98,10 @@ type Options struct {
 	// Dead is how many dead endpoints the dead scenario adds (DeadDefault
 	// when zero).
 	Dead int
+	// Storm and StormRate are the storm scenario's failing endpoints and
+	// their fresh events a second (StormDefault, StormRateDefault when
+	// zero).
+	Storm, StormRate int
 	// Instances is how many relays the scale scenario runs at most
 	// (InstancesDefault when zero): it runs 1, 2, … up to Instances.
 	Instances int
@@ -150,6 +155,7 @@ func (o Options) WithDefaults() Options {
 	o.Relays = cmp.Or(o.Relays, ChaosRelays)
 	o.Dead = cmp.Or(o.Dead, DeadDefault)
 	o.Instances = cmp.Or(o.Instances, InstancesDefault)
+	o.Storm, o.StormRate = cmp.Or(o.Storm, StormDefault), cmp.Or(o.StormRate, StormRateDefault)
 	return o
 }
 
@@ -220,6 +226,7 @@ type Result struct {
 	Soak      *SoakResult  `json:"soak,omitempty"`
 	Dead      *DeadResult  `json:"dead_endpoints,omitempty"`
 	Scale     *ScaleResult `json:"scale,omitempty"`
+	Storm     *StormResult `json:"storm,omitempty"`
 	// Emit says the events were written with outbox.Emit, not as rows.
 	Emit bool `json:"emit,omitempty"`
 	// CPUScheduling is the relay's cpu_scheduling (Options.CPUScheduling).
@@ -530,6 +537,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			res.Dead, err = env.dead(ctx, opts)
 		case "scale":
 			res.Scale, err = env.scale(ctx, opts)
+		case "storm":
+			res.Storm, err = env.storm(ctx, opts)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s, err)
@@ -662,5 +671,5 @@ func (r *Result) lost() int {
 			n += run.Lost
 		}
 	}
-	return n
+	return n + r.Storm.lost()
 }

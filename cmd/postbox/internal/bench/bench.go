@@ -574,6 +574,9 @@ func (r *Result) check() error {
 	if r.Dead != nil {
 		latency["dead, alone"], latency["dead, beside the dead endpoints"] = r.Dead.Alone, r.Dead.Beside
 	}
+	if r.Storm != nil {
+		latency["storm, alone"], latency["storm, beside the storm"] = r.Storm.Alone, r.Storm.Beside
+	}
 	for _, name := range slices.Sorted(maps.Keys(latency)) {
 		if l := latency[name]; l != nil {
 			measured(name, l.Measured, l.Received)

@@ -138,7 +138,9 @@ type Fault struct {
 	// counts attempts the in-flight figures cannot see: those whose
 	// delivery was not yet committed.
 	Unrecorded int `json:"arrived_unrecorded"`
-	// Exposed is the events either in flight just before the fault or
+	// Exposed is the events either in flight just before the fault (its
+	// deliveries in flight, the arrivals of the 5 s before it not yet
+	// recorded, and the events committed in those 5 s not yet arrived) or
 	// left unrecorded by it, and for a fault of the database those that
 	// first arrived from its start until the database answered again
 	// (the reads of InFlightAfter and Unrecorded), each counted once. These are the
@@ -356,6 +358,14 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		kinds = kinds[1:]
 		f.inFlight = e.inFlightIDs(ctx)
 		f.InFlight = len(f.inFlight)
+		// Read before the fault, as well as after it: a recovery as quick
+		// as a takeover on proof records the re-sent copy of an arrival
+		// before a read after the fault can see it unrecorded; and what was
+		// committed and had not arrived is what a relay may hold in flight
+		// in memory (a frozen relay sends it when it wakes).
+		unrecordedBefore, _ := e.unrecorded(ctx, led.firstSince(time.Now().Add(-5*time.Second)))
+		f.inFlight = append(f.inFlight, unrecordedBefore...)
+		f.inFlight = append(f.inFlight, led.openSince(time.Now().Add(-5*time.Second))...)
 		f.at = time.Now()
 		f.AtSeconds = f.at.Sub(began).Seconds()
 		arrivedBefore := led.arrived()

@@ -20,7 +20,7 @@ const maxBody = 1 << 20
 // producer saw commit, and when each id first reached the receiver.
 type ledger struct {
 	mu        sync.Mutex
-	committed map[string]struct{}
+	committed map[string]time.Time // when each commit was acknowledged
 	first     map[string]time.Time
 	dups      int
 	dupAt     []time.Time // when each duplicate arrived
@@ -34,7 +34,7 @@ type ledger struct {
 }
 
 func newLedger() *ledger {
-	return &ledger{committed: map[string]struct{}{}, first: map[string]time.Time{}}
+	return &ledger{committed: map[string]time.Time{}, first: map[string]time.Time{}}
 }
 
 // commit records ids whose INSERT committed. Call it only after the commit
@@ -42,11 +42,12 @@ func newLedger() *ledger {
 func (l *ledger) commit(ids ...string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := time.Now()
 	for _, id := range ids {
 		if _, ok := l.committed[id]; ok {
 			continue
 		}
-		l.committed[id] = struct{}{}
+		l.committed[id] = now
 		if _, ok := l.first[id]; !ok {
 			l.missing++
 		}
@@ -87,6 +88,21 @@ func (l *ledger) arrive(id string, at time.Time) {
 }
 
 // arrived is how many deliveries arrived so far, repeats included.
+// openSince returns the ids committed at or after t that have not
+// arrived yet: events a relay may hold in flight (an attempt started, or
+// about to be) whose arrival no record shows.
+func (l *ledger) openSince(t time.Time) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ids []string
+	for id, at := range l.committed {
+		if _, arrived := l.first[id]; !arrived && !at.Before(t) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // firstSince returns the ids that first arrived at or after t.
 func (l *ledger) firstSince(t time.Time) []string {
 	l.mu.Lock()

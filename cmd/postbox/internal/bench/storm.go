@@ -185,6 +185,12 @@ func (e *env) stormLatency(ctx context.Context, o Options, s *stormLoad) (*Laten
 	fmt.Fprintf(e.log, "bench: storm, %d events/s over %d healthy endpoints for %s (storm: %v)\n", o.Rate, o.Endpoints, o.Duration, s != nil)
 	from, fromSplit := e.read(ctx), scrapeSplit(ctx, e.admin)
 	e.pace(ctx, o, "postbox.outbox", led, false)
+	if _, _, err := e.resolve(ctx, led, "postbox.outbox"); err != nil {
+		close(stop)
+		storming.Wait()
+		e.stopRelay()
+		return nil, err
+	}
 	waited := waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return led.pending() == 0, nil })
 	split := splitBetween(fromSplit, scrapeSplit(ctx, e.admin))
 	close(stop)
@@ -205,7 +211,7 @@ func (e *env) stormLatency(ctx context.Context, o Options, s *stormLoad) (*Laten
 	}
 	e.truncate(ctx, true)
 	res := &LatencyResult{
-		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received,
+		Rate: o.Rate, Endpoints: o.Endpoints, Sent: t.sent, Received: t.received, Measured: len(lat),
 		Lost: t.lost, Dups: t.dups, Unacknowledged: t.unacknowledged, BadSignatures: e.recv.scenarioBad(),
 		P50ms: quantile(lat, 0.50), P90ms: quantile(lat, 0.90), P99ms: quantile(lat, 0.99), Maxms: quantile(lat, 1),
 		RSSMB: rss, Costs: e.costs(ctx, from, to, t.sent), Split: split,

@@ -13,9 +13,22 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/guard"
 )
 
+// tripwired is a dialer under the guard g returns, over a tripwire that
+// counts and refuses every address the guard lets through, in the dialer's
+// check before its connect: whatever a test dials, nothing leaves the
+// machine, and the count says whether the guard or the tripwire refused.
+func tripwired(g func() guard.Guard) (func(context.Context, string, string) (net.Conn, error), *atomic.Int32) {
+	reached := new(atomic.Int32)
+	return guard.Dialer(g, func(ap netip.AddrPort) error {
+		reached.Add(1)
+		return errors.New("tripwire: the guard let " + ap.String() + " through")
+	}), reached
+}
+
 func TestGuardRefusesEveryPrivateClass(t *testing.T) {
 	t.Parallel()
 	var g guard.Guard
+	dial, reached := tripwired(func() guard.Guard { return g })
 	for addr, class := range map[string]string{
 		"0.0.0.0":                "unspecified",
 		"127.0.0.1":              "loopback",
@@ -59,7 +72,10 @@ func TestGuardRefusesEveryPrivateClass(t *testing.T) {
 		var be *guard.BlockedError
 		require.True(t, errors.As(err, &be), "%s should be blocked", addr)
 		require.Contains(t, be.Error(), class, addr)
+		_, err = dial(context.Background(), "tcp", net.JoinHostPort(addr, "80"))
+		require.True(t, errors.As(err, &be), "%s is refused by the dialer's check: %v", addr, err)
 	}
+	require.Zero(t, reached.Load(), "the guard refused every class itself: nothing reached the tripwire")
 	for _, public := range []string{"93.184.216.34", "8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8", "172.32.0.1", "100.128.0.1"} {
 		require.NoError(t, g.Check(netip.MustParseAddr(public)), public)
 	}
@@ -88,11 +104,7 @@ func TestAllowPrivateTargetsKeepsTheMetadataServiceClosed(t *testing.T) {
 	}
 	// The dialer refuses them in its check before the connect: the
 	// tripwire beneath it is never reached, so nothing is dialled.
-	var reached atomic.Int32
-	dial := guard.Dialer(func() guard.Guard { return all }, func(ap netip.AddrPort) error {
-		reached.Add(1)
-		return errors.New("tripwire: the guard let " + ap.String() + " through")
-	})
+	dial, reached := tripwired(func() guard.Guard { return all })
 	for _, addr := range []string{"169.254.169.254:80", "[fd00:ec2::254]:80", "[::ffff:169.254.169.254]:80"} {
 		_, err := dial(context.Background(), "tcp", addr)
 		var be *guard.BlockedError
@@ -100,8 +112,16 @@ func TestAllowPrivateTargetsKeepsTheMetadataServiceClosed(t *testing.T) {
 	}
 	require.Zero(t, reached.Load(), "allow_private_targets: the guard refused them itself")
 	require.Error(t, all.Check(netip.MustParseAddr("169.254.1.1")), "nor any other link-local address")
+	// An entry naming it opens it: the dialer's check passes it on, to the
+	// tripwire, which refuses it before the connect.
 	explicit := guard.Guard{AllowAll: true, Allowed: []netip.Prefix{netip.MustParsePrefix("169.254.169.254/32")}}
 	require.NoError(t, explicit.Check(netip.MustParseAddr("169.254.169.254")))
+	open, passed := tripwired(func() guard.Guard { return explicit })
+	_, err := open(context.Background(), "tcp", "169.254.169.254:80")
+	var be *guard.BlockedError
+	require.False(t, errors.As(err, &be), "opened: %v", err)
+	require.ErrorContains(t, err, "tripwire")
+	require.Equal(t, int32(1), passed.Load())
 }
 
 // The link-local, metadata and AWS service ranges stay closed whatever
@@ -112,12 +132,8 @@ func TestAllowPrivateTargetsKeepsTheMetadataServiceClosed(t *testing.T) {
 // one reaches the tripwire, which refuses it before its connect.
 func TestClosedRangesOpenOnlyFromInside(t *testing.T) {
 	t.Parallel()
-	var reached atomic.Int32
 	var current atomic.Pointer[guard.Guard]
-	dial := guard.Dialer(func() guard.Guard { return *current.Load() }, func(ap netip.AddrPort) error {
-		reached.Add(1)
-		return errors.New("tripwire: " + ap.String())
-	})
+	dial, reached := tripwired(func() guard.Guard { return *current.Load() })
 	refused := func(g guard.Guard, addrs ...string) {
 		t.Helper()
 		current.Store(&g)
@@ -183,11 +199,7 @@ func TestClosedRangesOpenOnlyFromInside(t *testing.T) {
 // refuse them too), so no packet leaves for them whatever happens.
 func TestGuardedDialerRefusesBeforeConnecting(t *testing.T) {
 	t.Parallel()
-	var reached atomic.Int32
-	dial := guard.Dialer(func() guard.Guard { return guard.Guard{} }, func(ap netip.AddrPort) error {
-		reached.Add(1)
-		return errors.New("tripwire: the guard let " + ap.String() + " through")
-	})
+	dial, reached := tripwired(func() guard.Guard { return guard.Guard{} })
 	for _, addr := range []string{"169.254.169.254:80", "[fd00:ec2::254]:80", "10.0.0.8:443", "[::ffff:169.254.169.254]:80"} {
 		_, err := dial(context.Background(), "tcp", addr)
 		var be *guard.BlockedError

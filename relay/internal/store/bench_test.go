@@ -90,12 +90,19 @@ func BenchmarkClaimAndRecord(b *testing.B) {
 // share the queue, parked as the claimer's sweep parks them: a claim's
 // database time should not grow with them.
 func BenchmarkClaimBesideDeadEndpoints(b *testing.B) {
-	for _, dead := range []int{0, 1000, 10000} {
-		b.Run(fmt.Sprintf("dead=%d", dead), func(b *testing.B) {
+	benchmarkClaimBeside(b, "dead", queueDead)
+}
+
+// benchmarkClaimBeside claims 100 deliveries of ten healthy endpoints
+// while crowd(n) other endpoints share the queue, for n of 0, 1,000 and
+// 10,000.
+func benchmarkClaimBeside(b *testing.B, name string, crowd func(*testing.B, *store.Store, int)) {
+	for _, n := range []int{0, 1000, 10000} {
+		b.Run(fmt.Sprintf("%s=%d", name, n), func(b *testing.B) {
 			s := setup(b)
 			ctx := context.Background()
-			if dead > 0 {
-				queueDead(b, s, dead)
+			if n > 0 {
+				crowd(b, s, n)
 			}
 			for i := range 10 {
 				queue(b, s, fmt.Sprintf("live-%d", i), 10)

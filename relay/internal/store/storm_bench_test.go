@@ -17,30 +17,7 @@ import (
 // still closed (a storm of failing partners), share the queue: a claim's
 // database time should not grow with them.
 func BenchmarkClaimBesideFailingEndpoints(b *testing.B) {
-	for _, failing := range []int{0, 1000, 10000} {
-		b.Run(fmt.Sprintf("failing=%d", failing), func(b *testing.B) {
-			s := setup(b)
-			ctx := context.Background()
-			if failing > 0 {
-				queueFailing(b, s, failing)
-			}
-			for i := range 10 {
-				queue(b, s, fmt.Sprintf("live-%d", i), 10)
-			}
-			b.ResetTimer()
-			for b.Loop() {
-				claimed, err := s.Claim(ctx, "me", 10, nil, nil, 100, nil)
-				if err != nil || len(claimed) != 100 {
-					b.Fatal(len(claimed), err)
-				}
-				b.StopTimer()
-				if _, err := s.Pool.Exec(ctx, `UPDATE postbox.deliveries SET status = 'pending', lease_owner = NULL WHERE status = 'in_flight'`); err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-			}
-		})
-	}
+	benchmarkClaimBeside(b, "failing", queueFailing)
 }
 
 // queueFailing gives n endpoints a failed delivery each, retried in a

@@ -30,6 +30,11 @@ const (
 // application's commit can be streamed a moment before it becomes visible
 // to other sessions, and the delete then misses its row: the purge picks
 // such rows up.
+//
+// A row is ingested when its event is in postbox.events, or, once the
+// event is purged (event_retention shorter than outbox_retention, or as
+// short), when the horizon the last purge took proves it (see
+// store.OutboxHorizon): without that, such rows would be kept for good.
 type outboxPurger struct {
 	periodic
 	env             *service.Env
@@ -37,6 +42,7 @@ type outboxPurger struct {
 	turn            *sync.Mutex // the liveness duties' (see New)
 	window, windows int
 	from            int64 // where the purge goes on (an outbox id)
+	horizon         store.OutboxHorizon
 }
 
 func newOutboxPurger(env *service.Env, turn *sync.Mutex) *outboxPurger {
@@ -52,9 +58,14 @@ func (p *outboxPurger) purge(ctx context.Context) {
 	p.turn.Lock()
 	defer p.turn.Unlock()
 	var err error
-	p.from, err = purgeOutbox(ctx, p.env.Store, p.env.Config().OutboxRetention, p.from, p.window, p.windows)
+	p.from, err = purgeOutbox(ctx, p.env.Store, p.env.Config().OutboxRetention, p.from, p.window, p.windows, p.horizon)
 	if err != nil && ctx.Err() == nil {
 		p.log.Warn().Err(err).Msg("purging the outbox failed")
+	}
+	// Taken after the purge, used by the next: by then the stream has
+	// usually ingested past it.
+	if p.horizon, err = p.env.Store.OutboxHorizon(ctx); err != nil && ctx.Err() == nil {
+		p.log.Warn().Err(err).Msg("reading the outbox horizon failed")
 	}
 }
 
@@ -65,9 +76,9 @@ func (p *outboxPurger) purge(ctx context.Context) {
 // window that deleted nothing ends the purge: the rows there are not
 // ingested yet (a backlog the stream has still to bring), and the next
 // purge, an interval later, looks at the window after them.
-func purgeOutbox(ctx context.Context, st *store.Store, retention time.Duration, after int64, window, windows int) (int64, error) {
+func purgeOutbox(ctx context.Context, st *store.Store, retention time.Duration, after int64, window, windows int, horizon store.OutboxHorizon) (int64, error) {
 	for range windows {
-		n, next, err := st.PurgeIngestedOutbox(ctx, retention, after, window)
+		n, next, err := st.PurgeIngestedOutbox(ctx, retention, after, window, horizon)
 		if err != nil {
 			return after, err
 		}

@@ -41,11 +41,11 @@ func TestAPurgeGoesOnWhereTheLastStopped(t *testing.T) {
 	outboxRows(t, s, 12, 2*time.Hour)
 	left := func() int { return count(t, s, `SELECT count(*) FROM postbox.outbox`) }
 
-	next, err := purgeOutbox(ctx, s, time.Hour, 0, 5, 2)
+	next, err := purgeOutbox(ctx, s, time.Hour, 0, 5, 2, store.OutboxHorizon{})
 	require.NoError(t, err)
 	require.NotZero(t, next, "two full windows: the next purge goes on from the tenth row")
 	require.Equal(t, 2, left())
-	next, err = purgeOutbox(ctx, s, time.Hour, next, 5, 2)
+	next, err = purgeOutbox(ctx, s, time.Hour, next, 5, 2, store.OutboxHorizon{})
 	require.NoError(t, err)
 	require.Zero(t, next, "the end of the table: the next purge starts over")
 	require.Equal(t, 0, left())
@@ -62,13 +62,13 @@ func TestAPurgeThatDeletesNothingLooksNoFurther(t *testing.T) {
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 
-	next, err := purgeOutbox(ctx, s, 0, 0, 5, 3)
+	next, err := purgeOutbox(ctx, s, 0, 0, 5, 3, store.OutboxHorizon{})
 	require.NoError(t, err)
 	require.Equal(t, ids[4], next, "one window, then no further")
-	next, err = purgeOutbox(ctx, s, 0, next, 5, 3)
+	next, err = purgeOutbox(ctx, s, 0, next, 5, 3, store.OutboxHorizon{})
 	require.NoError(t, err)
 	require.Equal(t, ids[9], next)
-	next, err = purgeOutbox(ctx, s, 0, next, 5, 3)
+	next, err = purgeOutbox(ctx, s, 0, next, 5, 3, store.OutboxHorizon{})
 	require.NoError(t, err)
 	require.Zero(t, next, "the end of the table")
 }

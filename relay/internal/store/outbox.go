@@ -119,24 +119,55 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 	return out, nil
 }
 
-// PurgeIngestedOutbox looks at up to window outbox rows, in the order of
-// their ids, from the first after after, and deletes those older than
-// retention that have been ingested (their event id and endpoint are in
-// postbox.events). It returns how many it deleted and where the next
-// purge goes on: after the last row it looked at, or from the start (0)
-// once it reached the end of the table or a row younger than retention.
-//
-// It reads the table through its primary key, a window at a time, never
-// the whole table: an outbox kept for hours holds hours of rows, and one
-// that is emptied at the ingest (retention 0) holds its deleted rows
-// until vacuum. Ids follow the inserts, so the oldest rows come first;
-// rows that are old but not ingested (left for reconciliation) do not
-// stop the purge, which steps over them to the rows after.
-func (s *Store) PurgeIngestedOutbox(ctx context.Context, retention time.Duration, after int64, window int) (deleted, next int64, err error) {
+// OutboxHorizon is a point the outbox purge can later prove ingested
+// without looking for each row's event (which event_retention may have
+// purged first): every transaction with an id below XID had ended when
+// the server's WAL was at LSN, so once the slot's checkpoint is at LSN or
+// past it, with no reconciliation owed and on the same server and
+// timeline, every outbox row those transactions wrote has been ingested.
+// The zero value proves nothing.
+type OutboxHorizon struct {
+	XID      uint64
+	LSN      pglogrepl.LSN
+	SystemID *string // the checkpoint's when the horizon was taken
+	Timeline *int32
+}
+
+// OutboxHorizon takes a horizon now (see OutboxHorizon). The statement's
+// snapshot is taken before its functions run, so the WAL position read
+// is at or after the commit of every transaction the snapshot sees
+// ended.
+func (s *Store) OutboxHorizon(ctx context.Context) (OutboxHorizon, error) {
+	var h OutboxHorizon
+	var lsn string
+	err := s.Pool.QueryRow(ctx, `
+		SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8, pg_current_wal_insert_lsn()::text,
+		       (SELECT system_id FROM postbox.checkpoints WHERE slot = $1),
+		       (SELECT timeline FROM postbox.checkpoints WHERE slot = $1)`, s.Slot).Scan(&h.XID, &lsn, &h.SystemID, &h.Timeline)
+	if err != nil {
+		return OutboxHorizon{}, fmt.Errorf("outbox horizon: %w", err)
+	}
+	h.LSN, err = pglogrepl.ParseLSN(lsn)
+	return h, err
+}
+
+// PurgeIngestedOutbox deletes, of the window of outbox rows after the id
+// after (window of them, in id order), those older than retention that
+// are ingested: their event is in postbox.events, or horizon (from an
+// earlier OutboxHorizon) proves their transaction ingested. It returns
+// how many it deleted and where the next window starts: 0 when this one
+// reached the end of the table or a row younger than retention.
+func (s *Store) PurgeIngestedOutbox(ctx context.Context, retention time.Duration, after int64, window int, horizon OutboxHorizon) (deleted, next int64, err error) {
 	var last int64
 	var seen int
 	var young bool
-	err = s.Pool.QueryRow(ctx, purgeOutboxSQL(s.Table.Ident()), retention.Seconds(), after, window).Scan(&deleted, &last, &seen, &young)
+	var xid *string // NULL proves nothing
+	if horizon.XID != 0 {
+		x := strconv.FormatUint(horizon.XID, 10)
+		xid = &x
+	}
+	err = s.Pool.QueryRow(ctx, purgeOutboxSQL(s.Table.Ident()), retention.Seconds(), after, window,
+		xid, horizon.LSN.String(), horizon.SystemID, horizon.Timeline, s.Slot).Scan(&deleted, &last, &seen, &young)
 	if err != nil {
 		return 0, 0, fmt.Errorf("purge outbox: %w", needs(err, s.outboxNeeds("SELECT, DELETE", "the outbox purge")))
 	}
@@ -150,16 +181,24 @@ func (s *Store) PurgeIngestedOutbox(ctx context.Context, retention time.Duration
 // (its quoted name): of the window of rows after $2 ($3 of them), it
 // deletes those older than $1 seconds that are ingested, and returns how
 // many it deleted, the window's last id, its size and whether a row of it
-// is younger than $1.
+// is younger than $1. $4..$8 are the horizon ($4 NULL: none) and the
+// slot. A row's xmin is older than the horizon's id when its age is
+// greater (a frozen xmin's age is the greatest of all).
 func purgeOutboxSQL(table string) string {
 	return `
 		WITH w AS MATERIALIZED (
-		  SELECT o.id, o.event_id, o.endpoint, o.created_at < now() - $1 * interval '1 second' AS old
+		  SELECT o.id, o.event_id, o.endpoint, o.created_at < now() - $1 * interval '1 second' AS old,
+		         age(o.xmin) > age(xid($4::text::xid8)) AS before
 		  FROM ` + table + ` o WHERE o.id > $2 ORDER BY o.id LIMIT $3
+		), proven AS (
+		  SELECT EXISTS (SELECT FROM postbox.checkpoints c
+		                 WHERE c.slot = $8 AND $4::text IS NOT NULL AND c.lsn >= $5::pg_lsn AND NOT c.reconcile_pending
+		                   AND c.system_id IS NOT DISTINCT FROM $6 AND c.timeline IS NOT DISTINCT FROM $7) AS yes
 		), gone AS (
 		  DELETE FROM ` + table + ` o USING w
 		  WHERE o.id = w.id AND w.old
-		    AND EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = w.event_id AND e.endpoint = left(w.endpoint, ` + endpointKept + `))
+		    AND ((w.before AND (SELECT yes FROM proven))
+		         OR EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = w.event_id AND e.endpoint = left(w.endpoint, ` + endpointKept + `)))
 		  RETURNING o.id
 		)
 		SELECT (SELECT count(*) FROM gone), coalesce((SELECT max(id) FROM w), 0), (SELECT count(*) FROM w),

@@ -208,7 +208,7 @@ func TestPurgeIngestedOutboxKeepsWhatIsNotIngested(t *testing.T) {
 	otherEndpoint, otherEndpointEvent := row("other", "2 hours")
 	ingest(t, s, "ep", oldIngestedEvent, youngEvent, otherEndpointEvent) // the last under another endpoint
 
-	n, next, err := s.PurgeIngestedOutbox(ctx, time.Hour, 0, 100)
+	n, next, err := s.PurgeIngestedOutbox(ctx, time.Hour, 0, 100, store.OutboxHorizon{})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	require.Zero(t, next, "the window reached the end of the table: the next purge starts over")
@@ -254,7 +254,7 @@ func TestPurgeIngestedOutboxStepsOverWhatItKeeps(t *testing.T) {
 	var purged int64
 	after := int64(0)
 	for range 3 {
-		n, next, err := s.PurgeIngestedOutbox(ctx, time.Hour, after, 2)
+		n, next, err := s.PurgeIngestedOutbox(ctx, time.Hour, after, 2, store.OutboxHorizon{})
 		require.NoError(t, err)
 		purged += n
 		steps = append(steps, next)
@@ -268,6 +268,70 @@ func TestPurgeIngestedOutboxStepsOverWhatItKeeps(t *testing.T) {
 	left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	require.Equal(t, kept, left, "gone: the ingested rows %d and %d", first, second)
+}
+
+// TestPurgeIngestedOutboxProvesByHorizon: an old outbox row whose event
+// is already purged (event_retention no longer than outbox_retention)
+// goes once a horizon taken after its commit is proven ingested by the
+// checkpoint, and only then: not before the checkpoint passes it, not
+// while a reconciliation is owed, not on another server; and a row whose
+// transaction was still open when the horizon was taken stays.
+func TestPurgeIngestedOutboxProvesByHorizon(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	row := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) (id int64) {
+		require.NoError(t, q.QueryRow(ctx, `INSERT INTO postbox.outbox (endpoint, created_at) VALUES ('ep', now() - interval '2 hours')
+			RETURNING id`).Scan(&id))
+		return id
+	}
+	committed := row(s.Pool)
+	open, err := s.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(ctx) }()
+	stillOpen := row(open)
+	_, err = s.Pool.Exec(ctx, `INSERT INTO postbox.checkpoints (slot, lsn, system_id, timeline) VALUES ($1, '0/1', 'sys', 1)`, s.Slot)
+	require.NoError(t, err)
+	h, err := s.OutboxHorizon(ctx)
+	require.NoError(t, err)
+	require.NotZero(t, h.XID)
+	require.NoError(t, open.Commit(ctx))
+	after := row(s.Pool) // written after the horizon
+
+	left := func() []int64 {
+		rows, err := s.Pool.Query(ctx, `SELECT id FROM postbox.outbox ORDER BY id`)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return ids
+	}
+	purge := func(h store.OutboxHorizon) {
+		_, _, err := s.PurgeIngestedOutbox(ctx, time.Hour, 0, 100, h)
+		require.NoError(t, err)
+	}
+	checkpoint := func(lsn, system string, pending bool) {
+		_, err := s.Pool.Exec(ctx, `UPDATE postbox.checkpoints SET lsn = $2::pg_lsn, system_id = $3, reconcile_pending = $4 WHERE slot = $1`,
+			s.Slot, lsn, system, pending)
+		require.NoError(t, err)
+	}
+	all := []int64{committed, stillOpen, after}
+
+	purge(store.OutboxHorizon{})
+	require.Equal(t, all, left(), "no horizon: nothing is proven")
+	purge(h)
+	require.Equal(t, all, left(), "the checkpoint is not yet at the horizon")
+	past := (h.LSN + 1).String()
+	checkpoint(past, "sys", true)
+	purge(h)
+	require.Equal(t, all, left(), "a reconciliation is owed")
+	checkpoint(past, "another", false)
+	purge(h)
+	require.Equal(t, all, left(), "the checkpoint is another server's")
+	checkpoint(past, "sys", false)
+	purge(h)
+	require.Equal(t, []int64{stillOpen, after}, left(), "only the row committed before the horizon goes")
 }
 
 // TestPurgeIngestedOutboxReadsOnlyItsWindow: however many rows the outbox
@@ -285,7 +349,7 @@ func TestPurgeIngestedOutboxReadsOnlyItsWindow(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "+store.PurgeOutboxSQL(`"postbox"."outbox"`),
-		time.Hour.Seconds(), 0, 100)
+		time.Hour.Seconds(), 0, 100, nil, "0/0", nil, nil, s.Slot)
 	require.NoError(t, err)
 	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

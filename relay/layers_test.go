@@ -20,7 +20,7 @@ var tiers = [][]string{
 	// Configuration as written, and the states the machinery shares.
 	{"relay/config", "relay/internal/state"},
 	// Mechanisms: the database, a request, a policy, the dispatcher.
-	{"relay/internal/store", "relay/internal/deliver", "relay/internal/policy", "relay/internal/dispatch"},
+	{"relay/internal/store", "relay/internal/deliver", "relay/internal/policy", "relay/internal/dispatch", "relay/internal/endpoints"},
 	// The WAL and the public reads over the database.
 	{"relay/internal/wal", "relay/ops", "relay/telemetry", "relay/doctor"},
 	// The services, over their shared base (service).

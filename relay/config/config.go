@@ -80,6 +80,13 @@ type Config struct {
 	Defaults Endpoint
 	// Endpoints are the configured endpoints' effective settings.
 	Endpoints map[string]Endpoint
+	// EndpointTable is the endpoints of postbox.endpoints as applied on
+	// this instance (nil: none); the relay sets it on every configuration
+	// it loads, and a name the file defines too is the file's (Conflicts).
+	EndpointTable *EndpointTable
+	// NamedSecrets are the secrets declared by name (signing.named), which
+	// a table endpoint may name (its secret column).
+	NamedSecrets map[string][]outbox.Secret
 
 	// Migrate: run migrates at start (migrate:); otherwise it checks.
 	Migrate bool
@@ -129,12 +136,41 @@ type Endpoint struct {
 	// RowURLHosts are the hosts a row's url may name, lower-case (any
 	// when empty; see RowURLHost).
 	RowURLHosts []string
+
+	// Source is where the settings come from: SourceFile, SourceTable or
+	// SourceDefaults.
+	Source string
+	// Of a table endpoint: Disabled holds its events like a pause;
+	// Invalid (why its row cannot be used) holds them until a corrected
+	// row arrives; Revision is the row's, recorded with each attempt;
+	// SecretVersion and PreviousSecretUntil choose its derived secrets.
+	Disabled            bool
+	Invalid             string
+	Revision            int64
+	SecretVersion       int
+	PreviousSecretUntil time.Time
+}
+
+// Held reports why ep's events wait rather than being attempted ("" when
+// they do not): a table endpoint disabled, or whose row is invalid.
+func (ep Endpoint) Held() string {
+	switch {
+	case ep.Invalid != "":
+		return "invalid: " + ep.Invalid
+	case ep.Disabled:
+		return "disabled"
+	}
+	return ""
 }
 
 // Endpoint returns the effective settings for the named endpoint: its own
-// when configured, the defaults otherwise (Configured false, URL empty).
+// when configured (in the file, or else in the table), the defaults
+// otherwise (Configured false, URL empty).
 func (c *Config) Endpoint(name string) Endpoint {
 	if ep, ok := c.Endpoints[name]; ok {
+		return ep
+	}
+	if ep, ok := c.tableEndpoint(name); ok {
 		return ep
 	}
 	ep := c.Defaults
@@ -175,6 +211,9 @@ func (c *Config) NameOf(lane string) string {
 	if _, ok := c.Endpoints[lane]; ok {
 		return lane
 	}
+	if c.EndpointTable.entry(lane) != nil {
+		return lane
+	}
 	if i := strings.LastIndex(lane, LaneSep); i >= 0 {
 		return lane[:i]
 	}
@@ -186,6 +225,10 @@ func (c *Config) NameOf(lane string) string {
 // each master, or the shared ones. They are derived here, where a request
 // is signed, so that looking up an endpoint's settings costs no HMAC.
 func (c *Config) SigningSecrets(ep Endpoint) []outbox.Secret {
+	if ep.Source == SourceTable && !ep.OwnSecrets {
+		// A table endpoint always signs with its derived secret.
+		return tableSecrets(ep, time.Now())
+	}
 	if c.Derived && !ep.OwnSecrets {
 		return DeriveSecrets(ep.Secrets, ep.Name)
 	}
@@ -352,6 +395,22 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		secrets = append(secrets, fromFile...)
 	}
 	out.Secrets = secrets
+	for name, list := range c.Signing.Named {
+		if !nameRe.MatchString(name) {
+			return nil, keyErr("signing.named", "%q is not a secret name (lower-case letters, digits and underscores)", name)
+		}
+		named, err := parseSecrets("signing.named."+name, list)
+		if err != nil {
+			return nil, err
+		}
+		if len(named) == 0 {
+			return nil, keyErr("signing.named."+name, "lists no secret")
+		}
+		if out.NamedSecrets == nil {
+			out.NamedSecrets = map[string][]outbox.Secret{}
+		}
+		out.NamedSecrets[name] = named
+	}
 	switch c.Signing.PerEndpoint {
 	case "", PerEndpointShared:
 	case PerEndpointDerived:
@@ -397,7 +456,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		ep.Name, ep.Configured = name, true
+		ep.Name, ep.Configured, ep.Source = name, true, SourceFile
 		out.Endpoints[name] = ep
 	}
 	return out, nil

@@ -182,6 +182,10 @@ type Signing struct {
 	// "shared" (the default) with the secrets above, "derived" each with
 	// its own secret derived from each of them (outbox.DeriveSecret).
 	PerEndpoint string `yaml:"per_endpoint"`
+	// Named are secrets declared by name, for endpoints of
+	// postbox.endpoints that sign with a fixed secret of their own (their
+	// secret column names one): the database never holds a secret.
+	Named map[string][]string `yaml:"named"`
 }
 
 // Ways endpoints without secrets of their own sign (signing.per_endpoint).

@@ -1,0 +1,260 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/postbox-relay/postbox/outbox"
+)
+
+// Where an endpoint's settings come from (Endpoint.Source).
+const (
+	SourceDefaults = ""      // not configured: the defaults
+	SourceFile     = "file"  // the configuration file's endpoints
+	SourceTable    = "table" // a row of postbox.endpoints
+)
+
+// TableEndpoint is a row of postbox.endpoints as parsed (relay/internal
+// reads the row; this package resolves it against the defaults): its
+// settings as a file's endpoint would write them, and what only a row
+// has. Invalid says why the row cannot be used as written (a value that
+// does not parse); its events wait until a corrected row arrives.
+type TableEndpoint struct {
+	Name     string
+	Settings EndpointConfig
+	Enabled  bool
+	// EventTypes are the event types the endpoint subscribes to: exact
+	// names, or "prefix.*" for every type below prefix. Filter, when not
+	// nil, is a JSON object the payload must contain.
+	EventTypes []string
+	Filter     []byte
+	// Secret names a secret the configuration declares (signing.named);
+	// "" signs with the secret derived for the endpoint, of
+	// SecretVersion, the previous version too until PreviousSecretUntil.
+	Secret              string
+	SecretVersion       int
+	PreviousSecretUntil time.Time
+	Revision            int64
+	Invalid             string
+}
+
+// EndpointTable is the endpoints of postbox.endpoints as this instance applied
+// them, safe for concurrent use. A change replaces one entry: the others
+// keep their resolution (see Config.Endpoint).
+type EndpointTable struct {
+	mu  sync.RWMutex
+	eps map[string]*tableEntry
+}
+
+type tableEntry struct {
+	te    TableEndpoint
+	cache atomic.Pointer[tableResolved]
+}
+
+// tableResolved is an entry resolved under one configuration: reloading
+// the file resolves each entry again when it is next looked up.
+type tableResolved struct {
+	cfg *Config
+	ep  Endpoint
+}
+
+// NewEndpointTable returns an empty table.
+func NewEndpointTable() *EndpointTable { return &EndpointTable{eps: map[string]*tableEntry{}} }
+
+// Apply puts te in, unless the table holds a later revision of it.
+func (t *EndpointTable) Apply(te TableEndpoint) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur, ok := t.eps[te.Name]; ok && cur.te.Revision > te.Revision {
+		return
+	}
+	t.eps[te.Name] = &tableEntry{te: te}
+}
+
+// Remove takes name out, unless the table holds a revision of it later
+// than revision (a row inserted again after the delete being applied).
+func (t *EndpointTable) Remove(name string, revision int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur, ok := t.eps[name]; ok && cur.te.Revision <= revision {
+		delete(t.eps, name)
+	}
+}
+
+// Replace makes the table hold exactly eps (a whole copy read afresh).
+func (t *EndpointTable) Replace(eps []TableEndpoint) {
+	m := make(map[string]*tableEntry, len(eps))
+	for _, te := range eps {
+		m[te.Name] = &tableEntry{te: te}
+	}
+	t.mu.Lock()
+	t.eps = m
+	t.mu.Unlock()
+}
+
+// Get returns the row applied for name.
+func (t *EndpointTable) Get(name string) (TableEndpoint, bool) {
+	e := t.entry(name)
+	if e == nil {
+		return TableEndpoint{}, false
+	}
+	return e.te, true
+}
+
+// Revision is the revision applied for name (0 when there is none).
+func (t *EndpointTable) Revision(name string) int64 {
+	if e := t.entry(name); e != nil {
+		return e.te.Revision
+	}
+	return 0
+}
+
+func (t *EndpointTable) entry(name string) *tableEntry {
+	if t == nil {
+		return nil
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.eps[name]
+}
+
+// Len is how many endpoints the table holds.
+func (t *EndpointTable) Len() int {
+	if t == nil {
+		return 0
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.eps)
+}
+
+// Names are the table's endpoint names, sorted.
+func (t *EndpointTable) Names() []string {
+	if t == nil {
+		return nil
+	}
+	t.mu.RLock()
+	names := make([]string, 0, len(t.eps))
+	for n := range t.eps {
+		names = append(names, n)
+	}
+	t.mu.RUnlock()
+	sort.Strings(names)
+	return names
+}
+
+// Each calls f for every row applied, in no order, under the table's
+// read lock: f must not change the table.
+func (t *EndpointTable) Each(f func(TableEndpoint)) {
+	if t == nil {
+		return
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, e := range t.eps {
+		f(e.te)
+	}
+}
+
+// tableEndpoint is name's settings from the table, resolved under c
+// (cached per configuration), and whether the table has it.
+func (c *Config) tableEndpoint(name string) (Endpoint, bool) {
+	e := c.EndpointTable.entry(name)
+	if e == nil {
+		return Endpoint{}, false
+	}
+	if r := e.cache.Load(); r != nil && r.cfg == c {
+		return r.ep, true
+	}
+	ep := c.resolveTable(e.te)
+	e.cache.Store(&tableResolved{cfg: c, ep: ep})
+	return ep, true
+}
+
+// ReservedHeaders are the headers postbox sets itself: a row of
+// postbox.endpoints that sets one is invalid (the file's endpoints keep
+// theirs, as before).
+var ReservedHeaders = []string{"webhook-id", "webhook-timestamp", "webhook-signature", "content-type", "content-length", "host", "user-agent", "transfer-encoding", "connection"}
+
+// resolveTable resolves a table row against the defaults, except their
+// headers and secrets: whoever may write a row could point it at a host
+// of their own, and must not receive the operator's credentials there.
+// A row that does not resolve keeps its name and reason (Invalid).
+func (c *Config) resolveTable(te TableEndpoint) Endpoint {
+	base := c.Defaults
+	base.Headers, base.AllowRowURL = nil, false
+	base.Secrets, base.OwnSecrets = c.Secrets, false
+	invalid := func(reason string) Endpoint {
+		ep := base
+		ep.Name, ep.Configured, ep.Source, ep.Revision = te.Name, true, SourceTable, te.Revision
+		ep.Disabled, ep.Invalid = !te.Enabled, reason
+		return ep
+	}
+	if te.Invalid != "" {
+		return invalid(te.Invalid)
+	}
+	settings := te.Settings
+	settings.Secrets, settings.SecretsFile = nil, nil
+	for k := range settings.Headers {
+		if slices.Contains(ReservedHeaders, strings.ToLower(k)) {
+			return invalid(fmt.Sprintf("headers: %s is set by postbox", k))
+		}
+	}
+	ep, err := resolveEndpoint("endpoints "+strconv.Quote(te.Name), base, settings, skipSecretsFile)
+	if err != nil {
+		msg := err.Error()
+		if e, ok := err.(*Error); ok {
+			msg = strings.TrimPrefix(e.Key, "endpoints "+strconv.Quote(te.Name)+".") + ": " + e.Msg
+		}
+		return invalid(msg)
+	}
+	ep.Name, ep.Configured, ep.Source, ep.Revision = te.Name, true, SourceTable, te.Revision
+	ep.Disabled = !te.Enabled
+	ep.SecretVersion, ep.PreviousSecretUntil = max(te.SecretVersion, 1), te.PreviousSecretUntil
+	if te.Secret != "" {
+		named, ok := c.NamedSecrets[te.Secret]
+		if !ok {
+			return invalid(fmt.Sprintf("secret: no secret %q is declared under signing.named", te.Secret))
+		}
+		ep.Secrets, ep.OwnSecrets = named, true
+	}
+	return ep
+}
+
+// Conflicts are the names defined both in the file and in the table: the
+// file's settings are used for them.
+func (c *Config) Conflicts() []string {
+	var out []string
+	for _, n := range c.EndpointTable.Names() {
+		if _, ok := c.Endpoints[n]; ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// derivedLabel is the label a table endpoint's secret of version v is
+// derived for: its name, then name/v.
+func derivedLabel(name string, v int) string {
+	if v <= 1 {
+		return name
+	}
+	return name + "/" + strconv.Itoa(v)
+}
+
+// tableSecrets are a table endpoint's derived secrets at now: of its
+// version under each master, then of the previous version while
+// previous_secret_until has not passed.
+func tableSecrets(ep Endpoint, now time.Time) []outbox.Secret {
+	out := DeriveSecrets(ep.Secrets, derivedLabel(ep.Name, ep.SecretVersion))
+	if ep.SecretVersion > 1 && now.Before(ep.PreviousSecretUntil) {
+		out = append(out, DeriveSecrets(ep.Secrets, derivedLabel(ep.Name, ep.SecretVersion-1))...)
+	}
+	return out
+}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"net"
 	"net/http"
 	"net/url"
@@ -192,4 +193,11 @@ func localPath(p string) string {
 		return "/"
 	}
 	return p
+}
+
+// shortSession is a short id for a session, for the endpoint change log:
+// a hash of the session's id, which itself never leaves the cookie.
+func shortSession(id string) string {
+	h := sha256.Sum256([]byte("postbox console actor v1|" + id))
+	return "s-" + hex.EncodeToString(h[:4])
 }

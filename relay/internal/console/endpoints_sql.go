@@ -168,11 +168,6 @@ func changedKeys(op string, old, cur map[string]any) []string {
 			rest = append(rest, k)
 		}
 	}
-	for k := range old {
-		if !seen[k] && cur == nil {
-			rest = append(rest, k)
-		}
-	}
 	slices.Sort(rest)
 	for _, k := range rest {
 		add(k)

@@ -166,6 +166,9 @@ type endpointPage struct {
 	Source             string
 	Disabled, Conflict bool
 	Invalid            string
+	// Applying: this instance has applied an older revision of the row
+	// (or none) yet; changes apply within a second.
+	Applying bool
 	// Settings are shown read-only: a file endpoint's, or a row's to a
 	// request that may not edit it; Form is a row's edit form.
 	Settings     []kv
@@ -194,6 +197,7 @@ func (c *Console) endpoint(rq *request) error {
 	if row != nil {
 		ep := resolveScratch(rq.cfg, endpoints.Parse(row))
 		p.Source, p.Disabled, p.Invalid, p.Conflict = config.SourceTable, ep.Disabled, ep.Invalid, inFile
+		p.Applying = rq.cfg.EndpointTable != nil && rq.cfg.EndpointTable.Revision(name) < ep.Revision
 		if rq.s.canAct() {
 			p.Form = formFromRow(row)
 			p.Form.Actor = rq.actor()

@@ -41,7 +41,8 @@ type session struct {
 // canRead reports whether the request may see pages.
 func (s session) canRead() bool { return s.open || s.signedIn }
 
-// canAct reports whether the request may replay, pause and resume.
+// canAct reports whether the request may replay, pause, resume and change
+// endpoints.
 func (s session) canAct() bool { return s.tokenSet && s.signedIn }
 
 // by names how the request proved the token, for the log.

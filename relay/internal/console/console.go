@@ -212,7 +212,7 @@ func (c *Console) action(h func(*request) (string, error)) http.Handler {
 		case !rq.s.tokenSet:
 			c.message(rq, http.StatusForbidden, "Actions are disabled",
 				"No admin_token is configured, so the console only reads.",
-				"Set admin_token (or POSTBOX_ADMIN_TOKEN) to replay, pause and resume from here.", true)
+				"Set admin_token (or POSTBOX_ADMIN_TOKEN) to replay, pause, resume and change endpoints from here.", true)
 			return
 		case !sameOrigin(r, rq.s.bearer):
 			c.message(rq, http.StatusForbidden, "Refused", "This request did not come from the console's own pages.", "", true)

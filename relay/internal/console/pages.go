@@ -96,7 +96,8 @@ type endpointRow struct {
 	// Source is config.SourceFile, config.SourceTable, or "" (rows that
 	// carry their own URL).
 	Source string
-	// Of a table row: Disabled, Invalid (why it cannot be used); Conflict:
+	// Of a table row: Disabled, Invalid (why it cannot be used, cut as
+	// stored text is: it may quote a value); Conflict:
 	// the file defines the name too, and its settings are used.
 	Disabled bool
 	Invalid  string
@@ -140,7 +141,7 @@ func (c *Console) endpoints(rq *request) error {
 	for _, te := range tes {
 		r := get(te.Name)
 		ep := scratch.Endpoint(te.Name)
-		r.Source, r.Disabled, r.Invalid = config.SourceTable, ep.Disabled, ep.Invalid
+		r.Source, r.Disabled, r.Invalid = config.SourceTable, ep.Disabled, c.text(rq, ep.Invalid)
 	}
 	for name := range rq.cfg.Endpoints {
 		r := get(name)
@@ -196,7 +197,7 @@ func (c *Console) endpoint(rq *request) error {
 	}
 	if row != nil {
 		ep := resolveScratch(rq.cfg, endpoints.Parse(row))
-		p.Source, p.Disabled, p.Invalid, p.Conflict = config.SourceTable, ep.Disabled, ep.Invalid, inFile
+		p.Source, p.Disabled, p.Invalid, p.Conflict = config.SourceTable, ep.Disabled, c.text(rq, ep.Invalid), inFile
 		p.Applying = rq.cfg.EndpointTable != nil && rq.cfg.EndpointTable.Revision(name) < ep.Revision
 		if rq.s.canAct() {
 			p.Form = formFromRow(row)

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -105,6 +106,10 @@ func TestEndpointFormWritesRowsAndTheChangeLog(t *testing.T) {
 		require.Contains(t, m[1], tc.want, "%s=%s", tc.field, tc.value)
 		require.Nil(t, tb.endpointRow(t, "bad"), "nothing written")
 	}
+	// A constraint's refusal (only PostgreSQL checks a name's length).
+	a = tb.post(t, c, "/new-endpoint", form(csrf, "name", strings.Repeat("n", 201), "url", "https://x.example/"))
+	require.Equal(t, http.StatusUnprocessableEntity, a.status)
+	require.Regexp(t, `<div class="error" id="e-name">A name is 1 to 200 bytes long.</div>`, a.body)
 	a = tb.post(t, c, "/new-endpoint", form(csrf, "name", "shop", "url", "https://x.example/"))
 	require.Equal(t, http.StatusUnprocessableEntity, a.status)
 	require.Contains(t, a.body, "The configuration file defines an endpoint of this name")

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/postbox-relay/postbox/relay/config"
@@ -112,6 +113,9 @@ func (c *Console) createEndpoint(rq *request) (string, error) {
 func (c *Console) editEndpoint(rq *request) (string, error) {
 	f := formFromRequest(rq.r, false)
 	f.Name = rq.r.PathValue("name")
+	if _, err := strconv.ParseInt(f.Revision, 10, 64); err != nil {
+		return "", badRequest("The form names no revision of the row: reload the page.")
+	}
 	stored, err := readEndpointRow(rq.ctx, rq.pool, f.Name)
 	if err != nil {
 		return "", err

@@ -215,9 +215,11 @@ func val(row endpoints.Row, col string) string {
 	return ""
 }
 
-// maskedHeaders is a headers column as "Name: ***" lines, by name.
+// maskedHeaders is a headers column as "Name: ***" lines, by name (of
+// any JSON object: a row written by SQL may hold a value that is not a
+// string, which makes it invalid, and keeps it until it is changed).
 func maskedHeaders(js string) string {
-	var h map[string]string
+	var h map[string]json.RawMessage
 	if js == "" || json.Unmarshal([]byte(js), &h) != nil {
 		return ""
 	}
@@ -241,7 +243,8 @@ func formFromRequest(r *http.Request, isNew bool) *endpointForm {
 	f := &endpointForm{New: isNew, Name: strings.TrimSpace(r.PostFormValue("name")),
 		Enabled: r.PostFormValue("enabled") != "false", Revision: r.PostFormValue("revision")}
 	for _, ff := range formFields {
-		v := r.PostFormValue(ff.Col)
+		// Browsers send a textarea's lines ended by CRLF.
+		v := strings.ReplaceAll(r.PostFormValue(ff.Col), "\r\n", "\n")
 		if ff.Kind != kindTextarea {
 			v = strings.TrimSpace(v)
 		}
@@ -365,11 +368,11 @@ func sentence(s string) string {
 // as *** keeps the stored one. problem is what is wrong with the lines,
 // in a sentence for the form.
 func headersJSON(text string, stored endpoints.Row) (js, problem string) {
-	var old map[string]string
+	var old map[string]json.RawMessage
 	if v := stored["headers"]; v != nil {
 		_ = json.Unmarshal([]byte(*v), &old)
 	}
-	h := map[string]string{}
+	h := map[string]json.RawMessage{}
 	for i, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" {
@@ -385,14 +388,15 @@ func headersJSON(text string, stored endpoints.Row) (js, problem string) {
 			if !ok {
 				return "", fmt.Sprintf("Line %d: %s has no stored value to keep: write its value.", i+1, k)
 			}
-			v = ov
+			h[k] = ov
+			continue
 		}
-		h[k] = v
+		h[k], _ = json.Marshal(v) // a string always marshals
 	}
 	if len(h) == 0 {
 		return "", ""
 	}
-	b, _ := json.Marshal(h) // a map of strings always marshals
+	b, _ := json.Marshal(h) // of valid JSON values: always marshals
 	return string(b), ""
 }
 

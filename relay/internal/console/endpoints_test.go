@@ -204,3 +204,30 @@ func TestEndpointPagesShowInvalidRowsAndConflicts(t *testing.T) {
 }
 
 func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestEditKeepsHeadersLeftMasked: a header left as *** keeps its stored
+// value, even one SQL wrote that is not a string (the form then refuses
+// the row, invalid for it as before, until the value is written); lines
+// end as browsers send them (CRLF); a form without a revision is refused.
+func TestEditKeepsHeadersLeftMasked(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{token: token})
+	c := tb.client(t)
+	csrf := tb.signIn(t, c)
+	_, err := tb.pool.Exec(context.Background(), `INSERT INTO postbox.endpoints (name, url, headers) VALUES ('aff-3', 'https://a.example/', '{"X-N": 1, "X-S": "s-1"}')`)
+	require.NoError(t, err)
+	page := tb.get(t, c, "/endpoints/aff-3")
+	require.Contains(t, page.body, "X-N: ***\nX-S: ***")
+	require.Contains(t, page.body, "Invalid: headers: ")
+	rev := tb.endpointRow(t, "aff-3").Revision
+
+	a := tb.post(t, c, "/endpoints/aff-3/edit", form(csrf, "url", "https://b.example/", "headers", "X-N: ***\r\nX-S: ***\r\n"))
+	require.Equal(t, http.StatusBadRequest, a.status, "no revision")
+	a = tb.post(t, c, "/endpoints/aff-3/edit", form(csrf, "revision", itoa64(rev), "url", "https://b.example/", "headers", "X-N: ***\r\nX-S: ***\r\n"))
+	require.Equal(t, http.StatusUnprocessableEntity, a.status, "still invalid: a header's value is not a string")
+	a = tb.post(t, c, "/endpoints/aff-3/edit", form(csrf, "revision", itoa64(rev), "url", "https://b.example/", "headers", "X-N: 2\r\nX-S: ***\r\n"))
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	row := tb.endpointRow(t, "aff-3")
+	require.Equal(t, "https://b.example/", *row.URL)
+	require.JSONEq(t, `{"X-N": "2", "X-S": "s-1"}`, *row.Headers)
+}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"net"
 	"net/http"
 	"net/url"
@@ -40,7 +41,8 @@ type session struct {
 // canRead reports whether the request may see pages.
 func (s session) canRead() bool { return s.open || s.signedIn }
 
-// canAct reports whether the request may replay, pause and resume.
+// canAct reports whether the request may replay, pause, resume and change
+// endpoints.
 func (s session) canAct() bool { return s.tokenSet && s.signedIn }
 
 // by names how the request proved the token, for the log.
@@ -192,4 +194,11 @@ func localPath(p string) string {
 		return "/"
 	}
 	return p
+}
+
+// shortSession is a short id for a session, for the endpoint change log:
+// a hash of the session's id, which itself never leaves the cookie.
+func shortSession(id string) string {
+	h := sha256.Sum256([]byte("postbox console actor v1|" + id))
+	return "s-" + hex.EncodeToString(h[:4])
 }

@@ -89,8 +89,8 @@ func New(o Options) *Console {
 		c.now = time.Now
 	}
 	c.pages = map[string]*template.Template{}
-	for _, name := range []string{"overview", "endpoints", "endpoint", "deadletters", "events", "event", "login", "message"} {
-		c.pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
+	for _, name := range []string{"overview", "endpoints", "endpoint", "deadletters", "events", "event", "login", "message", "endpointform", "endpointdelete"} {
+		c.pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/form.html", "templates/"+name+".html"))
 	}
 	static, _ := fs.Sub(staticFS, "static")
 	files := http.FileServerFS(static)
@@ -105,6 +105,13 @@ func New(o Options) *Console {
 	mux.Handle("GET /{$}", c.page(c.overview))
 	mux.Handle("GET /endpoints", c.page(c.endpoints))
 	mux.Handle("GET /endpoints/{name}", c.page(c.endpoint))
+	mux.Handle("GET /new-endpoint", c.page(c.newEndpoint))
+	mux.Handle("POST /new-endpoint", c.action(c.createEndpoint))
+	mux.Handle("POST /endpoints/{name}/edit", c.action(c.editEndpoint))
+	mux.Handle("POST /endpoints/{name}/disable", c.action(c.setEnabled(false)))
+	mux.Handle("POST /endpoints/{name}/enable", c.action(c.setEnabled(true)))
+	mux.Handle("GET /endpoints/{name}/delete", c.page(c.confirmDelete))
+	mux.Handle("POST /endpoints/{name}/delete", c.action(c.deleteEndpoint))
 	mux.Handle("POST /endpoints/{name}/pause", c.action(c.pause))
 	mux.Handle("POST /endpoints/{name}/resume", c.action(c.resume))
 	mux.Handle("GET /dead-letters", c.page(c.deadLetters))
@@ -194,7 +201,8 @@ func (c *Console) page(h func(*request) error) http.Handler {
 // action wraps a POST that changes something: it needs admin_token to be
 // configured, the request to come from the console's own pages, the
 // token proved (session cookie or bearer header), and the session's form
-// token. It answers with a redirect to the page to show next.
+// token. It answers with a redirect to the page to show next, unless the
+// handler showed a page itself (a form with its errors: dest "").
 func (c *Console) action(h func(*request) (string, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
@@ -204,7 +212,7 @@ func (c *Console) action(h func(*request) (string, error)) http.Handler {
 		case !rq.s.tokenSet:
 			c.message(rq, http.StatusForbidden, "Actions are disabled",
 				"No admin_token is configured, so the console only reads.",
-				"Set admin_token (or POSTBOX_ADMIN_TOKEN) to replay, pause and resume from here.", true)
+				"Set admin_token (or POSTBOX_ADMIN_TOKEN) to replay, pause, resume and change endpoints from here.", true)
 			return
 		case !sameOrigin(r, rq.s.bearer):
 			c.message(rq, http.StatusForbidden, "Refused", "This request did not come from the console's own pages.", "", true)
@@ -231,6 +239,9 @@ func (c *Console) action(h func(*request) (string, error)) http.Handler {
 		dest, err := h(rq)
 		if err != nil {
 			c.fail(rq, err)
+			return
+		}
+		if dest == "" {
 			return
 		}
 		http.Redirect(w, r, dest, http.StatusSeeOther)
@@ -358,6 +369,16 @@ func flash(q url.Values) string {
 		return "Paused: this endpoint's deliveries wait (nothing is dropped) until the pause ends or you resume it."
 	case "resumed":
 		return "Resumed: deliveries to this endpoint go out again."
+	case "created":
+		return "Created: every instance applies it within a second; events committed from now on are delivered under it."
+	case "saved":
+		return "Saved: every instance applies the change within a second; events committed from now on are delivered under it."
+	case "disabled":
+		return "Disabled: this endpoint's events wait (nothing is dropped) until it is enabled again."
+	case "enabled":
+		return "Enabled: this endpoint's events go out again."
+	case "deleted":
+		return "Deleted: events for it are dead-lettered as unknown_endpoint (replayable once it exists again)."
 	case "signedin":
 		return "Signed in."
 	case "signedout":

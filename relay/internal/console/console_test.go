@@ -314,7 +314,7 @@ func TestActionsNeedTheTokenTheOriginAndTheFormToken(t *testing.T) {
 	c := tb.client(t)
 	page := tb.get(t, c, "/dead-letters")
 	require.Equal(t, http.StatusOK, page.status, "loopback reads without signing in")
-	require.Contains(t, page.body, "with the admin token to replay, pause and resume")
+	require.Contains(t, page.body, "with the admin token to replay, pause, resume and change endpoints")
 	require.NotContains(t, page.body, `action="/replay"`)
 	require.Equal(t, http.StatusUnauthorized, tb.post(t, c, "/replay", form("")).status, "not signed in")
 

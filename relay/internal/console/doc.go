@@ -6,9 +6,12 @@
 //	/                      health summary, firing alerts, queue, slot lag,
 //	                       instances, commit→delivery p50/p99 of the hour,
 //	                       deliveries and failed attempts per minute
-//	/endpoints             state, p50/p95/p99, samples, failures, queue
+//	/endpoints             where each is defined (file, table), state,
+//	                       p50/p95/p99, samples, failures, queue
 //	/endpoints/NAME        latency per five minutes over 24 h, recent
-//	                       attempts, pause and resume
+//	                       attempts, pause and resume; a table endpoint's
+//	                       edit form, disable, enable, delete; its changes
+//	/new-endpoint          a new row of postbox.endpoints
 //	/dead-letters          the analysis with its advice, the list, replay
 //	/events?payload=K%3DV  search (also endpoint, status, since, until)
 //	/events/ID             the timeline: each delivery, attempt and replay
@@ -31,7 +34,8 @@
 // HMAC-SHA256 of it keyed by the token: never the token, and changing the
 // token ends every session.
 //
-// Acting (replay, pause, resume, sign-out): a POST only, and only when
+// Acting (replay, pause, resume, an endpoint's create, edit, disable,
+// enable and delete, sign-out): a POST only, and only when
 // admin_token is configured (without one the pages say how to enable
 // actions). The request must prove the token as above, come from the
 // console's own pages (Sec-Fetch-Site, else Origin, else Referer naming
@@ -40,6 +44,21 @@
 // session's form token (an HMAC of the session id). Sign-in is a POST with
 // the same origin check; a wrong token holds every sign-in back for a
 // moment.
+//
+// # Endpoints as rows
+//
+// The endpoint form writes postbox.endpoints (the file's endpoints are
+// read-only here). A value is judged as the relay will judge the row:
+// PostgreSQL casts it to its column's type and gives its text output,
+// endpoints.Parse reads the row, and the configuration in force resolves
+// it as the only endpoint of a scratch table; a reason (it names its
+// column) or a constraint's refusal is shown next to its field, and
+// nothing is written. The write is one transaction that first sets
+// postbox.actor to console:s-<8 hex> (a hash of the session's id;
+// console:bearer for the bearer header), which the change log records.
+// An edit applies only over the revision its form was read at. Header
+// values may be credentials: no page shows them (a stored header reads
+// "Name: ***", and a line left so keeps its value).
 //
 // Pages show no secrets, and no URL query strings or response bodies
 // unless log_payloads is on: targets are stored as scheme://host/path,

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/endpoints"
 	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
@@ -81,30 +83,99 @@ func (c *Console) overview(rq *request) error {
 }
 
 type endpointsPage struct {
-	Endpoints []telemetry.EndpointStats
+	Endpoints []endpointRow
 	Capped    bool
 }
 
-// endpoints is the table of `postbox endpoints`.
+// endpointRow is a line of the endpoints table: its figures (HasStats:
+// it has deliveries or samples), where it is defined, and whether its
+// events wait.
+type endpointRow struct {
+	telemetry.EndpointStats
+	HasStats bool
+	// Source is config.SourceFile, config.SourceTable, or "" (rows that
+	// carry their own URL).
+	Source string
+	// Of a table row: Disabled, Invalid (why it cannot be used, cut as
+	// stored text is: it may quote a value); Conflict:
+	// the file defines the name too, and its settings are used.
+	Disabled bool
+	Invalid  string
+	Conflict bool
+}
+
+// endpoints is the table of `postbox endpoints`: every endpoint with
+// figures, every endpoint of the file, and the rows of postbox.endpoints
+// (each judged as the relay judges it), the first EndpointsLimitDefault
+// by name.
 func (c *Console) endpoints(rq *request) error {
 	eps, err := telemetry.LoadEndpointsRefreshed(rq.ctx, rq.pool, "")
 	if err != nil {
 		return err
 	}
-	p := endpointsPage{Endpoints: eps}
-	if len(eps) > EndpointsLimitDefault {
-		p.Endpoints, p.Capped = eps[:EndpointsLimitDefault], true
+	rows, err := readEndpointRows(rq.ctx, rq.pool, endpointRowsSQL, "", EndpointsLimitDefault+1)
+	if err != nil {
+		return err
 	}
-	for i := range p.Endpoints {
-		p.Endpoints[i].LastError = c.text(rq, p.Endpoints[i].LastError)
+	byName := map[string]*endpointRow{}
+	var list []*endpointRow
+	get := func(name string) *endpointRow {
+		if r, ok := byName[name]; ok {
+			return r
+		}
+		r := &endpointRow{EndpointStats: telemetry.EndpointStats{Endpoint: name}}
+		byName[name] = r
+		list = append(list, r)
+		return r
+	}
+	for _, e := range eps {
+		r := get(e.Endpoint)
+		r.EndpointStats, r.HasStats = e, true
+		r.LastError = c.text(rq, e.LastError)
+	}
+	tes := make([]config.TableEndpoint, len(rows))
+	for i, row := range rows {
+		tes[i] = endpoints.Parse(row)
+	}
+	scratch := scratchConfig(rq.cfg, tes)
+	for _, te := range tes {
+		r := get(te.Name)
+		ep := scratch.Endpoint(te.Name)
+		r.Source, r.Disabled, r.Invalid = config.SourceTable, ep.Disabled, c.text(rq, ep.Invalid)
+	}
+	for name := range rq.cfg.Endpoints {
+		r := get(name)
+		r.Conflict = r.Source == config.SourceTable
+		r.Source = config.SourceFile
+	}
+	slices.SortFunc(list, func(a, b *endpointRow) int { return strings.Compare(a.Endpoint, b.Endpoint) })
+	p := endpointsPage{}
+	if len(list) > EndpointsLimitDefault {
+		list, p.Capped = list[:EndpointsLimitDefault], true
+	}
+	for _, r := range list {
+		p.Endpoints = append(p.Endpoints, *r)
 	}
 	c.render(rq, http.StatusOK, "endpoints", "Endpoints", "endpoints", 0, p)
 	return nil
 }
 
 type endpointPage struct {
-	Name         string
-	Configured   bool
+	Name       string
+	Configured bool
+	// Source, Disabled, Invalid, Conflict: as the endpoints table's.
+	Source             string
+	Disabled, Conflict bool
+	Invalid            string
+	// Applying: this instance has applied an older revision of the row
+	// (or none) yet; changes apply within a second.
+	Applying bool
+	// Settings are shown read-only: a file endpoint's, or a row's to a
+	// request that may not edit it; Form is a row's edit form.
+	Settings     []kv
+	Form         *endpointForm
+	Changes      []change
+	ChangesLimit int
 	Stats        *telemetry.EndpointStats
 	Chart        template.HTML
 	Attempts     []postboxtype.AttemptRow
@@ -113,12 +184,36 @@ type endpointPage struct {
 	FailingNow bool
 }
 
-// endpoint is one endpoint: its figures, its latency over 24 hours per
-// five minutes, its last attempts, and pause or resume.
+// endpoint is one endpoint: where it is defined and its settings (a
+// table row's edit form), its figures, its latency over 24 hours per five
+// minutes, its last attempts, pause and resume, and its changes.
 func (c *Console) endpoint(rq *request) error {
 	name := rq.r.PathValue("name")
-	p := endpointPage{Name: name, AttemptLimit: ListLimitDefault}
-	_, p.Configured = rq.cfg.Endpoints[name]
+	p := endpointPage{Name: name, AttemptLimit: ListLimitDefault, ChangesLimit: ChangesLimitDefault}
+	fileEp, inFile := rq.cfg.Endpoints[name]
+	row, err := readEndpointRow(rq.ctx, rq.pool, name)
+	if err != nil {
+		return err
+	}
+	if row != nil {
+		ep := resolveScratch(rq.cfg, endpoints.Parse(row))
+		p.Source, p.Disabled, p.Invalid, p.Conflict = config.SourceTable, ep.Disabled, c.text(rq, ep.Invalid), inFile
+		p.Applying = rq.cfg.EndpointTable != nil && rq.cfg.EndpointTable.Revision(name) < ep.Revision
+		if rq.s.canAct() {
+			p.Form = formFromRow(row)
+			p.Form.Actor = rq.actor()
+		} else {
+			p.Settings = c.rowSettings(rq, row)
+		}
+	}
+	if inFile {
+		p.Source = config.SourceFile
+		p.Settings = c.fileSettings(rq, fileEp)
+	}
+	p.Configured = p.Source != ""
+	if p.Changes, err = readChanges(rq.ctx, rq.pool, name, ChangesLimitDefault); err != nil {
+		return err
+	}
 	eps, err := telemetry.LoadEndpointsRefreshed(rq.ctx, rq.pool, name)
 	if err != nil {
 		return err
@@ -128,7 +223,7 @@ func (c *Console) endpoint(rq *request) error {
 		p.Stats.LastError = c.text(rq, p.Stats.LastError)
 		f, ok := p.Stats.LastFailureAt, p.Stats.LastSuccessAt
 		p.FailingNow = f != nil && (ok == nil || f.After(*ok))
-	} else if !p.Configured {
+	} else if !p.Configured && len(p.Changes) == 0 {
 		return errNotFound
 	}
 	series, err := telemetry.LatencySeries(rq.ctx, rq.pool, name)

@@ -288,15 +288,23 @@ func TestPurgeIngestedOutboxProvesByHorizon(t *testing.T) {
 		return id
 	}
 	committed := row(s.Pool)
+	var committedXID uint64
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT pg_current_xact_id()::text::int8`).Scan(&committedXID)) // after the row's
 	open, err := s.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = open.Rollback(ctx) }()
 	stillOpen := row(open)
 	_, err = s.Pool.Exec(ctx, `INSERT INTO postbox.checkpoints (slot, lsn, system_id, timeline) VALUES ($1, '0/1', 'sys', 1)`, s.Slot)
 	require.NoError(t, err)
-	h, err := s.OutboxHorizon(ctx)
-	require.NoError(t, err)
-	require.NotZero(t, h.XID)
+	// The horizon is the cluster's: a transaction of another test's
+	// database still open holds it back, so it is taken again until it
+	// is past the row.
+	var h store.OutboxHorizon
+	require.Eventually(t, func() bool {
+		h, err = s.OutboxHorizon(ctx)
+		require.NoError(t, err)
+		return h.XID > committedXID
+	}, 20*time.Second, 20*time.Millisecond)
 	require.NoError(t, open.Commit(ctx))
 	after := row(s.Pool) // written after the horizon
 

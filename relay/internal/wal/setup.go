@@ -102,6 +102,41 @@ func EnsurePublication(ctx context.Context, q store.Querier, publication string,
 	return nil
 }
 
+// EndpointsPublication is the name of the publication of postbox.endpoints
+// beside publication (the outbox's): "<publication>_endpoints", its
+// prefix cut so the whole fits PostgreSQL's 63 bytes.
+func EndpointsPublication(publication string) string {
+	const suffix = "_endpoints"
+	if len(publication)+len(suffix) > 63 {
+		publication = publication[:63-len(suffix)]
+	}
+	return publication + suffix
+}
+
+// EnsureEndpointsPublication creates the publication of postbox.endpoints
+// (inserts, updates and deletes) if it is missing. postbox owns its
+// schema, so its own role makes it, unlike the outbox's.
+func EnsureEndpointsPublication(ctx context.Context, q store.Querier, publication string) error {
+	name := EndpointsPublication(publication)
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("look up publication %s: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	_, err := q.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{name}.Sanitize()+
+		" FOR TABLE postbox.endpoints WITH (publish = 'insert, update, delete')")
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeDuplicateObject {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create publication %s: %w", name, err)
+	}
+	return nil
+}
+
 // PublicationSQL is the statement that creates the publication postbox
 // reads: the outbox table's inserts only.
 func PublicationSQL(publication string, table outbox.Table) string {

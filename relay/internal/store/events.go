@@ -254,6 +254,9 @@ type IngestConn struct {
 	lead     Leadership
 	systemID string
 	timeline int32
+	// endpointsLSN is the last endpoint change the open transaction
+	// applied (WriteEndpoints), stored with its checkpoint.
+	endpointsLSN pglogrepl.LSN
 }
 
 // SetSession sets the leadership token and the server identity checkpoint

@@ -288,7 +288,8 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 const loadUnderWaySQL = `
 WITH ranges AS MATERIALIZED (SELECT id, owner FROM postbox.under_way WHERE id = ANY($2))
 SELECT 0::int8, e.endpoint, '', 0, e.event_id::text, coalesce(e.url, ''), e.event_type,
-       e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message, e.id, r.range_id
+       e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message,
+       coalesce(e.commit_lsn - '0/0', 0)::int8, e.id, r.range_id
 FROM unnest($1::int8[], $2::int8[]) AS r(event_pk, range_id)
 JOIN ranges u ON u.id = r.range_id AND u.owner = $3
 JOIN postbox.events e ON e.id = r.event_pk

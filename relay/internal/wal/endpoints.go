@@ -18,7 +18,10 @@ type EndpointChange struct {
 	// OldName is the name before an update that changed it: that entry
 	// goes.
 	OldName string
-	Deleted bool
+	// Inserted: Row is the whole row; an update's may lack unchanged
+	// TOAST columns.
+	Inserted bool
+	Deleted  bool
 	// Revision is the row's revision; of a delete, the deleted row's
 	// (the table's replica identity is full).
 	Revision int64
@@ -54,7 +57,7 @@ func (ss *session[P]) endpointChange(data []byte) error {
 	switch m := msg.(type) {
 	case *pglogrepl.InsertMessage:
 		rel = ss.rels[m.RelationID]
-		c.Row = rel.textRow(m.Tuple)
+		c.Row, c.Inserted = rel.textRow(m.Tuple), true
 	case *pglogrepl.UpdateMessage:
 		rel = ss.rels[m.RelationID]
 		c.Row = rel.textRow(m.NewTuple)

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,7 +23,22 @@ const (
 	// outbox.Emit was dead-lettered because outbox_messages is off: the
 	// application's own events waiting for a replay, or a forgery.
 	AlertMessagesOff = "messages_off"
+	// AlertEndpointInvalid fires while a row of postbox.endpoints is
+	// invalid (a value only postbox can judge): its events wait.
+	AlertEndpointInvalid = "endpoint_invalid"
 )
+
+// InvalidEndpoints names the endpoints of cfg's table (postbox.endpoints
+// as the instance applied it) that are invalid, sorted.
+func InvalidEndpoints(cfg *config.Config) []string {
+	var out []string
+	for _, name := range cfg.EndpointTable.Names() {
+		if ep := cfg.Endpoint(name); ep.Source == config.SourceTable && ep.Invalid != "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
 
 // Alert is one alert's state. Subject is the endpoint for per-endpoint
 // alerts.
@@ -69,6 +85,17 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 			"if it does not, a role of the database is forging events", s.MessagesOffLastDay)
 	}
 	out = append(out, msgs)
+	inv := Alert{Name: AlertEndpointInvalid, Firing: len(s.InvalidEndpoints) > 0, Detail: "every endpoint of postbox.endpoints is valid"}
+	if inv.Firing {
+		names := s.InvalidEndpoints
+		more := ""
+		if len(names) > 10 {
+			names, more = names[:10], fmt.Sprintf(" and %d more", len(s.InvalidEndpoints)-10)
+		}
+		inv.Detail = fmt.Sprintf("%d endpoints of postbox.endpoints are invalid and their events wait (%s%s): postbox endpoints shows why; correct the rows",
+			len(s.InvalidEndpoints), strings.Join(names, ", "), more)
+	}
+	out = append(out, inv)
 	for _, e := range endpoints {
 		if e.P95MS == nil || e.SampleCount < minSamples {
 			continue

@@ -172,12 +172,19 @@ func (s *Syncer) Await(ctx context.Context, commit uint64) error {
 func (s *Syncer) Apply(c wal.EndpointChange) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c.OldName != "" {
-		s.applyLocked(c.OldName, nil, c.Revision, true)
-	}
-	if c.Deleted {
+	switch {
+	case c.Deleted:
 		s.applyLocked(c.Name, nil, c.Revision, true)
-	} else {
+	case c.OldName != "":
+		// Renamed: the columns the update left out are the old name's.
+		row := maps.Clone(s.rows[c.OldName])
+		if row == nil {
+			row = endpoints.Row{}
+		}
+		maps.Copy(row, c.Row)
+		s.applyLocked(c.Name, row, c.Revision, true)
+		s.applyLocked(c.OldName, nil, c.Revision, true)
+	default:
 		s.applyLocked(c.Name, c.Row, c.Revision, c.Inserted)
 	}
 	s.changed()

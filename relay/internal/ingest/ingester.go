@@ -380,11 +380,7 @@ func (ing *ingester) writeEndpoints(ctx context.Context, chunks []wal.Chunk[prep
 	var whole []bool
 	for i := range chunks {
 		for _, c := range chunks[i].EndpointChanges {
-			if c.OldName != "" {
-				// Renamed: the old name goes, as by a delete of it.
-				ws, whole = append(ws, store.EndpointWrite{Name: c.OldName, Revision: c.Revision, LSN: c.Commit}), append(whole, true)
-			}
-			w := store.EndpointWrite{Name: c.Name, Revision: c.Revision, LSN: c.Commit}
+			w := store.EndpointWrite{Name: c.Name, From: c.OldName, Revision: c.Revision, LSN: c.Commit}
 			if !c.Deleted {
 				row, err := json.Marshal(c.Row)
 				if err != nil {
@@ -393,6 +389,11 @@ func (ing *ingester) writeEndpoints(ctx context.Context, chunks []wal.Chunk[prep
 				w.Row = row
 			}
 			ws, whole = append(ws, w), append(whole, c.Deleted || c.Inserted)
+			if c.OldName != "" {
+				// Renamed: the old name goes, as by a delete, once the
+				// new one has taken its columns.
+				ws, whole = append(ws, store.EndpointWrite{Name: c.OldName, Revision: c.Revision, LSN: c.Commit}), append(whole, true)
+			}
 		}
 	}
 	if len(ws) == 0 {

@@ -23,7 +23,10 @@ const EndpointsChannel = "postbox_endpoints"
 // columns' text output as a JSON object (a column left out keeps the
 // value applied before: an unchanged TOAST value), nil for a delete.
 type EndpointWrite struct {
-	Name     string
+	Name string
+	// From, on an update that renamed the row, is its old name: the
+	// columns the update left out are kept from that name's row.
+	From     string
 	Row      []byte
 	Revision int64
 	LSN      pglogrepl.LSN // the change's commit
@@ -46,7 +49,11 @@ type EndpointState struct {
 // it. A delete keeps its row's revision, so that the row inserted again
 // later (a later revision) is applied over it.
 const applyEndpointSQL = `
-INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn) VALUES ($1, $2::jsonb, $3, $4::pg_lsn)
+INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn)
+VALUES ($1, CASE WHEN $6 <> '' AND NOT $5 AND jsonb_typeof($2::jsonb) = 'object'
+                 THEN coalesce((SELECT o.row FROM postbox.endpoint_state o WHERE o.name = $6 AND jsonb_typeof(o.row) = 'object'), '{}') || $2::jsonb
+                 ELSE $2::jsonb END,
+        $3, $4::pg_lsn)
 ON CONFLICT (name) DO UPDATE SET
   row = CASE WHEN jsonb_typeof(s.row) = 'object' AND jsonb_typeof(excluded.row) = 'object' AND NOT $5
              THEN s.row || excluded.row ELSE excluded.row END,
@@ -82,7 +89,7 @@ func queueApplyEndpoint(b *pgx.Batch, w EndpointWrite, replace bool) {
 	if row == nil {
 		row = []byte("null")
 	}
-	b.Queue(applyEndpointSQL, w.Name, string(row), w.Revision, w.LSN.String(), replace)
+	b.Queue(applyEndpointSQL, w.Name, string(row), w.Revision, w.LSN.String(), replace, w.From)
 }
 
 // SeedEndpoints copies postbox.endpoints whole into endpoint_state (rows

@@ -178,6 +178,9 @@ func TestEndpointChangesApplyInOrderOnTwoInstances(t *testing.T) {
 	instances, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"claims", "streams"}, instances, "both instances attempted")
+	var unrecorded int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.all_attempts WHERE endpoint_revision IS NULL`).Scan(&unrecorded))
+	require.Zero(t, unrecorded, "every attempt records its endpoint's revision")
 }
 
 // TestInvalidEndpointHoldsItsEventsUntilCorrected: a row postbox cannot
@@ -206,6 +209,10 @@ func TestInvalidEndpointHoldsItsEventsUntilCorrected(t *testing.T) {
 	waitUntil(t, 5*time.Second, "the held event delivered", func() bool { return tb.status(id) == postboxtype.DeliveryDelivered })
 	require.Equal(t, "yes", rc.requests()[0].Header.Get("X-Fixed"))
 	require.Equal(t, 1, tb.delivery(t, id).Attempts)
+	var used, current int64
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT endpoint_revision FROM postbox.all_attempts WHERE endpoint = 'broken'`).Scan(&used))
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT revision FROM postbox.endpoints WHERE name = 'broken'`).Scan(&current))
+	require.Equal(t, current, used, "the attempt records the revision it was made under")
 }
 
 // TestDeletedEndpointDeadLettersAndReplaysOnceRecreated: the events of a

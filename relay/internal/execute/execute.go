@@ -447,7 +447,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		return dispatch.Released(j)
 	}
 	res.Attempted, res.Sampled = true, true
-	res.Attempt, res.Target = j.Attempt, t.Recorded
+	res.Attempt, res.Target, res.EndpointRevision = j.Attempt, t.Recorded, ep.Revision
 	res.ResponseMS = millis(resp.Duration)
 	res.StatusCode = resp.StatusCode
 	res.Response = logsafe.Text(responseSnippet(resp.Body), cfg.LogPayloads)

@@ -45,8 +45,12 @@ type Syncer struct {
 	applied atomic.Uint64
 	version atomic.Int64 // counts changes to table, for held's cache
 
-	mu    sync.Mutex // one read or stream apply at a time; rows and since
-	rows  map[string]endpoints.Row
+	mu   sync.Mutex // one read or stream apply at a time; rows, gone and since
+	rows map[string]endpoints.Row
+	// gone holds the revision each name was deleted at: a row of that
+	// revision or earlier, read again from endpoint_state before the
+	// ingest wrote the delete (the stream is ahead), stays deleted.
+	gone  map[string]int64
 	since pglogrepl.LSN // the last endpoint_state position read
 
 	heldMu      sync.Mutex
@@ -62,7 +66,8 @@ func New(env *service.Env, table *config.EndpointTable, changed func()) *Syncer 
 	if changed == nil {
 		changed = func() {}
 	}
-	return &Syncer{env: env, log: env.Logger("endpoints"), table: table, changed: changed, rows: map[string]endpoints.Row{}}
+	return &Syncer{env: env, log: env.Logger("endpoints"), table: table, changed: changed,
+		rows: map[string]endpoints.Row{}, gone: map[string]int64{}}
 }
 
 // Table is the table kept.
@@ -136,7 +141,7 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 		// be ahead: apply only what is news. A delete keeps its row's
 		// revision.
 		cur, ok := s.table.Get(st.Name)
-		if st.Row == nil && (!ok || cur.Revision > st.Revision) || st.Row != nil && ok && cur.Revision >= st.Revision {
+		if st.Row == nil && (!ok || cur.Revision > st.Revision) || st.Row != nil && (ok && cur.Revision >= st.Revision || s.gone[st.Name] >= st.Revision) {
 			continue
 		}
 		s.applyLocked(st.Name, st.Row, st.Revision, true)
@@ -203,9 +208,14 @@ func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, who
 		if _, ok := s.table.Get(name); !ok {
 			delete(s.rows, name)
 		}
+		s.gone[name] = max(s.gone[name], revision)
 		s.version.Add(1)
 		return
 	}
+	if s.gone[name] >= revision {
+		return
+	}
+	delete(s.gone, name)
 	if !whole {
 		merged := maps.Clone(s.rows[name])
 		if merged == nil {

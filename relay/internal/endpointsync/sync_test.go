@@ -193,3 +193,24 @@ func TestStreamChangesApplyAsDecoded(t *testing.T) {
 	s.Apply(wal.EndpointChange{Name: "r2", Revision: 7, Deleted: true, Commit: 0x400})
 	require.Zero(t, table.Len())
 }
+
+// TestDeleteDecodedStaysDeletedWhileTheIngestCatchesUp: the streaming
+// instance applies a delete as decoded; until its ingest writes it, a read
+// of endpoint_state finds the row again (its position is read again), and
+// leaves it deleted.
+func TestDeleteDecodedStaysDeletedWhileTheIngestCatchesUp(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := context.Background()
+	table := tb.env.Config().EndpointTable
+	s := endpointsync.New(tb.env, table, nil)
+	tb.ingest(t, 0x200, []store.EndpointWrite{{Name: "d", Revision: 1, LSN: 0x100,
+		Row: row(t, "d", 1, map[string]string{"url": "http://d.example/"})}}, true)
+	require.NoError(t, s.Reload(ctx))
+	_, ok := table.Get("d")
+	require.True(t, ok)
+	s.Apply(wal.EndpointChange{Name: "d", Revision: 1, Deleted: true, Commit: 0x300})
+	require.NoError(t, s.Refresh(ctx))
+	_, ok = table.Get("d")
+	require.False(t, ok, "not brought back by the row read again")
+}

@@ -125,16 +125,27 @@ func EnsureEndpointsPublication(ctx context.Context, q store.Querier, publicatio
 	if exists {
 		return nil
 	}
-	_, err := q.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{name}.Sanitize()+
-		" FOR TABLE postbox.endpoints WITH (publish = 'insert, update, delete')")
+	_, err := q.Exec(ctx, EndpointsPublicationSQL(publication))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == codeDuplicateObject {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("create publication %s: %w", name, err)
+		// It takes CREATE on the database and the table's owner: where
+		// postbox's schema was migrated by another role, postbox migrate
+		// made it.
+		return fmt.Errorf("create publication %s: %w", name, store.NeedsPrivilege(err, store.Missing{
+			What: "CREATE on the database and ownership of postbox.endpoints (or the publication made by its owner)", Why: "creating publication " + name,
+			Grant: "as the owner of postbox.endpoints: " + EndpointsPublicationSQL(publication) + " (or run postbox migrate as that role)"}))
 	}
 	return nil
+}
+
+// EndpointsPublicationSQL is the statement that creates the publication
+// of postbox.endpoints beside publication.
+func EndpointsPublicationSQL(publication string) string {
+	return "CREATE PUBLICATION " + store.Ident(EndpointsPublication(publication)) +
+		" FOR TABLE postbox.endpoints WITH (publish = 'insert, update, delete')"
 }
 
 // PublicationSQL is the statement that creates the publication postbox

@@ -33,11 +33,9 @@ type EndpointChange struct {
 // endpointsRelation reports whether a message's relation (the id after
 // its type byte) is postbox.endpoints.
 func (ss *session[P]) endpointsRelation(data []byte) bool {
-	if len(data) < 5 {
-		return false
-	}
-	r, ok := ss.rels[binary.BigEndian.Uint32(data[1:5])]
-	return ok && r.endpoints
+	// One comparison on the outbox's hot path, not a lookup: the id is
+	// known from postbox.endpoints' Relation message.
+	return ss.endpointsRel != 0 && len(data) >= 5 && binary.BigEndian.Uint32(data[1:5]) == ss.endpointsRel
 }
 
 // endpointChange decodes an insert, update or delete of postbox.endpoints

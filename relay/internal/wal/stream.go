@@ -234,7 +234,10 @@ type session[P any] struct {
 	log        zerolog.Logger
 	skipBefore pglogrepl.LSN
 	rels       map[uint32]*relation
-	types      *pgtype.Map // decodes column values by type OID; the session's own (a Map is not safe for concurrent use)
+	// endpointsRel is postbox.endpoints' relation id (0 until its
+	// Relation message).
+	endpointsRel uint32
+	types        *pgtype.Map // decodes column values by type OID; the session's own (a Map is not safe for concurrent use)
 
 	inTx bool // between Begin and Commit
 	skip bool // the current transaction was ingested before
@@ -458,7 +461,11 @@ func (ss *session[P]) logical(ctx context.Context, data []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
-		ss.rels[m.RelationID] = newRelation(m, ss.opts.Table, ss.types)
+		rel := newRelation(m, ss.opts.Table, ss.types)
+		ss.rels[m.RelationID] = rel
+		if rel.endpoints {
+			ss.endpointsRel = m.RelationID
+		}
 	case *pglogrepl.BeginMessage:
 		ss.inTx = true
 		ss.skip = m.FinalLSN < ss.skipBefore

@@ -18,6 +18,7 @@ import (
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // inTx runs f in one transaction of tb's database.
@@ -200,6 +201,10 @@ func TestInvalidEndpointHoldsItsEventsUntilCorrected(t *testing.T) {
 		_ = tb.pool.QueryRow(ctx, `SELECT firing FROM postbox.alerts WHERE alert = 'endpoint_invalid'`).Scan(&firing)
 		return firing
 	})
+	// What postbox status evaluates, keeping no table of its own.
+	invalid, err := telemetry.LoadInvalidEndpoints(ctx, tb.pool, tb.resolved(t))
+	require.NoError(t, err)
+	require.Equal(t, []string{"broken"}, invalid)
 	d := tb.delivery(t, id)
 	require.Equal(t, postboxtype.DeliveryPending, d.Status, "held, not dead-lettered")
 	require.Zero(t, d.Attempts)
@@ -213,6 +218,9 @@ func TestInvalidEndpointHoldsItsEventsUntilCorrected(t *testing.T) {
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT endpoint_revision FROM postbox.all_attempts WHERE endpoint = 'broken'`).Scan(&used))
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT revision FROM postbox.endpoints WHERE name = 'broken'`).Scan(&current))
 	require.Equal(t, current, used, "the attempt records the revision it was made under")
+	invalid, err = telemetry.LoadInvalidEndpoints(ctx, tb.pool, tb.resolved(t))
+	require.NoError(t, err)
+	require.Empty(t, invalid)
 }
 
 // TestDeletedEndpointDeadLettersAndReplaysOnceRecreated: the events of a

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/endpoints"
 )
 
 // Alert names.
@@ -27,6 +29,36 @@ const (
 	// invalid (a value only postbox can judge): its events wait.
 	AlertEndpointInvalid = "endpoint_invalid"
 )
+
+// LoadInvalidEndpoints names the endpoints of postbox.endpoints the
+// streaming instance applied (postbox.endpoint_state) that are invalid
+// under cfg: InvalidEndpoints for a command, which keeps no table.
+func LoadInvalidEndpoints(ctx context.Context, q Querier, cfg *config.Config) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT row::text FROM postbox.endpoint_state WHERE jsonb_typeof(row) = 'object'`)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint_state: %w", err)
+	}
+	defer rows.Close()
+	var tes []config.TableEndpoint
+	for rows.Next() {
+		var text string
+		if err := rows.Scan(&text); err != nil {
+			return nil, fmt.Errorf("read endpoint_state: %w", err)
+		}
+		var row endpoints.Row
+		if err := json.Unmarshal([]byte(text), &row); err != nil {
+			return nil, fmt.Errorf("read endpoint_state: %w", err)
+		}
+		tes = append(tes, endpoints.Parse(row))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read endpoint_state: %w", err)
+	}
+	c := *cfg
+	c.EndpointTable = config.NewEndpointTable()
+	c.EndpointTable.Replace(tes)
+	return InvalidEndpoints(&c), nil
+}
 
 // InvalidEndpoints names the endpoints of cfg's table (postbox.endpoints
 // as the instance applied it) that are invalid, sorted.

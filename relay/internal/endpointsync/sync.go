@@ -45,7 +45,9 @@ type Syncer struct {
 	applied atomic.Uint64
 	version atomic.Int64 // counts changes to table, for held's cache
 
-	mu   sync.Mutex // one read or stream apply at a time; rows, gone and since
+	mu sync.Mutex // one read or stream apply at a time; rows, gone and since
+	// rows are the applied rows an update may leave columns out of (see
+	// mayToast), for the stream's updates to be merged over.
 	rows map[string]endpoints.Row
 	// gone holds the revision each name was deleted at: a row of that
 	// revision or earlier, read again from endpoint_state before the
@@ -105,11 +107,13 @@ func (s *Syncer) Reload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rows := make(map[string]endpoints.Row, len(states))
+	rows := map[string]endpoints.Row{}
 	tes := make([]config.TableEndpoint, 0, len(states))
 	since := pglogrepl.LSN(0)
 	for _, st := range states {
-		rows[st.Name] = st.Row
+		if mayToast(st.Row) {
+			rows[st.Name] = st.Row
+		}
 		tes = append(tes, endpoints.Parse(st.Row))
 		since = max(since, st.LSN)
 	}
@@ -228,9 +232,32 @@ func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, who
 	te.Name = name
 	s.table.Apply(te)
 	if s.table.Revision(name) == te.Revision {
-		s.rows[name] = row
+		if mayToast(row) {
+			s.rows[name] = row
+		} else {
+			delete(s.rows, name)
+		}
 	}
 	s.version.Add(1)
+}
+
+// toastThreshold is below PostgreSQL's TOAST_TUPLE_THRESHOLD (about
+// 2 kB): only a row larger than it may have a value stored out of line,
+// which an update that leaves it unchanged does not send.
+const toastThreshold = 1024
+
+// mayToast reports whether row is large enough to have a value TOASTed
+// out of line: only such rows are kept for merges (100,000 small rows
+// kept as text would double the memory the parsed ones take).
+func mayToast(row endpoints.Row) bool {
+	n := 0
+	for k, v := range row {
+		n += len(k)
+		if v != nil {
+			n += len(*v)
+		}
+	}
+	return n > toastThreshold
 }
 
 // Held names the table's endpoints whose events wait (execute.Held under

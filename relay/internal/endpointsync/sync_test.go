@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,15 +166,17 @@ func TestStartedInstanceFollowsNotifications(t *testing.T) {
 }
 
 // TestStreamChangesApplyAsDecoded: the streaming instance applies the
-// stream's changes at once, an update merged over the row applied, and
-// its applied position follows the decoded commits.
+// stream's changes at once, an update merged over the row applied (one
+// large enough to have TOASTed values, which an update may leave out),
+// and its applied position follows the decoded commits.
 func TestStreamChangesApplyAsDecoded(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	table := tb.env.Config().EndpointTable
 	s := endpointsync.New(tb.env, table, nil)
 	s.Apply(wal.EndpointChange{Name: "r", Revision: 5, Inserted: true, Commit: 0x100,
-		Row: map[string]*string{"name": text("r"), "revision": text("5"), "url": text("http://r.example/"), "max_in_flight": text("3")}})
+		Row: map[string]*string{"name": text("r"), "revision": text("5"), "url": text("http://r.example/"), "max_in_flight": text("3"),
+			"body": text(`{"pad": "` + strings.Repeat("x", 3000) + `"}`)}})
 	s.Decoded(0x100)
 	require.Equal(t, pglogrepl.LSN(0x100), s.Applied())
 	s.Apply(wal.EndpointChange{Name: "r2", OldName: "r", Revision: 6, Commit: 0x200,

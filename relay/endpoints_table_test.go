@@ -288,3 +288,33 @@ func TestUpdateLeavingATOASTedBodyKeepsIt(t *testing.T) {
 		return url == rc.URL+"/two" && applied == body
 	})
 }
+
+// TestEndpointCreatedWithItsEventsInOneTransaction: a transaction that
+// creates an endpoint and writes a batch of events for it (copied into
+// the tables, not inserted by the statement) delivers every one to it,
+// and writes the endpoint's row in the same ingest.
+func TestEndpointCreatedWithItsEventsInOneTransaction(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+	const n = 200
+	tb.inTx(t, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO postbox.endpoints (name, url) VALUES ('bulk', $1)`, rc.URL+"/bulk"); err != nil {
+			return err
+		}
+		for i := range n {
+			insertIn(t, tx, outbox.Event{Endpoint: "bulk", Payload: json.RawMessage(fmt.Sprintf(`{"i": %d}`, i))})
+		}
+		return nil
+	})
+	tb.waitSettled(t, n, 30*time.Second)
+	require.Equal(t, n, tb.deliveries(t)[postboxtype.DeliveryDelivered])
+	for _, r := range rc.requests() {
+		require.Equal(t, "/bulk", r.Path)
+	}
+	var rows int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.endpoint_state WHERE name = 'bulk'`).Scan(&rows))
+	require.Equal(t, 1, rows)
+}

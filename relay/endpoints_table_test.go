@@ -318,3 +318,37 @@ func TestEndpointCreatedWithItsEventsInOneTransaction(t *testing.T) {
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.endpoint_state WHERE name = 'bulk'`).Scan(&rows))
 	require.Equal(t, 1, rows)
 }
+
+// TestEndpointsSeededAgainAfterTheSlotWasLost: changes made while no slot
+// existed (dropped) never stream; the leader that recreates the slot owes
+// a reconciliation and seeds endpoint_state again: a row inserted then is
+// applied, one deleted then is gone, on the next start.
+func TestEndpointsSeededAgainAfterTheSlotWasLost(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	r := tb.start(t, relay.Options{})
+	ctx := context.Background()
+	tb.exec(t, `INSERT INTO postbox.endpoints (name, url) VALUES ('old', $1)`, rc.URL+"/old")
+	tb.insert(t, outbox.Event{Endpoint: "old", Payload: json.RawMessage(`{}`)})
+	waitUntil(t, 10*time.Second, "delivered to old", func() bool { return rc.count() == 1 })
+	waitUntil(t, 10*time.Second, "old applied", func() bool {
+		var n int
+		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.endpoint_state WHERE name = 'old'`).Scan(&n)
+		return n == 1
+	})
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, r.Stop(stopCtx))
+	tb.dropSlot(t)
+	tb.exec(t, `DELETE FROM postbox.endpoints WHERE name = 'old'`)
+	tb.exec(t, `INSERT INTO postbox.endpoints (name, url) VALUES ('new', $1)`, rc.URL+"/new")
+
+	tb.start(t, relay.Options{})
+	ids := tb.insert(t, outbox.Event{Endpoint: "new", Payload: json.RawMessage(`{}`)}, outbox.Event{Endpoint: "old", Payload: json.RawMessage(`{}`)})
+	waitUntil(t, 10*time.Second, "both settled", func() bool {
+		return tb.status(ids[0]) == postboxtype.DeliveryDelivered && tb.status(ids[1]) == postboxtype.DeliveryDeadLetter
+	})
+	require.Equal(t, "/new", rc.requests()[1].Path)
+	require.True(t, strings.HasPrefix(tb.delivery(t, ids[1]).LastError, "unknown_endpoint"))
+}

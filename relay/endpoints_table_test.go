@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -351,4 +352,74 @@ func TestEndpointsSeededAgainAfterTheSlotWasLost(t *testing.T) {
 	})
 	require.Equal(t, "/new", rc.requests()[1].Path)
 	require.True(t, strings.HasPrefix(tb.delivery(t, ids[1]).LastError, "unknown_endpoint"))
+}
+
+// TestGateAloneKeepsAnInstanceCurrent: an instance that does not stream,
+// hears no NOTIFY and polls nothing, started before the endpoint existed,
+// still attempts every event it claims under the settings committed
+// before it: before an attempt of an event committed after what it has
+// applied, it reads the changes (the gate). Without the gate it would
+// dead-letter them as unknown_endpoint. The streaming instance ingests
+// every event and its attempts fail; then it stops, a lease held by no
+// live instance keeps the other from streaming, and the receiver
+// recovers: every delivery is the other's.
+func TestGateAloneKeepsAnInstanceCurrent(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	var open atomic.Bool
+	rc := newReceiver(t, func(int, received) int {
+		if open.Load() {
+			return http.StatusOK
+		}
+		return http.StatusServiceUnavailable
+	})
+	streams := tb.start(t, relay.Options{InstanceID: "streams"})
+	tb.startStandby(t, relay.Options{InstanceID: "gate"}.WithEndpointsGateOnly())
+	ctx := context.Background()
+
+	var ids []string
+	for version := 1; version <= 5; version++ {
+		tb.inTx(t, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `
+				INSERT INTO postbox.endpoints (name, url, headers, backoff_base, backoff_cap, max_attempts, failure_threshold)
+				VALUES ('partner', $1, $2, '200 ms', '300 ms', 1000, 1000)
+				ON CONFLICT (name) DO UPDATE SET url = excluded.url, headers = excluded.headers`,
+				fmt.Sprintf("%s/v%d", rc.URL, version), fmt.Sprintf(`{"X-Version": "%d"}`, version))
+			require.NoError(t, err)
+			for range 3 {
+				ids = append(ids, insertIn(t, tx, outbox.Event{Endpoint: "partner", Payload: json.RawMessage(fmt.Sprintf(`{"v": %d}`, version))}))
+			}
+			return nil
+		})
+	}
+	waitUntil(t, 20*time.Second, "every event ingested and attempted", func() bool {
+		var n int
+		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries WHERE attempt_count > 0`).Scan(&n)
+		return n == len(ids)
+	})
+	// The lease goes to an instance that is gone: neither streams now.
+	tb.exec(t, `UPDATE postbox.checkpoints SET leader = 'gone', fencing = fencing + 1, lease_expires_at = now() + interval '1 minute'`)
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, streams.Stop(stopCtx))
+	before := rc.count()
+	open.Store(true)
+	tb.waitSettled(t, len(ids), 30*time.Second)
+
+	for _, id := range ids {
+		d := tb.delivery(t, id)
+		require.Equal(t, postboxtype.DeliveryDelivered, d.Status, "%s: %s", id, d.LastError)
+	}
+	for _, r := range rc.requests() {
+		var p struct{ V int }
+		require.NoError(t, json.Unmarshal(r.Body, &p))
+		rev, err := strconv.Atoi(r.Header.Get("X-Version"))
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("/v%d", rev), r.Path)
+		require.GreaterOrEqual(t, rev, p.V, "event %s (after version %d) attempted under version %d", r.ID, p.V, rev)
+	}
+	require.Len(t, rc.requests()[before:], len(ids), "each delivered once, after the streaming instance stopped")
+	var byGate int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.all_attempts WHERE instance = 'gate' AND outcome = 'delivered'`).Scan(&byGate))
+	require.Equal(t, len(ids), byGate, "delivered by the instance that only the gate kept current")
 }

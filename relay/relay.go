@@ -67,6 +67,9 @@ type Options struct {
 	// the transactions that follow, to commit them together
 	// (ingest.LingerDefault when zero).
 	ingestLinger time.Duration
+	// endpointsGateOnly: the applied endpoints change only before an
+	// attempt that needs it (endpointsync.Syncer.GateOnly).
+	endpointsGateOnly bool
 }
 
 // Relay streams the outbox and delivers its events. Start it, Stop it.
@@ -245,6 +248,9 @@ func (r *Relay) start(ctx context.Context) error {
 	// A change of an endpoint's row wakes a claim: its held events may
 	// be due again.
 	s.endpoints = endpointsync.New(env, r.table, s.claimer.Queued)
+	if r.opts.endpointsGateOnly {
+		s.endpoints.GateOnly()
+	}
 	s.exec.Gate(s.endpoints.Await)
 	s.claimer.HoldFor(s.endpoints.Held)
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)

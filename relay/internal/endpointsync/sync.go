@@ -38,6 +38,9 @@ type Syncer struct {
 	table   *config.EndpointTable
 	changed func()
 	loops   service.Loops
+	// gateOnly: no LISTEN and no poll, only the reads before attempts
+	// (GateOnly; tests of the gate).
+	gateOnly bool
 
 	// applied: every change of postbox.endpoints committed before it is
 	// in table (the ingest's checkpoint read with the rows, or the
@@ -72,6 +75,11 @@ func New(env *service.Env, table *config.EndpointTable, changed func()) *Syncer 
 		rows: map[string]endpoints.Row{}, gone: map[string]int64{}}
 }
 
+// GateOnly makes Start run neither the LISTEN nor the poll: the table
+// changes only before an attempt that needs it (Await). For tests that
+// prove the gate alone keeps attempts from older settings.
+func (s *Syncer) GateOnly() { s.gateOnly = true }
+
 // Table is the table kept.
 func (s *Syncer) Table() *config.EndpointTable { return s.table }
 
@@ -80,6 +88,9 @@ func (s *Syncer) Table() *config.EndpointTable { return s.table }
 func (s *Syncer) Start(ctx context.Context) error {
 	if err := s.Reload(ctx); err != nil {
 		return err
+	}
+	if s.gateOnly {
+		return s.loops.Start(ctx)
 	}
 	return s.loops.Start(ctx, s.listenLoop, s.pollLoop)
 }

@@ -169,7 +169,9 @@ func (ing *ingester) linger(batch []wal.Chunk[prepared]) []wal.Chunk[prepared] {
 	for seen := 0; ; {
 		for i := seen; i < len(batch); i++ {
 			p := ing.s.prepared(&batch[i])
-			if p.waits {
+			if p.waits || len(batch[i].EndpointChanges) > 0 {
+				// An endpoint change waits for this commit on every other
+				// instance (endpoint_state, NOTIFY): it ends the linger.
 				return batch
 			}
 			for _, j := range p.jobs {

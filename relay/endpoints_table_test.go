@@ -134,12 +134,13 @@ func TestEndpointChangesApplyInOrderOnTwoInstances(t *testing.T) {
 		}
 	}
 
-	// Disabled: its events wait, unattempted, until it is enabled.
+	// Disabled: its events wait, unattempted, until it is enabled (once
+	// the others are delivered: their retries would wait too).
+	tb.waitSettled(t, len(ids), 30*time.Second)
 	tb.inTx(t, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE postbox.endpoints SET enabled = false WHERE name = 'partner'`)
 		return err
 	})
-	tb.waitSettled(t, len(ids), 30*time.Second)
 	before := rc.count()
 	var held string
 	tb.inTx(t, func(tx pgx.Tx) error { held = event(tx); return nil })

@@ -376,6 +376,10 @@ type Executor struct {
 	gate   func(ctx context.Context, commit uint64) error
 }
 
+// GateRetryDefault is how long a delivery waits when the read of the
+// applied endpoints before its attempt failed.
+const GateRetryDefault = time.Second
+
 // Gate sets what an attempt of an event committed at commit waits for
 // first: this instance's having applied every change of
 // postbox.endpoints committed before it. Set before the first attempt.
@@ -395,9 +399,12 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	if j.CommitLSN != 0 && x.gate != nil {
 		if err := x.gate(ctx, j.CommitLSN); err != nil {
 			// Not attempted under settings that may be older than the
-			// event: back to the queue, no attempt spent.
+			// event: back to the queue, no attempt spent, and not claimed
+			// again at once (the read fails for the next one too).
 			x.log.Warn().Err(err).Str("event_id", j.EventID).Msg("could not read the applied endpoints; the delivery waits")
-			return dispatch.Released(j)
+			res := dispatch.Released(j)
+			res.Delay = GateRetryDefault
+			return res
 		}
 	}
 	t := resolved(cfg, j)

@@ -31,6 +31,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config) (int, 
 	if err := wal.EnsurePublication(ctx, pool, cfg.Publication, cfg.Table); err != nil {
 		return 0, fmt.Errorf("migrate: %w", err)
 	}
+	if err := wal.EnsureEndpointsPublication(ctx, pool, cfg.Publication); err != nil {
+		return 0, fmt.Errorf("migrate: %w", err)
+	}
 	return store.SchemaVersion(ctx, pool)
 }
 

@@ -9,6 +9,8 @@
 //	service                 goroutines it owns
 //	admin listener          Serve (joined after Shutdown); the console's
 //	                        pages run on its request goroutines
+//	internal/endpointsync   the LISTEN loop and the poll loop of the
+//	                        applied endpoints (postbox.endpoint_state)
 //	internal/record         the recording loop
 //	internal/claim          the claim loop, the LISTEN loop
 //	internal/dispatch       the attempt goroutines: one per attempt in

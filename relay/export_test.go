@@ -30,3 +30,11 @@ func (o Options) WithIngestLinger(d time.Duration) Options {
 	o.ingestLinger = d
 	return o
 }
+
+// WithEndpointsGateOnly returns o with an instance whose applied
+// endpoints change only before an attempt that needs it: no NOTIFY, no
+// poll (the gate alone).
+func (o Options) WithEndpointsGateOnly() Options {
+	o.endpointsGateOnly = true
+	return o
+}

@@ -24,7 +24,7 @@ var tiers = [][]string{
 	// The WAL and the public reads over the database.
 	{"relay/internal/wal", "relay/ops", "relay/telemetry", "relay/doctor"},
 	// The services, over their shared base (service).
-	{"relay/internal/service", "relay/internal/protect", "relay/internal/execute", "relay/internal/claim",
+	{"relay/internal/service", "relay/internal/protect", "relay/internal/execute", "relay/internal/endpointsync", "relay/internal/claim",
 		"relay/internal/record", "relay/internal/ingest", "relay/internal/maintain", "relay/internal/console"},
 	// The composition root.
 	{"relay"},

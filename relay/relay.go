@@ -23,6 +23,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/console"
 	"github.com/postbox-relay/postbox/relay/internal/deliver"
 	"github.com/postbox-relay/postbox/relay/internal/dispatch"
+	"github.com/postbox-relay/postbox/relay/internal/endpointsync"
 	"github.com/postbox-relay/postbox/relay/internal/execute"
 	"github.com/postbox-relay/postbox/relay/internal/guard"
 	"github.com/postbox-relay/postbox/relay/internal/ingest"
@@ -66,6 +67,9 @@ type Options struct {
 	// the transactions that follow, to commit them together
 	// (ingest.LingerDefault when zero).
 	ingestLinger time.Duration
+	// endpointsGateOnly: the applied endpoints change only before an
+	// attempt that needs it (endpointsync.Syncer.GateOnly).
+	endpointsGateOnly bool
 }
 
 // Relay streams the outbox and delivers its events. Start it, Stop it.
@@ -77,6 +81,10 @@ type Relay struct {
 	metrics *telemetry.Metrics
 	client  *deliver.Client
 	faults  *service.Faults
+	// table is the endpoints of postbox.endpoints as this instance applied
+	// them: every configuration the relay loads uses it, so a reload
+	// keeps it.
+	table *config.EndpointTable
 
 	// svc is set once Start has connected and built the services; the
 	// admin listener's checks read it from their own goroutines.
@@ -106,7 +114,11 @@ type services struct {
 	recorder *record.Recorder     // the recording loop
 	claimer  *claim.Claimer       // the claim loop and the LISTEN loop
 	ingest   *ingest.Supervisor   // the stream loop and each session's lease keeper, ingester and reconciler
-	maint    *maintain.Maintainer // the maintenance services, one duty each
+	// endpoints keeps the table of postbox.endpoints as applied: its
+	// LISTEN and poll loops. Started first (the others resolve against
+	// it), stopped last.
+	endpoints *endpointsync.Syncer
+	maint     *maintain.Maintainer // the maintenance services, one duty each
 }
 
 // New returns a Relay for cfg, a resolved configuration (config.Load,
@@ -136,6 +148,8 @@ func New(cfg *config.Config, opts Options) (*Relay, error) {
 	}
 	r.faults = service.NewFaults(opts.Logger.With().Str("component", "database").Logger(), r.opts.now)
 	r.metrics.SetWalsender(r.walsenderCPU)
+	r.table = config.NewEndpointTable()
+	cfg = r.withTable(cfg)
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
 	r.client = deliver.NewClient(deliver.Options{
@@ -231,10 +245,18 @@ func (r *Relay) start(ctx context.Context) error {
 		MaxConcurrency: cfg.MaxConcurrency,
 	})
 	s.claimer = claim.New(env, s.disp, s.prot)
+	// A change of an endpoint's row wakes a claim: its held events may
+	// be due again.
+	s.endpoints = endpointsync.New(env, r.table, s.claimer.Queued)
+	if r.opts.endpointsGateOnly {
+		s.endpoints.GateOnly()
+	}
+	s.exec.Gate(s.endpoints.Await)
+	s.claimer.HoldFor(s.endpoints.Held)
 	s.recorder = record.New(env, s.disp, s.prot, s.claimer)
 	s.disp.Connect(s.recorder, s.claimer)
 	s.ingest = ingest.New(env, ingest.Deps{Fast: s.disp, Blocked: s.prot.Blocked, Queued: s.claimer.Queued, Kept: s.claimer.Wake, Alone: env.Alone,
-		Linger: r.opts.ingestLinger, Fatal: r.fail})
+		Linger: r.opts.ingestLinger, Fatal: r.fail, Endpoints: s.endpoints})
 	s.maint = maintain.New(env, maintain.Deps{Streaming: s.ingest.Streaming, Queued: s.claimer.Queued, Reload: r.Reload,
 		WalsenderCPU: s.ingest.WalsenderCPU})
 
@@ -246,6 +268,7 @@ func (r *Relay) start(ctx context.Context) error {
 		stop  func()
 	}
 	order := []starter{
+		{"endpoints", s.endpoints.Start, s.endpoints.Stop},
 		{"recorder", s.recorder.Start, s.recorder.Stop},
 		{"claimer", s.claimer.Start, s.claimer.Stop},
 		{"ingest", s.ingest.Start, s.ingest.Stop},
@@ -455,6 +478,7 @@ func (r *Relay) shutdown(s *services) {
 	cancelGrace()
 	s.recorder.Stop()
 	s.maint.Stop()
+	s.endpoints.Stop()
 	relCtx, cancelRel := context.WithTimeout(context.Background(), ReleaseTimeoutDefault)
 	if n, err := s.env.Store.ReleaseOwned(relCtx, r.owner, s.env.Config().Lane); err != nil {
 		r.log.Warn().Err(err).Msg("could not release claimed deliveries; they return to the queue when this instance's lease expires")
@@ -521,9 +545,19 @@ func (r *Relay) Reload(cfg *config.Config) error {
 	if err := r.reloadAdminTLS(cfg); err != nil {
 		return err
 	}
+	cfg = r.withTable(cfg)
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
 	return nil
+}
+
+// withTable is cfg with the relay's endpoint table: a copy, as the
+// caller's configuration is only read (and two relays of one process,
+// given one configuration, each keep their own).
+func (r *Relay) withTable(cfg *config.Config) *config.Config {
+	c := *cfg
+	c.EndpointTable = r.table
+	return &c
 }
 
 // reloadAdminTLS reads the admin listener's certificate files again (a

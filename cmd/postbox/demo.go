@@ -29,8 +29,10 @@ import (
 )
 
 // cmdDemo runs the whole path on this machine: a throwaway PostgreSQL,
-// local receivers (one healthy, one failing for a while, one gone), the
-// relay, and an application transaction that writes postbacks.
+// local receivers (one healthy, one failing for a while, one gone, and a
+// partner kept as a row of postbox.endpoints whose URL changes by SQL
+// mid-run), the relay, and an application transaction that writes
+// postbacks.
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf commonFlags
 	fs := newFlagSet("demo", stderr, &cf)
@@ -62,7 +64,7 @@ func (d *demoLine) printf(format string, args ...any) {
 
 func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) error {
 	out := &demoLine{w: stdout, t0: time.Now()}
-	fmt.Fprintln(stdout, "postbox demo: a throwaway PostgreSQL, three local receivers and the relay.")
+	fmt.Fprintln(stdout, "postbox demo: a throwaway PostgreSQL, four local receivers and the relay.")
 	fmt.Fprintln(stdout)
 
 	out.printf("starting PostgreSQL (initdb in a temporary directory)…")
@@ -81,8 +83,19 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 	out.printf("PostgreSQL ready (wal_level=logical)")
 
 	secret := outbox.NewSecret()
-	verify := func(r *http.Request, body []byte) string {
-		if err := outbox.Verify([]string{secret}, r.Header, body, time.Now()); err != nil {
+	master, err := outbox.ParseSecret(secret)
+	if err != nil {
+		return err
+	}
+	// A row of postbox.endpoints signs with its own secret, derived from
+	// the master for its name: what the partner is given.
+	derived := map[string]outbox.Secret{"partner": outbox.DeriveSecret(master, "affiliate")}
+	verify := func(name string, r *http.Request, body []byte) string {
+		key, ok := derived[name]
+		if !ok {
+			key = master
+		}
+		if err := outbox.VerifyWith([]outbox.Secret{key}, outbox.DefaultTolerance, r.Header, body, time.Now()); err != nil {
 			return "signature INVALID: " + err.Error()
 		}
 		return "signature verified"
@@ -94,7 +107,7 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 			n := calls.Add(1)
 			code := answer(n)
 			out.printf("%-7s ← %s %-14s webhook-id %.8s…  answers %d  (%s)", name, r.Method, r.URL.Path,
-				r.Header.Get("webhook-id"), code, verify(r, body))
+				r.Header.Get("webhook-id"), code, verify(name, r, body))
 			w.WriteHeader(code)
 		}))
 	}
@@ -109,7 +122,9 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 	defer crm.Close()
 	legacy := receiver("legacy", func(int64) int { return http.StatusUnauthorized })
 	defer legacy.Close()
-	out.printf("receivers: shop (healthy), crm (503 twice, then recovers), legacy (401: its credentials changed)")
+	partner := receiver("partner", func(int64) int { return http.StatusOK })
+	defer partner.Close()
+	out.printf("receivers: shop (healthy), crm (503 twice, then recovers), legacy (401: its credentials changed), partner (healthy)")
 
 	file := config.Default()
 	file.DatabaseURL = dbURL
@@ -189,12 +204,49 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 	}
 	out.printf("application committed 1 order and 4 postbacks in one transaction")
 
-	if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
-		var settled, total int
-		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status IN ('delivered', 'dead_letter')), count(*) FROM postbox.deliveries`).Scan(&settled, &total)
-		return total == 4 && settled == 4, err
-	}); err != nil {
-		return fmt.Errorf("deliveries did not settle: %w", err)
+	settled := func(n int) error {
+		if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
+			var settled, total int
+			err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status IN ('delivered', 'dead_letter')), count(*) FROM postbox.deliveries`).Scan(&settled, &total)
+			return total == n && settled == n, err
+		}); err != nil {
+			return fmt.Errorf("deliveries did not settle: %w", err)
+		}
+		return nil
+	}
+	if err := settled(4); err != nil {
+		return err
+	}
+
+	// A partner kept as a row of postbox.endpoints, as a back office
+	// writes it, and its URL changed with SQL mid-run: the next postback
+	// follows it, with no reload and no restart.
+	postback := func(click string) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := outbox.Insert(ctx, tx, outbox.Event{Endpoint: "affiliate", Type: "deposit",
+				Payload: []byte(fmt.Sprintf(`{"click_id": %q, "amount": "20.00"}`, click))})
+			return err
+		})
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO postbox.endpoints (name, url) VALUES ('affiliate', $1)`, partner.URL+"/postback/v1"); err != nil {
+		return err
+	}
+	out.printf("application inserted endpoint affiliate as a row of postbox.endpoints: url …/postback/v1")
+	if err := postback("clk_9Xa1"); err != nil {
+		return err
+	}
+	if err := settled(5); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `UPDATE postbox.endpoints SET url = $1 WHERE name = 'affiliate'`, partner.URL+"/postback/v2"); err != nil {
+		return err
+	}
+	out.printf("application changed affiliate's url by SQL: …/postback/v2 (no reload, no restart)")
+	if err := postback("clk_4Kd8"); err != nil {
+		return err
+	}
+	if err := settled(6); err != nil {
+		return err
 	}
 	out.printf("all deliveries settled")
 	fmt.Fprintln(stdout)

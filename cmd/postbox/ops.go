@@ -120,6 +120,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
+	if s.InvalidEndpoints, err = telemetry.LoadInvalidEndpoints(ctx, env.pool, env.cfg); err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
 	s.Alerts = telemetry.Firing(telemetry.Evaluate(s, eps, env.cfg.Alerts))
 	if env.json {
 		env.printJSON(s)

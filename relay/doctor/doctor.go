@@ -140,7 +140,7 @@ func Run(ctx context.Context, q telemetry.Querier, cfg *config.Config, now func(
 		add("outbox_table", OK, cfg.Table.String(), "")
 	}
 	out = append(out, roleChecks(ctx, q, cfg, s.role)...)
-	out = append(out, publicationCheck(ctx, q, cfg))
+	out = append(out, publicationCheck(ctx, q, cfg), endpointsPublicationCheck(ctx, q, cfg))
 	out = append(out, outboxModeCheck(ctx, q, s.keepSize), messagesCheck(ctx, q, cfg))
 
 	switch {
@@ -189,6 +189,44 @@ type settings struct {
 	role, syncCommit, database                   string
 	canReplicate, tableExists                    bool
 	dbNow                                        time.Time
+}
+
+// endpointsPublicationCheck: the publication of postbox.endpoints, which
+// streams endpoint changes beside the outbox's events, exists, or
+// postbox's role may create it (it owns postbox.endpoints and may create
+// in the database).
+func endpointsPublicationCheck(ctx context.Context, q telemetry.Querier, cfg *config.Config) Check {
+	name := wal.EndpointsPublication(cfg.Publication)
+	c := Check{Name: "endpoints_publication", Severity: OK}
+	var exists, owns, mayCreate bool
+	var owner *string
+	// The catalogs, not to_regclass: a role without USAGE on the schema
+	// may not look a name up in it.
+	err := q.QueryRow(ctx, `
+		WITH t AS (SELECT c.relowner FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		           WHERE n.nspname = 'postbox' AND c.relname = 'endpoints')
+		SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+		       (SELECT pg_get_userbyid(relowner)::text FROM t),
+		       coalesce((SELECT pg_has_role(current_user, relowner, 'USAGE') FROM t), true)
+		         OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
+		       has_database_privilege(current_database(), 'CREATE')`, name).Scan(&exists, &owner, &owns, &mayCreate)
+	switch {
+	case err != nil:
+		c.Severity, c.Detail = Warn, "unreadable: "+err.Error()
+	case exists:
+		c.Detail = name + " publishes postbox.endpoints: endpoint changes are streamed"
+	case owns && mayCreate:
+		c.Detail = name + " does not exist yet: postbox migrate (or run) creates it"
+	default:
+		c.Severity = Error
+		c.Detail = name + " does not exist, and postbox's role may not create it: endpoints written as rows are not applied"
+		who := "the owner of postbox.endpoints"
+		if owner != nil {
+			who = store.Ident(*owner)
+		}
+		c.Fix = "as " + who + ": " + wal.EndpointsPublicationSQL(cfg.Publication) + " (or run postbox migrate as that role)"
+	}
+	return c
 }
 
 func publicationCheck(ctx context.Context, q telemetry.Querier, cfg *config.Config) Check {

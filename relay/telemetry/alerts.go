@@ -2,13 +2,16 @@ package telemetry
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/endpoints"
 )
 
 // Alert names.
@@ -22,7 +25,52 @@ const (
 	// outbox.Emit was dead-lettered because outbox_messages is off: the
 	// application's own events waiting for a replay, or a forgery.
 	AlertMessagesOff = "messages_off"
+	// AlertEndpointInvalid fires while a row of postbox.endpoints is
+	// invalid (a value only postbox can judge): its events wait.
+	AlertEndpointInvalid = "endpoint_invalid"
 )
+
+// LoadInvalidEndpoints names the endpoints of postbox.endpoints the
+// streaming instance applied (postbox.endpoint_state) that are invalid
+// under cfg: InvalidEndpoints for a command, which keeps no table.
+func LoadInvalidEndpoints(ctx context.Context, q Querier, cfg *config.Config) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT row::text FROM postbox.endpoint_state WHERE jsonb_typeof(row) = 'object'`)
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint_state: %w", err)
+	}
+	defer rows.Close()
+	var tes []config.TableEndpoint
+	for rows.Next() {
+		var text string
+		if err := rows.Scan(&text); err != nil {
+			return nil, fmt.Errorf("read endpoint_state: %w", err)
+		}
+		var row endpoints.Row
+		if err := json.Unmarshal([]byte(text), &row); err != nil {
+			return nil, fmt.Errorf("read endpoint_state: %w", err)
+		}
+		tes = append(tes, endpoints.Parse(row))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read endpoint_state: %w", err)
+	}
+	c := *cfg
+	c.EndpointTable = config.NewEndpointTable()
+	c.EndpointTable.Replace(tes)
+	return InvalidEndpoints(&c), nil
+}
+
+// InvalidEndpoints names the endpoints of cfg's table (postbox.endpoints
+// as the instance applied it) that are invalid, sorted.
+func InvalidEndpoints(cfg *config.Config) []string {
+	var out []string
+	for _, name := range cfg.EndpointTable.Names() {
+		if ep := cfg.Endpoint(name); ep.Source == config.SourceTable && ep.Invalid != "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
 
 // Alert is one alert's state. Subject is the endpoint for per-endpoint
 // alerts.
@@ -69,6 +117,17 @@ func Evaluate(s Summary, endpoints []EndpointStats, th config.Alerts) []Alert {
 			"if it does not, a role of the database is forging events", s.MessagesOffLastDay)
 	}
 	out = append(out, msgs)
+	inv := Alert{Name: AlertEndpointInvalid, Firing: len(s.InvalidEndpoints) > 0, Detail: "every endpoint of postbox.endpoints is valid"}
+	if inv.Firing {
+		names := s.InvalidEndpoints
+		more := ""
+		if len(names) > 10 {
+			names, more = names[:10], fmt.Sprintf(" and %d more", len(s.InvalidEndpoints)-10)
+		}
+		inv.Detail = fmt.Sprintf("%d endpoints of postbox.endpoints are invalid and their events wait (%s%s): postbox endpoints shows why; correct the rows",
+			len(s.InvalidEndpoints), strings.Join(names, ", "), more)
+	}
+	out = append(out, inv)
 	for _, e := range endpoints {
 		if e.P95MS == nil || e.SampleCount < minSamples {
 			continue

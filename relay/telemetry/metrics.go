@@ -118,7 +118,7 @@ func NewMetrics() *Metrics {
 		}),
 		alerts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "postbox_alert_firing",
-			Help: "1 while an alert fires: dead_letters_rising, oldest_pending, endpoint_latency, slot_lag, database_fault, messages_off.",
+			Help: "1 while an alert fires: dead_letters_rising, oldest_pending, endpoint_latency, slot_lag, database_fault, messages_off, endpoint_invalid.",
 		}, []string{"alert", "endpoint"}),
 		streaming: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "postbox_streaming",

@@ -66,14 +66,17 @@ type Database struct {
 // Summary is the health of the whole pipeline. Field names follow the
 // seed's columns.
 type Summary struct {
-	Pending                 int64      `json:"pending"`
-	AwaitingRetry           int64      `json:"awaiting_retry"`
-	InFlight                int64      `json:"in_flight"`
-	DeadLetter              int64      `json:"dead_letter"`
-	DeliveredLastHour       int64      `json:"delivered_last_hour"`
-	FailedLastHour          int64      `json:"failed_last_hour"`
-	DeadLettersLastHour     int64      `json:"dead_letters_last_hour"`
-	MessagesOffLastDay      int64      `json:"messages_off_last_day"` // Emit's events refused by outbox_messages: off, not replayed
+	Pending             int64 `json:"pending"`
+	AwaitingRetry       int64 `json:"awaiting_retry"`
+	InFlight            int64 `json:"in_flight"`
+	DeadLetter          int64 `json:"dead_letter"`
+	DeliveredLastHour   int64 `json:"delivered_last_hour"`
+	FailedLastHour      int64 `json:"failed_last_hour"`
+	DeadLettersLastHour int64 `json:"dead_letters_last_hour"`
+	MessagesOffLastDay  int64 `json:"messages_off_last_day"` // Emit's events refused by outbox_messages: off, not replayed
+	// InvalidEndpoints are the rows of postbox.endpoints the instance
+	// applied as invalid (InvalidEndpoints): their events wait.
+	InvalidEndpoints        []string   `json:"invalid_endpoints,omitempty"`
 	OldestPending           *time.Time `json:"oldest_pending"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds"`
 	AvgDeliveryMSLastHour   *float64   `json:"avg_delivery_ms_last_hour"`

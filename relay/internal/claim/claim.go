@@ -13,6 +13,7 @@ package claim
 import (
 	"container/heap"
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,6 +119,10 @@ type Claimer struct {
 	// waiting is not empty.
 	watchFree atomic.Bool
 
+	// held, when set, names the endpoints whose events wait (rows of
+	// postbox.endpoints disabled or invalid): the claim leaves them.
+	held func() []string
+
 	mu     sync.Mutex
 	closed []string // lanes whose breaker closed: their parked deliveries are due
 	sweeps int      // park's count, claimLoop's alone
@@ -127,6 +132,10 @@ type Claimer struct {
 func New(env *service.Env, disp Dispatcher, prot Protection) *Claimer {
 	return &Claimer{env: env, log: env.Logger("claim"), disp: disp, prot: prot, wake: service.NewSignal(), waiting: map[string]bool{}}
 }
+
+// HoldFor sets the endpoints the claim leaves in the queue (see held);
+// call it before Start, and Queued when they may have changed.
+func (c *Claimer) HoldFor(held func() []string) { c.held = held }
 
 // Start runs the claim loop and the LISTEN loop. It claims once at once,
 // for deliveries an earlier run left queued.
@@ -293,7 +302,16 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 	// free holds the lanes the dispatcher has; a lane it has not is
 	// claimed up to its endpoint's cap.
 	defaultFree := dispatch.LaneLimit(cfg.Endpoint("").MaxInFlight)
-	claimed, err := c.env.Store.Claim(ctx, c.env.Owner, defaultFree, free, caps, min(total, MaxClaimDefault), ordered)
+	skip := ordered
+	if c.held != nil {
+		// Held endpoints' lanes are passed over like ordered ones, and
+		// their events wait pending, no attempt spent, until their row
+		// changes (which wakes a claim).
+		if held := c.held(); len(held) > 0 {
+			skip = append(slices.Clip(ordered), held...)
+		}
+	}
+	claimed, err := c.env.Store.Claim(ctx, c.env.Owner, defaultFree, free, caps, min(total, MaxClaimDefault), skip)
 	if err != nil {
 		return false, err
 	}

@@ -46,6 +46,7 @@ func (c *Console) overview(rq *request) error {
 	if err != nil {
 		return err
 	}
+	s.InvalidEndpoints = telemetry.InvalidEndpoints(rq.cfg)
 	p := overviewPage{S: s, Alerts: telemetry.Firing(telemetry.Evaluate(s, eps, rq.cfg.Alerts))}
 	for _, a := range p.Alerts {
 		p.SlotFiring = p.SlotFiring || a.Name == telemetry.AlertSlotLag

@@ -48,6 +48,34 @@ type Target struct {
 	Recorded string
 	Body     []byte // nil for GET
 	Reason   string // a dead-letter reason, "" when deliverable
+	// Held says why the event waits instead (its endpoint is a row of
+	// postbox.endpoints, disabled or invalid): neither attempted nor
+	// dead-lettered, until the row changes.
+	Held string
+}
+
+// Held is why ep's events wait rather than being attempted: "" for an
+// endpoint of the file or the defaults, and for a row of
+// postbox.endpoints that is enabled and valid. A row whose url or body
+// template does not parse is invalid: the row's fault, not its events'.
+func Held(ep config.Endpoint) string {
+	if ep.Source != config.SourceTable {
+		return ""
+	}
+	if h := ep.Held(); h != "" {
+		return h
+	}
+	if macro.Contains(ep.URL) {
+		if _, err := compile(ep.URL, true); err != nil {
+			return "invalid: url: " + strings.TrimPrefix(err.Error(), macro.ErrTemplate.Error()+": ")
+		}
+	}
+	if ep.Body != nil {
+		if _, err := compile(*ep.Body, false); err != nil {
+			return "invalid: body: " + strings.TrimPrefix(err.Error(), macro.ErrTemplate.Error()+": ")
+		}
+	}
+	return ""
 }
 
 // Resolve decides where and what an event sends under cfg: the URL (a
@@ -75,6 +103,14 @@ func Resolve(cfg *config.Config, ev Event) Target {
 	case ev.Invalid != "":
 		t.Reason = ev.Invalid
 		return t
+	default:
+		// A table endpoint's row holds all of its events, row urls too.
+		if h := Held(ep); h != "" {
+			t.Held = h
+			return t
+		}
+	}
+	switch {
 	case len(ev.Endpoint) > store.MaxEndpointLen:
 		// A row's name; stored cut (store.StoredEndpoint), and refused
 		// again when replayed.
@@ -168,13 +204,14 @@ type Resolved struct {
 func (*Resolved) ResolvedRequest() {}
 
 // resolved is j's request under cfg: the one the ingest resolved, while
-// the configuration it was resolved under is still in force; else (a
-// later attempt, or a reload since) resolved now, so a reload applies to
-// every event still waiting.
+// the configuration it was resolved under is still in force and its
+// endpoint's row of postbox.endpoints unchanged; else (a later attempt, a
+// reload or a change of the row since) resolved now, so a reload or a
+// change applies to every event still waiting.
 func resolved(cfg *config.Config, j *dispatch.Job) Target {
 	r, ok := j.Resolved.(*Resolved)
 	j.Resolved = nil // its body need not outlive the attempt
-	if ok && r.Config == cfg {
+	if ok && r.Config == cfg && r.Target.Endpoint.Revision == cfg.EndpointTable.Revision(j.Endpoint) {
 		return r.Target
 	}
 	return Resolve(cfg, Event{Event: j.Event})
@@ -336,7 +373,17 @@ type Executor struct {
 	log    zerolog.Logger
 	client *deliver.Client
 	prot   *protect.Protection
+	gate   func(ctx context.Context, commit uint64) error
 }
+
+// GateRetryDefault is how long a delivery waits when the read of the
+// applied endpoints before its attempt failed.
+const GateRetryDefault = time.Second
+
+// Gate sets what an attempt of an event committed at commit waits for
+// first: this instance's having applied every change of
+// postbox.endpoints committed before it. Set before the first attempt.
+func (x *Executor) Gate(f func(ctx context.Context, commit uint64) error) { x.gate = f }
 
 // New returns an Executor sending with client under prot.
 func New(env *service.Env, client *deliver.Client, prot *protect.Protection) *Executor {
@@ -349,7 +396,23 @@ func New(env *service.Env, client *deliver.Client, prot *protect.Protection) *Ex
 func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 	cfg := x.env.Config()
 	res := state.Result{DeliveryID: j.DeliveryID, Endpoint: j.Endpoint, Lane: j.Lane, CommitToDeliveryMS: -1}
+	if j.CommitLSN != 0 && x.gate != nil {
+		if err := x.gate(ctx, j.CommitLSN); err != nil {
+			// Not attempted under settings that may be older than the
+			// event: back to the queue, no attempt spent, and not claimed
+			// again at once (the read fails for the next one too).
+			x.log.Warn().Err(err).Str("event_id", j.EventID).Msg("could not read the applied endpoints; the delivery waits")
+			res := dispatch.Released(j)
+			res.Delay = GateRetryDefault
+			return res
+		}
+	}
 	t := resolved(cfg, j)
+	if t.Held != "" {
+		// The claim skips held endpoints: this one was held since it was
+		// claimed.
+		return dispatch.Released(j)
+	}
 	if t.Reason != "" {
 		if strings.HasPrefix(t.Reason, policy.ReasonMessagesOff) {
 			x.env.Metrics.MessagesRefused(1)
@@ -391,7 +454,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		return dispatch.Released(j)
 	}
 	res.Attempted, res.Sampled = true, true
-	res.Attempt, res.Target = j.Attempt, t.Recorded
+	res.Attempt, res.Target, res.EndpointRevision = j.Attempt, t.Recorded, ep.Revision
 	res.ResponseMS = millis(resp.Duration)
 	res.StatusCode = resp.StatusCode
 	res.Response = logsafe.Text(responseSnippet(resp.Body), cfg.LogPayloads)

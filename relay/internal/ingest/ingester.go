@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -168,7 +169,9 @@ func (ing *ingester) linger(batch []wal.Chunk[prepared]) []wal.Chunk[prepared] {
 	for seen := 0; ; {
 		for i := seen; i < len(batch); i++ {
 			p := ing.s.prepared(&batch[i])
-			if p.waits {
+			if p.waits || len(batch[i].EndpointChanges) > 0 {
+				// An endpoint change waits for this commit on every other
+				// instance (endpoint_state, NOTIFY): it ends the linger.
 				return batch
 			}
 			for _, j := range p.jobs {
@@ -315,6 +318,10 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk[prepared], co
 		// Let the attempts submitted here start before the insert.
 		runtime.Gosched()
 	}
+	if err := ing.writeEndpoints(ctx, chunks); err != nil {
+		s.releaseKeepReservations(evs, jobs)
+		return fmt.Errorf("ingest: %w", err)
+	}
 	size := statementRows(len(evs))
 	for len(evs) > 0 {
 		n := min(len(evs), size)
@@ -364,6 +371,38 @@ func (ing *ingester) write(ctx context.Context, chunks []wal.Chunk[prepared], co
 		s.deps.Kept()
 	}
 	return nil
+}
+
+// writeEndpoints applies the chunks' changes of postbox.endpoints to
+// endpoint_state in the open transaction, which then commits them with
+// the events after them: another instance that reads the checkpoint has
+// read every change committed before it.
+func (ing *ingester) writeEndpoints(ctx context.Context, chunks []wal.Chunk[prepared]) error {
+	var ws []store.EndpointWrite
+	var whole []bool
+	for i := range chunks {
+		for _, c := range chunks[i].EndpointChanges {
+			w := store.EndpointWrite{Name: c.Name, From: c.OldName, Revision: c.Revision, LSN: c.Commit}
+			if !c.Deleted {
+				row, err := json.Marshal(c.Row)
+				if err != nil {
+					return fmt.Errorf("endpoint %s: %w", c.Name, err)
+				}
+				w.Row = row
+			}
+			ws, whole = append(ws, w), append(whole, c.Deleted || c.Inserted)
+			if c.OldName != "" {
+				// Renamed: the old name goes, as by a delete, once the
+				// new one has taken its columns.
+				ws, whole = append(ws, store.EndpointWrite{Name: c.OldName, Revision: c.Revision, LSN: c.Commit}), append(whole, true)
+			}
+		}
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	ing.open = true
+	return ing.conn.WriteEndpoints(ctx, ws, whole)
 }
 
 // ended records that the transactions up to end are ingested, durable

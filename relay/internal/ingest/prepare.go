@@ -137,6 +137,9 @@ func (s *Supervisor) newEvent(cfg *config.Config, row store.OutboxRow, commitLSN
 		// Refused before it is stored: the payload is not copied.
 		ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, t.Reason
 		ev.Payload, ev.PayloadDropped = []byte("null"), len(row.Payload)
+	case t.Held != "":
+		// Its endpoint's row is disabled or invalid: pending, and the
+		// claim skips it until the row changes.
 	case t.Reason != "":
 		ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, t.Reason
 	case fast && !t.Endpoint.Ordered && !s.deps.Blocked(ev.Key(), s.env.Now()):

@@ -78,10 +78,23 @@ type Deps struct {
 	// another database). The stream loop returns after calling it, so it
 	// must not wait for the supervisor's Stop.
 	Fatal func(error)
+	// Endpoints applies the changes of postbox.endpoints the stream
+	// decodes, at once (nil: none are applied in memory).
+	Endpoints Endpoints
 	// Linger is how long the ingest of a live transaction waits for more
 	// (LingerDefault when zero); a test lengthens it to see what else
 	// ends it.
 	Linger time.Duration
+}
+
+// Endpoints is the instance's applied endpoints as the stream sees them:
+// each change as decoded, each transaction's commit once decoded (all
+// endpoint changes before it applied), and a reload once the leader has
+// seeded endpoint_state.
+type Endpoints interface {
+	Apply(c wal.EndpointChange)
+	Decoded(commit pglogrepl.LSN)
+	Reload(ctx context.Context) error
 }
 
 func (d Deps) linger() time.Duration {
@@ -319,7 +332,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 	flushed := watermark.New[pglogrepl.LSN](0)
 	var reconcileSnap string
 	var reconcilePos pglogrepl.LSN
-	stream := wal.NewStream(wal.Options[prepared]{
+	opts := wal.Options[prepared]{
 		ConnString:     cfg.DatabaseURL,
 		Slot:           cfg.Slot,
 		Publication:    cfg.Publication,
@@ -331,7 +344,13 @@ func (s *Supervisor) session(ctx context.Context) error {
 		Logger:         s.env.Logger("wal"),
 		Flushed:        func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },
 		Prepare:        ing.prepareAhead,
-	})
+
+		EndpointsPublication: wal.EndpointsPublication(cfg.Publication),
+	}
+	if e := s.deps.Endpoints; e != nil {
+		opts.EndpointChange, opts.Decoded = e.Apply, e.Decoded
+	}
+	stream := wal.NewStream(opts)
 	plan := func(ss wal.Session) (pglogrepl.LSN, pglogrepl.LSN, error) {
 		ing.systemID, ing.timeline = ss.SystemID, ss.Timeline
 		start := cp.LSN
@@ -355,6 +374,9 @@ func (s *Supervisor) session(ctx context.Context) error {
 			}
 		}
 		s.durable.Reset(start)
+		if err := s.seedEndpoints(ctx, cp.LSN); err != nil {
+			return 0, 0, err
+		}
 		if !s.reconciled.Load() {
 			// Rows committed as of this snapshot either come through the
 			// stream before it passes pos, or never will: those are the
@@ -406,6 +428,9 @@ func (s *Supervisor) leaderGone(ctx context.Context, leader string) bool {
 func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) {
 	cfg := s.env.Config()
 	if err := wal.EnsurePublication(ctx, s.env.Pool(), cfg.Publication, cfg.Table); err != nil {
+		return store.Checkpoint{}, err
+	}
+	if err := wal.EnsureEndpointsPublication(ctx, s.env.Pool(), cfg.Publication); err != nil {
 		return store.Checkpoint{}, err
 	}
 	slot, err := wal.Slot(ctx, s.env.Pool(), cfg.Slot)
@@ -469,6 +494,27 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 		}
 	}
 	return cp, nil
+}
+
+// seedEndpoints copies postbox.endpoints whole into endpoint_state, at
+// the position the stream resumes from, when it was never copied for the
+// slot or a reconciliation is owed (the slot's stream may have missed
+// changes, as it missed rows); then the instance's table is read again.
+// It runs before the stream starts, so no ingest writes beside it.
+func (s *Supervisor) seedEndpoints(ctx context.Context, at pglogrepl.LSN) error {
+	seeded, owed, err := s.env.Store.EndpointsSeeded(ctx)
+	if err != nil || seeded && !owed {
+		return err
+	}
+	n, err := s.env.Store.SeedEndpoints(ctx, at)
+	if err != nil {
+		return err
+	}
+	s.log.Info().Int("endpoints", n).Msg("seeded the applied endpoints from postbox.endpoints")
+	if s.deps.Endpoints != nil {
+		return s.deps.Endpoints.Reload(ctx)
+	}
+	return nil
 }
 
 // markReconcilePending records that the outbox table must be reconciled,

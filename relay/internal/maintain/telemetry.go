@@ -86,5 +86,6 @@ func LoadState(ctx context.Context, env *service.Env, full bool) (telemetry.Summ
 	if err != nil {
 		return s, nil, nil, err
 	}
+	s.InvalidEndpoints = telemetry.InvalidEndpoints(cfg)
 	return s, eps, telemetry.Evaluate(s, eps, cfg.Alerts), nil
 }

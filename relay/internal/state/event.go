@@ -19,4 +19,10 @@ type Event struct {
 	// (outbox_messages), checked at each attempt: any role that may run
 	// pg_logical_emit_message can write one.
 	Message bool
+	// CommitLSN is the event's commit in the WAL, on an event read back
+	// from postbox.events (a claim): no instance attempts it before it
+	// has applied every endpoint change committed before it. 0 when
+	// unknown (found by reconciliation), or on a first attempt from this
+	// instance's own stream, resolved under every change decoded before.
+	CommitLSN uint64
 }

@@ -68,6 +68,10 @@ type Result struct {
 	Attempt int
 	// Target is where the request went, as scheme://host/path.
 	Target string
+	// EndpointRevision is the revision of the endpoint's row of
+	// postbox.endpoints the attempt was made under (0: an endpoint of the
+	// file or the defaults).
+	EndpointRevision int64
 	// ErrorClass groups a failed attempt: http_4xx, http_5xx, body_rule,
 	// timeout, connection, blocked_target ("" on success).
 	ErrorClass string

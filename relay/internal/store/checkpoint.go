@@ -20,7 +20,8 @@ import (
 const saveCheckpointSQL = `
 WITH saved AS (
   UPDATE postbox.checkpoints
-  SET lsn = greatest(lsn, $2::pg_lsn), system_id = $4, timeline = $5, updated_at = now()
+  SET lsn = greatest(lsn, $2::pg_lsn), system_id = $4, timeline = $5, updated_at = now(),
+      endpoints_lsn = greatest(endpoints_lsn, $6::pg_lsn)
   WHERE slot = $1 AND fencing = $3
   RETURNING 1
 )
@@ -56,9 +57,15 @@ func (ic *IngestConn) commit(ctx context.Context, lsn pglogrepl.LSN, notify, unf
 	if notify {
 		b.Queue(`SELECT pg_notify($1, '')`, WakeChannel)
 	}
-	if lsn != 0 {
-		b.Queue(saveCheckpointSQL, ic.s.Slot, lsn.String(), ic.lead.Token, ic.systemID, ic.timeline)
+	if ic.endpointsLSN != 0 && ic.inTx {
+		// Endpoint changes applied (WriteEndpoints): every instance reads
+		// them once this commits.
+		b.Queue(`SELECT pg_notify($1, '')`, EndpointsChannel)
 	}
+	if lsn != 0 {
+		b.Queue(saveCheckpointSQL, ic.s.Slot, lsn.String(), ic.lead.Token, ic.systemID, ic.timeline, ic.endpointsLSN.String())
+	}
+	ic.endpointsLSN = 0
 	if ic.inTx {
 		b.Queue("COMMIT")
 	}
@@ -134,6 +141,7 @@ func lastLSN(br pgx.BatchResults, n int) (pglogrepl.LSN, error) {
 // server's word on the transaction when it ended the session first (an
 // idle_in_transaction_session_timeout, a terminated backend).
 func (ic *IngestConn) Rollback(ctx context.Context) error {
+	ic.endpointsLSN = 0
 	if !ic.inTx {
 		return nil
 	}

@@ -82,11 +82,11 @@ const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[], $16::bool[]
-                       , $17::timestamptz[], $18::int4[], $19::float4[], $20::text[], $21::float4[], $22::text[] -- delivered
+                       , $17::timestamptz[], $18::int4[], $19::float4[], $20::text[], $21::float4[], $22::text[], $23::int8[] -- delivered
                        )
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
                          created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane, message,
-                         done_at, status_code, response_ms, response, c2d_ms, target, -- delivered
+                         done_at, status_code, response_ms, response, c2d_ms, target, revision, -- delivered
                          ord)
 ),
 ev AS (
@@ -105,14 +105,15 @@ ev AS (
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
-                                  attempt_target, attempted_by -- delivered
+                                  attempt_target, attempted_by, attempt_revision -- delivered
                                   )
   SELECT ev.id, ev.endpoint, i.lane, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END, i.status = 'in_flight',
          nullif(i.last_error, '')
          , CASE WHEN i.status = 'delivered' THEN 1 ELSE 0 END, i.done_at, i.status_code, i.response_ms, nullif(i.response, ''), -- delivered
          nullif(i.c2d_ms, -1), coalesce(i.done_at, now()), -- delivered
-         CASE WHEN i.status = 'delivered' THEN nullif(i.target, '') END, CASE WHEN i.status = 'delivered' THEN $13 END -- delivered
+         CASE WHEN i.status = 'delivered' THEN nullif(i.target, '') END, CASE WHEN i.status = 'delivered' THEN $13 END, -- delivered
+         CASE WHEN i.status = 'delivered' THEN nullif(i.revision, 0) END -- delivered
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
   ORDER BY i.ord -- delivery ids follow commit order: ordered endpoints rely on it
   RETURNING id, event_pk
@@ -140,7 +141,7 @@ WITH ev AS (
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
-                                  attempt_target, attempted_by -- delivered
+                                  attempt_target, attempted_by, attempt_revision -- delivered
                                   )
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END, ($11::text[])[1] = 'in_flight',
@@ -149,7 +150,8 @@ dl AS (
          ($19::float4[])[1], nullif(($20::text[])[1], ''), nullif(($21::float4[])[1], -1), -- delivered
          coalesce(($17::timestamptz[])[1], now()), -- delivered
          CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($22::text[])[1], '') END, -- delivered
-         CASE WHEN ($11::text[])[1] = 'delivered' THEN $13 END -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN $13 END, -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($23::int8[])[1], 0) END -- delivered
   FROM ev
   RETURNING id, event_pk
 )
@@ -185,10 +187,12 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 		codes           []*int32
 		ms, c2d         []*float32
 		bodies, targets []*string
+		revisions       []int64
 	)
 	if done {
 		doneAt, codes = make([]*time.Time, n), make([]*int32, n)
 		ms, c2d, bodies, targets = make([]*float32, n), make([]*float32, n), make([]*string, n), make([]*string, n)
+		revisions = make([]int64, n)
 	}
 	for i := range evs {
 		e := &evs[i]
@@ -221,7 +225,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 			at := r.At
 			code, took, c2dMS := int32(r.StatusCode), float32(r.ResponseMS), float32(r.CommitToDeliveryMS)
 			doneAt[i], ms[i], c2d[i] = &at, &took, &c2dMS
-			bodies[i], targets[i] = &r.Response, &r.Target
+			bodies[i], targets[i], revisions[i] = &r.Response, &r.Target, r.EndpointRevision
 			if code != 0 {
 				codes[i] = &code
 			}
@@ -229,7 +233,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 	}
 	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes, messages}
 	if done {
-		args = append(args, doneAt, codes, ms, bodies, c2d, targets)
+		args = append(args, doneAt, codes, ms, bodies, c2d, targets, revisions)
 	}
 	return args
 }
@@ -254,6 +258,9 @@ type IngestConn struct {
 	lead     Leadership
 	systemID string
 	timeline int32
+	// endpointsLSN is the last endpoint change the open transaction
+	// applied (WriteEndpoints), stored with its checkpoint.
+	endpointsLSN pglogrepl.LSN
 }
 
 // SetSession sets the leadership token and the server identity checkpoint

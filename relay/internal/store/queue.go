@@ -35,7 +35,8 @@ func (c *Claimed) Key() string {
 // claimedColumns is what every claim returns, from d (deliveries) and e
 // (events).
 const claimedColumns = `d.id, d.endpoint, coalesce(d.lane, ''), d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
-          e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message`
+          e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message,
+          coalesce(e.commit_lsn - '0/0', 0)::int8`
 
 // healthyLane is true for lane %[1]s of endpoint %[2]s when its breaker is
 // closed and neither it nor its endpoint is paused: pausing an endpoint
@@ -265,15 +266,16 @@ func scanClaimedWith(row pgx.Row, underWay bool) (Claimed, error) {
 	var payload string
 	var headers *string
 	var committed *time.Time
+	var commitLSN int64
 	dest := []any{&c.DeliveryID, &c.Endpoint, &c.Lane, &c.AttemptCount, &c.EventID, &c.URL, &c.EventType,
-		&payload, &headers, &c.CreatedAt, &committed, &c.Message}
+		&payload, &headers, &c.CreatedAt, &committed, &c.Message, &commitLSN}
 	if underWay {
 		dest = append(dest, &c.EventPK, &c.Range)
 	}
 	if err := row.Scan(dest...); err != nil {
 		return c, err
 	}
-	c.Payload = []byte(payload)
+	c.Payload, c.CommitLSN = []byte(payload), uint64(commitLSN)
 	if headers != nil {
 		c.Headers = []byte(*headers)
 	}

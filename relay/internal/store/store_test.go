@@ -395,7 +395,7 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 		statuses[i], attempted[i], codes[i], ats[i], inline[i] = string(postboxtype.DeliveryDelivered), true, 200, time.Now(), true
 	}
 	plan = explain(store.RecordPlans, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me",
-		inline, targets)
+		inline, targets, make([]int64, n))
 	check("RecordResults", plan)
 
 	// The calls themselves, on one connection whose statistics are

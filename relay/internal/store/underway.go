@@ -184,7 +184,7 @@ WHERE r.range_id IN (SELECT id FROM mine WHERE owner = $1)
 // underWayColumns are the columns recordUnderWay copies.
 var underWayColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "attempt_count", "next_attempt_at",
 	"last_error", "last_status_code", "last_response_ms", "last_response", "delivered_at", "commit_to_delivery_ms",
-	"attempt_target", "attempted_by", "updated_at"}
+	"attempt_target", "attempted_by", "attempt_revision", "updated_at"}
 
 // underWayResult is the first outcome of an event under way (its
 // Result's EventPK and Range name it), as recordUnderWay writes it.
@@ -269,11 +269,15 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 					code = int32(r.StatusCode)
 				}
 			}
+			var rev any
 			if u.Inline {
 				target, by = orNull(r.Target), owner
+				if r.EndpointRevision != 0 {
+					rev = r.EndpointRevision
+				}
 			}
 			return []any{ids[r.EventPK], r.EventPK, r.Endpoint, lane, status, attempts, due, lastErr, code, ms, resp,
-				deliveredAt, c2d, target, by, now}, nil
+				deliveredAt, c2d, target, by, rev, now}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("record under way: copy: %w", err)
@@ -288,7 +292,8 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 const loadUnderWaySQL = `
 WITH ranges AS MATERIALIZED (SELECT id, owner FROM postbox.under_way WHERE id = ANY($2))
 SELECT 0::int8, e.endpoint, '', 0, e.event_id::text, coalesce(e.url, ''), e.event_type,
-       e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message, e.id, r.range_id
+       e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message,
+       coalesce(e.commit_lsn - '0/0', 0)::int8, e.id, r.range_id
 FROM unnest($1::int8[], $2::int8[]) AS r(event_pk, range_id)
 JOIN ranges u ON u.id = r.range_id AND u.owner = $3
 JOIN postbox.events e ON e.id = r.event_pk

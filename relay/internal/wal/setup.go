@@ -102,6 +102,52 @@ func EnsurePublication(ctx context.Context, q store.Querier, publication string,
 	return nil
 }
 
+// EndpointsPublication is the name of the publication of postbox.endpoints
+// beside publication (the outbox's): "<publication>_endpoints", its
+// prefix cut so the whole fits PostgreSQL's 63 bytes.
+func EndpointsPublication(publication string) string {
+	const suffix = "_endpoints"
+	if len(publication)+len(suffix) > 63 {
+		publication = publication[:63-len(suffix)]
+	}
+	return publication + suffix
+}
+
+// EnsureEndpointsPublication creates the publication of postbox.endpoints
+// (inserts, updates and deletes) if it is missing. postbox owns its
+// schema, so its own role makes it, unlike the outbox's.
+func EnsureEndpointsPublication(ctx context.Context, q store.Querier, publication string) error {
+	name := EndpointsPublication(publication)
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("look up publication %s: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	_, err := q.Exec(ctx, EndpointsPublicationSQL(publication))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeDuplicateObject {
+		return nil
+	}
+	if err != nil {
+		// It takes CREATE on the database and the table's owner: where
+		// postbox's schema was migrated by another role, postbox migrate
+		// made it.
+		return fmt.Errorf("create publication %s: %w", name, store.NeedsPrivilege(err, store.Missing{
+			What: "CREATE on the database and ownership of postbox.endpoints (or the publication made by its owner)", Why: "creating publication " + name,
+			Grant: "as the owner of postbox.endpoints: " + EndpointsPublicationSQL(publication) + " (or run postbox migrate as that role)"}))
+	}
+	return nil
+}
+
+// EndpointsPublicationSQL is the statement that creates the publication
+// of postbox.endpoints beside publication.
+func EndpointsPublicationSQL(publication string) string {
+	return "CREATE PUBLICATION " + store.Ident(EndpointsPublication(publication)) +
+		" FOR TABLE postbox.endpoints WITH (publish = 'insert, update, delete')"
+}
+
 // PublicationSQL is the statement that creates the publication postbox
 // reads: the outbox table's inserts only.
 func PublicationSQL(publication string, table outbox.Table) string {

@@ -39,6 +39,9 @@ type Chunk[P any] struct {
 	// TxRows, on a transaction's final chunk, counts the outbox rows of
 	// all its chunks.
 	TxRows int
+	// EndpointChanges are the transaction's changes to postbox.endpoints
+	// in this chunk, in stream order (Options.EndpointsPublication).
+	EndpointChanges []EndpointChange
 	// Prepared is what the consumer decided of the chunk (Options.Prepare,
 	// or the consumer as it takes a chunk left unprepared); nil until then.
 	Prepared *P
@@ -92,6 +95,15 @@ type Options[P any] struct {
 	// queued, if need be beyond the queue's bounds when the session ends
 	// while it waits.
 	Prepare func(*Chunk[P])
+	// EndpointsPublication, when set, is the publication of
+	// postbox.endpoints (EndpointsPublication), streamed beside the
+	// outbox's: its changes come in Chunk.EndpointChanges, and each is
+	// given to EndpointChange as it is decoded, before the events after it
+	// are prepared. Decoded is given each transaction's commit LSN once
+	// all of it is decoded, before its final chunk is prepared.
+	EndpointsPublication string
+	EndpointChange       func(EndpointChange)
+	Decoded              func(commit pglogrepl.LSN)
 	// WalsenderNice, when not zero, is the nice value each session gives
 	// its walsender before it starts replication (weighWalsender): where
 	// the database's CPUs run saturated, the walsender otherwise waits its
@@ -222,7 +234,10 @@ type session[P any] struct {
 	log        zerolog.Logger
 	skipBefore pglogrepl.LSN
 	rels       map[uint32]*relation
-	types      *pgtype.Map // decodes column values by type OID; the session's own (a Map is not safe for concurrent use)
+	// endpointsRel is postbox.endpoints' relation id (0 until its
+	// Relation message).
+	endpointsRel uint32
+	types        *pgtype.Map // decodes column values by type OID; the session's own (a Map is not safe for concurrent use)
 
 	inTx bool // between Begin and Commit
 	skip bool // the current transaction was ingested before
@@ -257,9 +272,13 @@ func (ss *session[P]) run(ctx context.Context, plan Plan, started func(Session))
 	if ss.opts.WalsenderNice != 0 {
 		ss.weighWalsender(info.Walsender, lookup)
 	}
+	pubs := ss.opts.Publication // validated: [a-z0-9_]
+	if ss.opts.EndpointsPublication != "" {
+		pubs += "," + ss.opts.EndpointsPublication
+	}
 	args := []string{
 		"proto_version '1'",
-		"publication_names '" + ss.opts.Publication + "'", // validated: [a-z0-9_]
+		"publication_names '" + pubs + "'",
 		// Asked for whatever outbox_messages says: with messages off, an
 		// event written with outbox.Emit is recorded as a dead letter
 		// (messages_off), to replay once they are on, never dropped.
@@ -419,11 +438,19 @@ func (ss *session[P]) logical(ctx context.Context, data []byte) error {
 	switch pglogrepl.MessageType(data[0]) {
 	case pglogrepl.MessageTypeBegin, pglogrepl.MessageTypeCommit, pglogrepl.MessageTypeRelation:
 	case pglogrepl.MessageTypeInsert:
+		if ss.endpointsRelation(data) {
+			return ss.endpointChange(data)
+		}
 		return ss.insert(ctx, data)
+	case pglogrepl.MessageTypeUpdate, pglogrepl.MessageTypeDelete:
+		if ss.endpointsRelation(data) {
+			return ss.endpointChange(data)
+		}
+		return nil
 	case pglogrepl.MessageTypeMessage:
 		return ss.message(ctx, data)
 	default:
-		// Update, Delete, Truncate, Type, Origin: not ours to
+		// Truncate, Type, Origin, and the outbox's updates: not ours to
 		// deliver; the position still advances with the commit or the
 		// keepalive that follows.
 		return nil
@@ -434,7 +461,11 @@ func (ss *session[P]) logical(ctx context.Context, data []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
-		ss.rels[m.RelationID] = newRelation(m, ss.opts.Table, ss.types)
+		rel := newRelation(m, ss.opts.Table, ss.types)
+		ss.rels[m.RelationID] = rel
+		if rel.endpoints {
+			ss.endpointsRel = m.RelationID
+		}
 	case *pglogrepl.BeginMessage:
 		ss.inTx = true
 		ss.skip = m.FinalLSN < ss.skipBefore
@@ -445,6 +476,9 @@ func (ss *session[P]) logical(ctx context.Context, data []byte) error {
 		if ss.skip {
 			ss.skip = false
 			return nil
+		}
+		if ss.opts.Decoded != nil {
+			ss.opts.Decoded(m.CommitLSN)
 		}
 		c := ss.cur
 		ss.cur = Chunk[P]{}
@@ -531,23 +565,28 @@ func (ss *session[P]) send(ctx context.Context, c Chunk[P]) error {
 // message describes them (an ALTER TABLE sends a new one), and decodes
 // their values by the columns' type OIDs.
 type relation struct {
-	outbox bool
-	name   string
-	col    map[string]int
-	oids   []uint32
-	types  *pgtype.Map
+	outbox    bool
+	endpoints bool // postbox.endpoints
+	name      string
+	names     []string // the columns' names, in order
+	col       map[string]int
+	oids      []uint32
+	types     *pgtype.Map
 }
 
 func newRelation(m *pglogrepl.RelationMessage, t outbox.Table, types *pgtype.Map) *relation {
 	r := &relation{
-		outbox: m.Namespace == t.Schema() && m.RelationName == t.Name(),
-		name:   m.Namespace + "." + m.RelationName,
-		col:    map[string]int{},
-		oids:   make([]uint32, len(m.Columns)),
-		types:  types,
+		outbox:    m.Namespace == t.Schema() && m.RelationName == t.Name(),
+		endpoints: m.Namespace == "postbox" && m.RelationName == "endpoints",
+		name:      m.Namespace + "." + m.RelationName,
+		names:     make([]string, len(m.Columns)),
+		col:       map[string]int{},
+		oids:      make([]uint32, len(m.Columns)),
+		types:     types,
 	}
 	for i, c := range m.Columns {
 		r.col[c.Name] = i
+		r.names[i] = c.Name
 		r.oids[i] = c.DataType
 	}
 	return r

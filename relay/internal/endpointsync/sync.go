@@ -1,0 +1,367 @@
+// Package endpointsync keeps an instance's table of the endpoints of
+// postbox.endpoints (config.EndpointTable) as applied: the streaming
+// instance applies each change as its stream decodes it; every instance
+// reads postbox.endpoint_state, which the streaming instance writes in
+// the ingest transaction of the events after each change, at start, when
+// NOTIFYed, every second, and before it attempts an event committed after
+// what it has applied (Await).
+package endpointsync
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+
+	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/endpoints"
+	"github.com/postbox-relay/postbox/relay/internal/execute"
+	"github.com/postbox-relay/postbox/relay/internal/service"
+	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/internal/wal"
+)
+
+// PollIntervalDefault is the fallback read of endpoint_state: a NOTIFY
+// lost with its connection must not leave an instance behind for long.
+const PollIntervalDefault = time.Second
+
+// Syncer is the instance's applied endpoints. Start it, Stop it.
+type Syncer struct {
+	env     *service.Env
+	log     zerolog.Logger
+	table   *config.EndpointTable
+	changed func()
+	loops   service.Loops
+	// gateOnly: no LISTEN and no poll, only the reads before attempts
+	// (GateOnly; tests of the gate).
+	gateOnly bool
+
+	// applied: every change of postbox.endpoints committed before it is
+	// in table (the ingest's checkpoint read with the rows, or the
+	// stream's decoded commit).
+	applied atomic.Uint64
+	version atomic.Int64 // counts changes to table, for held's cache
+
+	mu sync.Mutex // one read or stream apply at a time; rows, gone and since
+	// rows are the applied rows an update may leave columns out of (see
+	// mayToast), for the stream's updates to be merged over.
+	rows map[string]endpoints.Row
+	// gone holds the revision each name was deleted at: a row of that
+	// revision or earlier, read again from endpoint_state before the
+	// ingest wrote the delete (the stream is ahead), stays deleted.
+	gone  map[string]int64
+	since pglogrepl.LSN // the last endpoint_state position read
+
+	heldMu      sync.Mutex
+	heldCfg     *config.Config
+	heldVersion int64
+	held        []string
+	invalid     []string
+}
+
+// New returns a Syncer keeping table; changed is called after a change
+// was applied (held endpoints may be released: wake the claim).
+func New(env *service.Env, table *config.EndpointTable, changed func()) *Syncer {
+	if changed == nil {
+		changed = func() {}
+	}
+	return &Syncer{env: env, log: env.Logger("endpoints"), table: table, changed: changed,
+		rows: map[string]endpoints.Row{}, gone: map[string]int64{}}
+}
+
+// GateOnly makes Start run neither the LISTEN nor the poll: the table
+// changes only before an attempt that needs it (Await). For tests that
+// prove the gate alone keeps attempts from older settings.
+func (s *Syncer) GateOnly() { s.gateOnly = true }
+
+// Table is the table kept.
+func (s *Syncer) Table() *config.EndpointTable { return s.table }
+
+// Start reads endpoint_state whole, then keeps up with it: a LISTEN on
+// its own connection, and a read every PollIntervalDefault.
+func (s *Syncer) Start(ctx context.Context) error {
+	if err := s.Reload(ctx); err != nil {
+		return err
+	}
+	if s.gateOnly {
+		return s.loops.Start(ctx)
+	}
+	return s.loops.Start(ctx, s.listenLoop, s.pollLoop)
+}
+
+// Stop ends both loops and waits for them.
+func (s *Syncer) Stop() { s.loops.Stop() }
+
+// Applied is the position up to which every endpoint change is applied.
+func (s *Syncer) Applied() pglogrepl.LSN { return pglogrepl.LSN(s.applied.Load()) }
+
+func (s *Syncer) advance(lsn pglogrepl.LSN) {
+	for {
+		cur := s.applied.Load()
+		if uint64(lsn) <= cur || s.applied.CompareAndSwap(cur, uint64(lsn)) {
+			return
+		}
+	}
+}
+
+// Reload reads endpoint_state whole and makes the table hold exactly it.
+func (s *Syncer) Reload(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, states, err := s.env.Store.ReadEndpointState(ctx, 0, true)
+	if err != nil {
+		return err
+	}
+	rows := map[string]endpoints.Row{}
+	tes := make([]config.TableEndpoint, 0, len(states))
+	since := pglogrepl.LSN(0)
+	for _, st := range states {
+		if mayToast(st.Row) {
+			rows[st.Name] = st.Row
+		}
+		tes = append(tes, endpoints.Parse(st.Row))
+		since = max(since, st.LSN)
+	}
+	s.table.Replace(tes)
+	s.rows, s.since = rows, since
+	s.version.Add(1)
+	s.advance(at)
+	s.changed()
+	return nil
+}
+
+// Refresh reads the rows of endpoint_state applied since the last read
+// and applies them.
+func (s *Syncer) Refresh(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refreshLocked(ctx)
+}
+
+func (s *Syncer) refreshLocked(ctx context.Context) error {
+	at, states, err := s.env.Store.ReadEndpointState(ctx, s.since, false)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, st := range states {
+		s.since = max(s.since, st.LSN)
+		// Rows of the read's position are read again, and the stream may
+		// be ahead: apply only what is news. A delete keeps its row's
+		// revision.
+		cur, ok := s.table.Get(st.Name)
+		if st.Row == nil && (!ok || cur.Revision > st.Revision) || st.Row != nil && (ok && cur.Revision >= st.Revision || s.gone[st.Name] >= st.Revision) {
+			continue
+		}
+		s.applyLocked(st.Name, st.Row, st.Revision, true)
+		n++
+	}
+	s.advance(at)
+	if n > 0 {
+		s.log.Debug().Int("changes", n).Stringer("applied", s.Applied()).Msg("applied endpoint changes")
+		s.changed()
+	}
+	return nil
+}
+
+// Await returns once every endpoint change committed before commit is
+// applied: at once when it is, else after one read of endpoint_state (an
+// event is claimed once ingested, and its ingest wrote every change
+// before it).
+func (s *Syncer) Await(ctx context.Context, commit uint64) error {
+	if s.applied.Load() >= commit {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.applied.Load() >= commit {
+		return nil // another attempt's read applied it
+	}
+	return s.refreshLocked(ctx)
+}
+
+// Apply applies a change as the stream decoded it (the streaming
+// instance, ahead of endpoint_state): an update's row is merged into the
+// applied one, whose TOAST-unchanged columns it lacks.
+func (s *Syncer) Apply(c wal.EndpointChange) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case c.Deleted:
+		s.applyLocked(c.Name, nil, c.Revision, true)
+	case c.OldName != "":
+		// Renamed: the columns the update left out are the old name's.
+		row := maps.Clone(s.rows[c.OldName])
+		if row == nil {
+			row = endpoints.Row{}
+		}
+		maps.Copy(row, c.Row)
+		s.applyLocked(c.Name, row, c.Revision, true)
+		s.applyLocked(c.OldName, nil, c.Revision, true)
+	default:
+		s.applyLocked(c.Name, c.Row, c.Revision, c.Inserted)
+	}
+	s.changed()
+}
+
+// Decoded says the stream decoded all of a transaction committed at
+// commit: every endpoint change before it is applied.
+func (s *Syncer) Decoded(commit pglogrepl.LSN) { s.advance(commit) }
+
+// applyLocked puts a row (nil: a delete) of revision into the table
+// unless it holds a later one; a row not whole is merged into the one
+// applied.
+func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, whole bool) {
+	if row == nil {
+		s.table.Remove(name, revision)
+		if _, ok := s.table.Get(name); !ok {
+			delete(s.rows, name)
+		}
+		s.gone[name] = max(s.gone[name], revision)
+		s.version.Add(1)
+		return
+	}
+	if s.gone[name] >= revision {
+		return
+	}
+	delete(s.gone, name)
+	if !whole {
+		merged := maps.Clone(s.rows[name])
+		if merged == nil {
+			merged = endpoints.Row{}
+		}
+		maps.Copy(merged, row)
+		row = merged
+	}
+	te := endpoints.Parse(row)
+	te.Name = name
+	s.table.Apply(te)
+	if s.table.Revision(name) == te.Revision {
+		if mayToast(row) {
+			s.rows[name] = row
+		} else {
+			delete(s.rows, name)
+		}
+	}
+	s.version.Add(1)
+}
+
+// toastThreshold is below PostgreSQL's TOAST_TUPLE_THRESHOLD (about
+// 2 kB): only a row larger than it may have a value stored out of line,
+// which an update that leaves it unchanged does not send.
+const toastThreshold = 1024
+
+// mayToast reports whether row is large enough to have a value TOASTed
+// out of line: only such rows are kept for merges (100,000 small rows
+// kept as text would double the memory the parsed ones take).
+func mayToast(row endpoints.Row) bool {
+	n := 0
+	for k, v := range row {
+		n += len(k)
+		if v != nil {
+			n += len(*v)
+		}
+	}
+	return n > toastThreshold
+}
+
+// Held names the table's endpoints whose events wait (execute.Held under
+// the configuration in force), sorted; computed again after a change or
+// a reload only.
+func (s *Syncer) Held() []string {
+	held, _ := s.heldAndInvalid()
+	return held
+}
+
+// Invalid names the table's endpoints that are invalid (a row postbox
+// cannot use as written), sorted: the endpoint_invalid alert.
+func (s *Syncer) Invalid() []string {
+	_, invalid := s.heldAndInvalid()
+	return invalid
+}
+
+func (s *Syncer) heldAndInvalid() ([]string, []string) {
+	cfg := s.env.Config()
+	v := s.version.Load()
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	if s.heldCfg == cfg && s.heldVersion == v {
+		return s.held, s.invalid
+	}
+	var held, invalid []string
+	for _, name := range s.table.Names() {
+		h := execute.Held(cfg.Endpoint(name))
+		if h == "" {
+			continue
+		}
+		held = append(held, name)
+		if h != "disabled" {
+			invalid = append(invalid, name)
+		}
+	}
+	s.heldCfg, s.heldVersion, s.held, s.invalid = cfg, v, held, invalid
+	return held, invalid
+}
+
+// listenLoop reads endpoint_state when the streaming instance NOTIFYs
+// that it applied changes: a LISTEN on its own connection, reconnecting
+// with backoff.
+func (s *Syncer) listenLoop(ctx context.Context) {
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		conn, err := s.env.Pool().Acquire(ctx)
+		if err == nil {
+			_, err = conn.Exec(ctx, "LISTEN "+store.EndpointsChannel)
+			if err == nil {
+				// Changes made before the LISTEN took hold.
+				err = s.Refresh(ctx)
+			}
+			for err == nil {
+				attempt = 1
+				var n *pgconn.Notification
+				if n, err = conn.Conn().WaitForNotification(ctx); err == nil && n != nil {
+					err = s.Refresh(ctx)
+					s.env.Faults.Observe("endpoints", err)
+				}
+			}
+			// The connection had a LISTEN: do not give it back to the pool.
+			_ = conn.Conn().Close(context.Background())
+			conn.Release()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Debug().Err(err).Msg("endpoint notifications interrupted; reconnecting")
+		if !service.Sleep(ctx, service.RetryWait(attempt)) {
+			return
+		}
+	}
+}
+
+// pollLoop reads endpoint_state every PollIntervalDefault.
+func (s *Syncer) pollLoop(ctx context.Context) {
+	t := time.NewTicker(PollIntervalDefault)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			err := s.Refresh(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("could not read the applied endpoints")
+			}
+			s.env.Faults.Observe("endpoints", err)
+		}
+	}
+}
+
+// String is for logs: how many endpoints are applied, and up to where.
+func (s *Syncer) String() string {
+	return fmt.Sprintf("%d endpoints applied up to %s", s.table.Len(), s.Applied())
+}

@@ -1,0 +1,222 @@
+// The endpoints as applied (postbox.endpoint_state): the streaming
+// instance writes each change of postbox.endpoints in the ingest
+// transaction of the events after it, seeds the whole table once per slot
+// (and after a reconciliation), and every instance reads them from here.
+
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// EndpointsChannel is NOTIFYed as an ingest that applied endpoint changes
+// commits: every instance reads endpoint_state again.
+const EndpointsChannel = "postbox_endpoints"
+
+// EndpointWrite is one change of postbox.endpoints to apply: Row is the
+// columns' text output as a JSON object (a column left out keeps the
+// value applied before: an unchanged TOAST value), nil for a delete.
+type EndpointWrite struct {
+	Name string
+	// From, on an update that renamed the row, is its old name: the
+	// columns the update left out are kept from that name's row.
+	From     string
+	Row      []byte
+	Revision int64
+	LSN      pglogrepl.LSN // the change's commit
+}
+
+// EndpointState is a row of postbox.endpoint_state: Row nil is a deleted
+// endpoint (a tombstone, kept so that instances reading what changed
+// since a position learn of deletes too).
+type EndpointState struct {
+	Name     string
+	Row      map[string]*string
+	Revision int64
+	LSN      pglogrepl.LSN
+}
+
+// applyEndpointSQL applies a change over the applied row unless that is
+// of a later revision: an update's row is merged into the applied one
+// (its TOAST-unchanged columns left out keep theirs); an insert's, a
+// delete's tombstone (JSON null), or anything over a tombstone replaces
+// it. A delete keeps its row's revision, so that the row inserted again
+// later (a later revision) is applied over it.
+const applyEndpointSQL = `
+INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn)
+VALUES ($1, CASE WHEN $6 <> '' AND NOT $5 AND jsonb_typeof($2::jsonb) = 'object'
+                 THEN coalesce((SELECT o.row FROM postbox.endpoint_state o WHERE o.name = $6 AND jsonb_typeof(o.row) = 'object'), '{}') || $2::jsonb
+                 ELSE $2::jsonb END,
+        $3, $4::pg_lsn)
+ON CONFLICT (name) DO UPDATE SET
+  row = CASE WHEN jsonb_typeof(s.row) = 'object' AND jsonb_typeof(excluded.row) = 'object' AND NOT $5
+             THEN s.row || excluded.row ELSE excluded.row END,
+  revision = excluded.revision, lsn = excluded.lsn
+WHERE s.revision <= excluded.revision`
+
+// WriteEndpoints applies endpoint changes, in order, in the open ingest
+// transaction (opening one); its commit then stores the checkpoint's
+// endpoints_lsn and NOTIFYs EndpointsChannel. replace marks rows that are
+// whole (an insert, a seed): they replace the applied row rather than
+// merge into it.
+func (ic *IngestConn) WriteEndpoints(ctx context.Context, ws []EndpointWrite, replace []bool) error {
+	if len(ws) == 0 {
+		return nil
+	}
+	b := ic.newBatch()
+	for i, w := range ws {
+		queueApplyEndpoint(b, w, replace[i])
+		ic.endpointsLSN = max(ic.endpointsLSN, w.LSN)
+	}
+	br, err := ic.sendBatch(ctx, b)
+	if err != nil {
+		return err
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("apply endpoint changes: %w", err)
+	}
+	return nil
+}
+
+func queueApplyEndpoint(b *pgx.Batch, w EndpointWrite, replace bool) {
+	row := w.Row
+	if row == nil {
+		row = []byte("null")
+	}
+	b.Queue(applyEndpointSQL, w.Name, string(row), w.Revision, w.LSN.String(), replace, w.From)
+}
+
+// SeedEndpoints copies postbox.endpoints whole into endpoint_state (rows
+// gone from the table become tombstones) at position lsn, in one
+// transaction, and marks the slot's copy seeded. The stream's changes
+// committed around it come again; their revisions make that harmless.
+// Run by the leader before it streams, so no ingest runs beside it.
+func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT * FROM postbox.endpoints`, pgx.QueryResultFormats{pgx.TextFormatCode})
+		if err != nil {
+			return err
+		}
+		var ws []EndpointWrite
+		names := []string{} // not NULL: ANY(NULL) would tombstone nothing
+		for rows.Next() {
+			fields := rows.FieldDescriptions()
+			row := make(map[string]*string, len(fields))
+			for i, v := range rows.RawValues() {
+				if v == nil {
+					row[fields[i].Name] = nil
+					continue
+				}
+				t := string(v)
+				row[fields[i].Name] = &t
+			}
+			w := EndpointWrite{LSN: lsn}
+			if v := row["name"]; v != nil {
+				w.Name = *v
+			}
+			if v := row["revision"]; v != nil {
+				if _, err := fmt.Sscan(*v, &w.Revision); err != nil {
+					rows.Close()
+					return fmt.Errorf("revision of %s: %w", w.Name, err)
+				}
+			}
+			if w.Row, err = json.Marshal(row); err != nil {
+				rows.Close()
+				return err
+			}
+			ws = append(ws, w)
+			names = append(names, w.Name)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		for _, w := range ws {
+			queueApplyEndpoint(b, w, true)
+		}
+		b.Queue(`UPDATE postbox.endpoint_state SET row = 'null', lsn = $2::pg_lsn
+			WHERE jsonb_typeof(row) = 'object' AND NOT (name = ANY($1::text[]))`, names, lsn.String())
+		b.Queue(`UPDATE postbox.checkpoints SET endpoints_seeded = true, endpoints_lsn = greatest(endpoints_lsn, $2::pg_lsn)
+			WHERE slot = $1`, s.Slot, lsn.String())
+		b.Queue(`SELECT pg_notify($1, '')`, EndpointsChannel)
+		n = len(ws)
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("seed endpoint_state from postbox.endpoints: %w", err)
+	}
+	return n, nil
+}
+
+// EndpointsSeeded reports whether the slot's endpoint_state was seeded
+// and whether a reconciliation is owed (which seeds it again).
+func (s *Store) EndpointsSeeded(ctx context.Context) (seeded, reconcile bool, err error) {
+	err = s.Pool.QueryRow(ctx, `SELECT endpoints_seeded, reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, s.Slot).
+		Scan(&seeded, &reconcile)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("read the checkpoint: %w", err)
+	}
+	return seeded, reconcile, nil
+}
+
+// readEndpointStateSQL reads, in one snapshot, how far the ingest has
+// gone (every endpoint change committed before it is in endpoint_state)
+// and the rows applied at or after $2: those of the same position are
+// read again, harmlessly, rather than one written at it missed.
+const readEndpointStateSQL = `
+SELECT c.lsn::text, s.name, s.row::text, s.revision, s.lsn::text
+FROM (SELECT lsn FROM postbox.checkpoints WHERE slot = $1) c
+LEFT JOIN postbox.endpoint_state s ON s.lsn >= $2::pg_lsn AND ($3 OR jsonb_typeof(s.row) = 'object')`
+
+// ReadEndpointState returns the ingest's position and the rows of
+// endpoint_state applied at or after since; all (tombstones left out)
+// when all is set.
+func (s *Store) ReadEndpointState(ctx context.Context, since pglogrepl.LSN, all bool) (pglogrepl.LSN, []EndpointState, error) {
+	if all {
+		since = 0
+	}
+	rows, err := s.Pool.Query(ctx, readEndpointStateSQL, s.Slot, since.String(), !all)
+	if err != nil {
+		return 0, nil, fmt.Errorf("read endpoint_state: %w", err)
+	}
+	defer rows.Close()
+	var at pglogrepl.LSN
+	var out []EndpointState
+	for rows.Next() {
+		var cp string
+		var name, row, lsn *string
+		var rev *int64
+		if err := rows.Scan(&cp, &name, &row, &rev, &lsn); err != nil {
+			return 0, nil, fmt.Errorf("read endpoint_state: %w", err)
+		}
+		if at, err = pglogrepl.ParseLSN(cp); err != nil {
+			return 0, nil, err
+		}
+		if name == nil {
+			continue
+		}
+		st := EndpointState{Name: *name, Revision: *rev}
+		if st.LSN, err = pglogrepl.ParseLSN(*lsn); err != nil {
+			return 0, nil, err
+		}
+		if err := json.Unmarshal([]byte(*row), &st.Row); err != nil {
+			return 0, nil, fmt.Errorf("endpoint_state row of %s: %w", st.Name, err)
+		}
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, nil, fmt.Errorf("read endpoint_state: %w", err)
+	}
+	return at, out, nil
+}

@@ -92,6 +92,12 @@ type Options[P any] struct {
 	// queued, if need be beyond the queue's bounds when the session ends
 	// while it waits.
 	Prepare func(*Chunk[P])
+	// Route, when set, is called with each valid row whose endpoint is
+	// NULL as it is decoded, in the stream's goroutine and so in stream
+	// order: it finds the endpoints subscribed to the row's event type
+	// under the endpoint changes applied up to that point of the stream
+	// (store.OutboxRow.Matches), not under those that come after it.
+	Route func(*store.OutboxRow)
 	// WalsenderNice, when not zero, is the nice value each session gives
 	// its walsender before it starts replication (weighWalsender): where
 	// the database's CPUs run saturated, the walsender otherwise waits its
@@ -476,7 +482,11 @@ func (ss *session[P]) insert(ctx context.Context, data []byte) error {
 	if !rel.outbox {
 		return nil
 	}
-	return ss.add(ctx, rel.decode(tuple, ss.cur.CommitLSN, maxBody))
+	row := rel.decode(tuple, ss.cur.CommitLSN, maxBody)
+	if row.Fanout && row.Invalid == "" && ss.opts.Route != nil {
+		ss.opts.Route(&row)
+	}
+	return ss.add(ctx, row)
 }
 
 // add appends a row to the transaction's chunk, sending the chunk on when
@@ -631,14 +641,20 @@ func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) store.O
 		}
 	}
 	row.EventID = text("event_id")
+	endpointNull := false
 	if v, _, null, ok := r.value(t, "endpoint"); ok && !null {
 		row.Endpoint = string(v)
+	} else if ok && null {
+		endpointNull = true
 	} else {
-		// NULL breaks the contract (NOT NULL) as a missing column does.
 		missing = append(missing, "endpoint")
 	}
 	row.URL = text("url")
 	row.EventType = text("event_type")
+	// NULL routes the row by its event type (Options.Route); without a
+	// type there is nothing to route it by.
+	row.Fanout = endpointNull
+	noRoute := endpointNull && row.EventType == ""
 	var badTime error
 	if v, oid, null, ok := r.value(t, "created_at"); !ok {
 		missing = append(missing, "created_at")
@@ -674,6 +690,9 @@ func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) store.O
 		if row.Invalid == "" && name != "url" && name != "headers" && name != "id" {
 			row.Invalid = "invalid_row: column " + name + " missing or unreadable in " + r.name
 		}
+	}
+	if row.Invalid == "" && noRoute {
+		row.Invalid = "invalid_row: endpoint and event_type are both empty in " + r.name + ": the row names no endpoint and no type to route it by"
 	}
 	if row.Invalid == "" && badTime != nil {
 		row.Invalid = "invalid_row: column created_at in " + r.name + " is not a time: " + badTime.Error()

@@ -331,6 +331,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 		Logger:         s.env.Logger("wal"),
 		Flushed:        func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },
 		Prepare:        ing.prepareAhead,
+		Route:          s.route,
 	})
 	plan := func(ss wal.Session) (pglogrepl.LSN, pglogrepl.LSN, error) {
 		ing.systemID, ing.timeline = ss.SystemID, ss.Timeline

@@ -49,6 +49,9 @@ type testBundle struct {
 	logs   *syncBuffer
 	// logLevel of the captured relay log (debug unless a test needs less).
 	logLevel zerolog.Level
+	// table, when set, is the endpoints table the relays are given
+	// (config.Config.EndpointTable), filled by the test.
+	table *config.EndpointTable
 }
 
 func setup(t *testing.T) *testBundle {
@@ -167,6 +170,9 @@ func (tb *testBundle) resolved(t *testing.T) *config.Config {
 	t.Helper()
 	cfg, err := tb.cfg.Resolve()
 	require.NoError(t, err)
+	if tb.table != nil {
+		cfg.EndpointTable = tb.table
+	}
 	return cfg
 }
 

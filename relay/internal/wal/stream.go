@@ -494,7 +494,10 @@ func (ss *session[P]) insert(ctx context.Context, data []byte) error {
 func (ss *session[P]) add(ctx context.Context, row store.OutboxRow) error {
 	ss.cur.Rows = append(ss.cur.Rows, row)
 	ss.rows++
-	ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
+	// A routed row weighs as the events it becomes: the chunk and the
+	// queue's bounds then hold an ingest of a fan-out to what one of
+	// addressed rows holds, not a hundred times as much.
+	ss.cur.Bytes += (len(row.Payload) + len(row.Headers) + 200) * max(len(row.Matches), 1)
 	if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
 		part := ss.cur
 		part.Received = time.Now()

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay/internal/state"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
@@ -90,4 +91,54 @@ func TestRoutedRowsAreIngestedOnceAndPurged(t *testing.T) {
 	kept, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	require.Equal(t, []int64{waiting, shared}, kept, "gone: the routed row %d, its no_subscriber row %d and the addressed row %d", fanned, nobody, direct)
+}
+
+// TestReplayRoutesANoSubscriberRowAgain: replaying a row routed to no
+// endpoint routes it again under postbox.endpoints as it is now (exact,
+// prefix, filter by @>, enabled only), one event and pending delivery per
+// endpoint matched, with why, and supersedes its dead letter; a second
+// replay adds nothing, and a row still matched by none stays a dead letter.
+func TestReplayRoutesANoSubscriberRowAgain(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	ic := ingestConn(t, s)
+	none := func(eventType string) string {
+		id := outbox.NewEventID()
+		_, err := ic.Insert(ctx, []store.NewEvent{{OutboxRow: store.OutboxRow{
+			Event:  state.Event{EventID: id, EventType: eventType, Payload: []byte(`{"brand": "casino-de"}`)},
+			Fanout: true, Routed: true,
+		}, Status: postboxtype.DeliveryDeadLetter, LastError: "no_subscriber: none"}}, false)
+		require.NoError(t, err)
+		return id
+	}
+	paid, other := none("order.paid"), none("user.made")
+	require.NoError(t, ic.Commit(ctx, 0, true))
+	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.endpoints (name, url, event_types, filter, enabled) VALUES
+		('orders', 'http://127.0.0.1:1/', '{order.*}', NULL, true),
+		('casino', 'http://127.0.0.1:1/', '{order.paid}', '{"brand": "casino-de"}', true),
+		('elsewhere', 'http://127.0.0.1:1/', '{order.paid}', '{"brand": "casino-fr"}', true),
+		('all', 'http://127.0.0.1:1/', '{*}', NULL, false),
+		('order', 'http://127.0.0.1:1/', '{order}', NULL, true)`)
+	require.NoError(t, err)
+
+	items, enqueued, err := s.Replay(ctx, postboxtype.ReplayFilter{DeadLetters: true}, false, 0)
+	require.NoError(t, err)
+	require.Len(t, items, 2)
+	require.Equal(t, 2, enqueued)
+	rows, err := s.Pool.Query(ctx, `
+		SELECT e.endpoint || '=' || coalesce(e.matched, 'NULL') || ':' || d.status FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
+		WHERE e.event_id = $1 ORDER BY 1`, paid)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"=:replayed", "casino=order.paid + filter:pending", "orders=order.*:pending"}, got)
+
+	var status string
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT d.status FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk WHERE e.event_id = $1`, other).Scan(&status))
+	require.Equal(t, "dead_letter", status, "still no subscriber")
+
+	_, enqueued, err = s.Replay(ctx, postboxtype.ReplayFilter{EventIDs: []string{paid}}, false, 0)
+	require.NoError(t, err)
+	require.Zero(t, enqueued, "its deliveries wait already")
 }

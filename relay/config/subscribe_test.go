@@ -227,3 +227,18 @@ func BenchmarkSubscribers(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkApplyOneOf100000: one endpoint's change among 100,000 moves its
+// own subscriptions only.
+func BenchmarkApplyOneOf100000(b *testing.B) {
+	tab := config.NewEndpointTable()
+	for i := range 100_000 {
+		tab.Apply(config.TableEndpoint{Name: fmt.Sprintf("ep-%06d", i), Enabled: true, EventTypes: []string{"order.*", fmt.Sprintf("type.%d", i%1000)}})
+	}
+	rev := int64(0)
+	for b.Loop() {
+		rev++
+		tab.Apply(config.TableEndpoint{Name: "ep-000042", Enabled: true, Revision: rev,
+			EventTypes: []string{"order.*", fmt.Sprintf("type.%d", rev%1000)}, Filter: []byte(`{"brand": "casino-de"}`)})
+	}
+}

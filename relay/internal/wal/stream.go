@@ -39,6 +39,12 @@ type Chunk[P any] struct {
 	// TxRows, on a transaction's final chunk, counts the outbox rows of
 	// all its chunks.
 	TxRows int
+	// Events counts the events the chunk's rows become: a row routed by
+	// subscription one per endpoint matched (store.OutboxRow.Matches). The
+	// chunk's and the queue's row bounds count these, so that one ingest
+	// of a fan-out holds as many events as one of addressed rows. 0: one
+	// a row.
+	Events int
 	// Prepared is what the consumer decided of the chunk (Options.Prepare,
 	// or the consumer as it takes a chunk left unprepared); nil until then.
 	Prepared *P
@@ -494,11 +500,11 @@ func (ss *session[P]) insert(ctx context.Context, data []byte) error {
 func (ss *session[P]) add(ctx context.Context, row store.OutboxRow) error {
 	ss.cur.Rows = append(ss.cur.Rows, row)
 	ss.rows++
-	// A routed row weighs as the events it becomes: the chunk and the
-	// queue's bounds then hold an ingest of a fan-out to what one of
-	// addressed rows holds, not a hundred times as much.
-	ss.cur.Bytes += (len(row.Payload) + len(row.Headers) + 200) * max(len(row.Matches), 1)
-	if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
+	// A routed row weighs as the events it becomes (Chunk.Events).
+	n := max(len(row.Matches), 1)
+	ss.cur.Events += n
+	ss.cur.Bytes += (len(row.Payload) + len(row.Headers) + 200) * n
+	if ss.cur.Events >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
 		part := ss.cur
 		part.Received = time.Now()
 		// The transaction is a large one: its next part is likely full too.

@@ -24,9 +24,10 @@ import (
 
 // BenchmarkFanoutCatchup measures a catch-up of events routed by
 // subscription, beside the same deliveries addressed one an event: a
-// backlog written while the relay is down (transactions of 100 rows),
-// then the relay started, on a server of its own with fsync on. It reports
-// deliveries/s from the relay's start to the last delivery's arrival.
+// backlog written while the relay is down (100 deliveries a transaction:
+// one routed row, or 100 addressed), then the relay started, on a server
+// of its own with fsync on. It reports deliveries/s from the relay's start
+// to the last delivery's arrival, and when the last event was ingested.
 //
 //	go test -run '^$' -bench FanoutCatchup -benchtime 1x ./relay/
 //
@@ -144,10 +145,16 @@ func fanoutCatchup(b *testing.B, cluster *pgtest.Cluster, subscribers, rows int,
 	if !routed {
 		endpoint = "'s' || (i % " + strconv.Itoa(subscribers) + ")"
 	}
-	for first := 0; first < rows; first += 100 {
+	// 100 deliveries a transaction either way: one routed row, or 100
+	// addressed ones.
+	perTx := 100
+	if routed {
+		perTx = max(100/subscribers, 1)
+	}
+	for first := 0; first < rows; first += perTx {
 		_, err := pool.Exec(ctx, `INSERT INTO postbox.outbox (endpoint, event_type, payload)
 			SELECT `+endpoint+`, 'order.paid', jsonb_build_object('i', i, 'click_id', 'clk_' || i, 'payout', '1.00')
-			FROM generate_series($1::int, $1::int + $2 - 1) i`, first, min(100, rows-first))
+			FROM generate_series($1::int, $1::int + $2 - 1) i`, first, min(perTx, rows-first))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -157,6 +164,19 @@ func fanoutCatchup(b *testing.B, cluster *pgtest.Cluster, subscribers, rows int,
 	began := time.Now()
 	r = start()
 	defer stop(r)
+	// When the last event is ingested: the catch-up's ingest, and its
+	// deliveries after it.
+	ingested := make(chan time.Duration, 1)
+	go func() {
+		for time.Since(began) < 10*time.Minute {
+			var n int64
+			if pool.QueryRow(ctx, `SELECT count(*) FROM postbox.events`).Scan(&n) == nil && n >= want {
+				ingested <- time.Since(began)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
 	var last time.Time
 	select {
 	case last = <-done:
@@ -167,6 +187,11 @@ func fanoutCatchup(b *testing.B, cluster *pgtest.Cluster, subscribers, rows int,
 	secs := last.Sub(began).Seconds()
 	b.ReportMetric(float64(want)/secs, "deliveries/s")
 	b.ReportMetric(secs, "s/catchup")
+	select {
+	case d := <-ingested:
+		b.ReportMetric(d.Seconds(), "s/ingest")
+	case <-time.After(time.Second):
+	}
 	time.Sleep(200 * time.Millisecond) // a delivery sent twice would arrive by now
 	if n := got.Load(); n != want {
 		b.Fatalf("%d deliveries arrived, %d expected", n, want)

@@ -113,6 +113,14 @@ func TestRoutesBySubscription(t *testing.T) {
 	var left int
 	require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT count(*) FROM postbox.outbox`).Scan(&left))
 	require.Zero(t, left, "outbox_retention 0: each routed row is deleted with its events")
+
+	// A subscription applied later routes the rows that come after it,
+	// and none of those before.
+	tb.subscriber("late", rc, true, "", "order.*")
+	later := tb.insert(t, outbox.Event{Type: "order.paid"})[0]
+	tb.waitSettled(t, 20, 30*time.Second)
+	require.Equal(t, []string{later}, receivedAt(rc, "late"))
+	require.Equal(t, []string{"exact=order.paid", "late=order.*", "orders=order.*"}, tb.matchedOf(t, later))
 }
 
 // TestRoutedRowsAreReconciledOnce: rows written before postbox started

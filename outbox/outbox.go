@@ -26,7 +26,9 @@ type Event struct {
 	// and replay. Insert generates one when it is empty.
 	ID string
 	// Endpoint names the receiving party. Its configured settings apply; an
-	// endpoint that is not configured needs URL.
+	// endpoint that is not configured needs URL. Empty (NULL) routes the
+	// event by its Type to every endpoint subscribed to it (event_types in
+	// postbox.endpoints).
 	Endpoint string
 	// URL overrides the endpoint's configured URL (optional).
 	URL string
@@ -104,8 +106,12 @@ func Insert(ctx context.Context, tx any, e Event) (string, error) {
 
 // Insert writes e into table t; see the package-level Insert.
 func (t Table) Insert(ctx context.Context, tx any, e Event) (string, error) {
-	if e.Endpoint == "" {
-		return "", errors.New("outbox: event needs an endpoint")
+	var endpoint any // NULL: routed by Type
+	switch {
+	case e.Endpoint != "":
+		endpoint = e.Endpoint
+	case e.Type == "":
+		return "", errors.New("outbox: event needs an endpoint, or a type to route it by")
 	}
 	if e.ID == "" {
 		e.ID = NewEventID()
@@ -131,7 +137,7 @@ func (t Table) Insert(ctx context.Context, tx any, e Event) (string, error) {
 	}
 	query := "INSERT INTO " + t.Ident() +
 		" (event_id, endpoint, url, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)"
-	args := []any{e.ID, e.Endpoint, url, e.Type, string(payload), headers}
+	args := []any{e.ID, endpoint, url, e.Type, string(payload), headers}
 	var err error
 	switch x := tx.(type) {
 	case PgxExecer:

@@ -49,6 +49,8 @@ func TestInsertWithPgxAndDatabaseSQL(t *testing.T) {
 	sqlID, err := outbox.Insert(ctx, tx, outbox.Event{ID: "0b6f7a8e-1f7e-4b8a-9b2c-3d4e5f6a7b8c", Endpoint: "crm", URL: "https://crm.example/hook"})
 	require.NoError(t, err)
 	require.Equal(t, "0b6f7a8e-1f7e-4b8a-9b2c-3d4e5f6a7b8c", sqlID, "a given id is kept")
+	routedID, err := outbox.Insert(ctx, tx, outbox.Event{Type: "order.paid"}) // no endpoint: routed by its type
+	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 
 	// A rolled-back insert leaves nothing.
@@ -58,7 +60,7 @@ func TestInsertWithPgxAndDatabaseSQL(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback())
 
-	rows, err := pool.Query(ctx, `SELECT event_id::text, endpoint, coalesce(url, ''), event_type, payload::text, coalesce(headers::text, '') FROM postbox.outbox ORDER BY id`)
+	rows, err := pool.Query(ctx, `SELECT event_id::text, coalesce(endpoint, 'NULL'), coalesce(url, ''), event_type, payload::text, coalesce(headers::text, '') FROM postbox.outbox ORDER BY id`)
 	require.NoError(t, err)
 	type row struct{ ID, Endpoint, URL, Type, Payload, Headers string }
 	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
@@ -66,6 +68,7 @@ func TestInsertWithPgxAndDatabaseSQL(t *testing.T) {
 	require.Equal(t, []row{
 		{pgxID, "partner-42", "", "conversion", `{"payout": "12.50", "click_id": "abc"}`, `{"X-Tenant": "7"}`},
 		{sqlID, "crm", "https://crm.example/hook", "", `{}`, ""},
+		{routedID, "NULL", "", "order.paid", `{}`, ""},
 	}, got)
 }
 
@@ -74,7 +77,7 @@ func TestInsertRefusesBadInput(t *testing.T) {
 	_, err := outbox.Insert(context.Background(), struct{}{}, outbox.Event{Endpoint: "x"})
 	require.ErrorIs(t, err, outbox.ErrNotExecer)
 	_, err = outbox.Insert(context.Background(), nil, outbox.Event{})
-	require.ErrorContains(t, err, "endpoint")
+	require.ErrorContains(t, err, "needs an endpoint, or a type to route it by")
 	_, err = outbox.Insert(context.Background(), nil, outbox.Event{Endpoint: "x", Payload: []byte("{nope")})
 	require.ErrorContains(t, err, "JSON")
 }

@@ -9,7 +9,7 @@ CREATE SCHEMA IF NOT EXISTS postbox;
 CREATE TABLE IF NOT EXISTS postbox.outbox (
   id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   event_id   uuid        NOT NULL DEFAULT gen_random_uuid(),
-  endpoint   text        NOT NULL,
+  endpoint   text,       -- NULL: every endpoint subscribed to event_type
   url        text,
   event_type text        NOT NULL DEFAULT '',
   payload    jsonb       NOT NULL DEFAULT '{}',

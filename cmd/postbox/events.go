@@ -147,7 +147,16 @@ func printStory(w io.Writer, s postboxtype.EventStory) {
 	if s.EventType != "" {
 		typ = " (" + printable(s.EventType) + ")"
 	}
-	fmt.Fprintf(w, "event %s%s to %s\n", s.EventID, typ, printable(s.Endpoint))
+	switch {
+	case s.Matched != nil && s.Endpoint == "":
+		fmt.Fprintf(w, "event %s%s to no endpoint\n", s.EventID, typ)
+		fmt.Fprintln(w, "  matched    no endpoint: routed by its type, to none (the dead letter says why)")
+	case s.Matched != nil:
+		fmt.Fprintf(w, "event %s%s to %s\n", s.EventID, typ, printable(s.Endpoint))
+		fmt.Fprintf(w, "  matched    %s (routed by subscription)\n", printable(*s.Matched))
+	default:
+		fmt.Fprintf(w, "event %s%s to %s\n", s.EventID, typ, printable(s.Endpoint))
+	}
 	fmt.Fprintf(w, "  created    %s\n", s.CreatedAt.UTC().Format(timeFormat))
 	switch {
 	case s.CommittedAt != nil:

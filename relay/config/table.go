@@ -48,8 +48,9 @@ type TableEndpoint struct {
 // them, safe for concurrent use. A change replaces one entry: the others
 // keep their resolution (see Config.Endpoint).
 type EndpointTable struct {
-	mu  sync.RWMutex
-	eps map[string]*tableEntry
+	mu   sync.RWMutex
+	eps  map[string]*tableEntry
+	subs subIndex // the enabled endpoints' subscriptions (Subscribers)
 }
 
 type tableEntry struct {
@@ -65,16 +66,24 @@ type tableResolved struct {
 }
 
 // NewEndpointTable returns an empty table.
-func NewEndpointTable() *EndpointTable { return &EndpointTable{eps: map[string]*tableEntry{}} }
+func NewEndpointTable() *EndpointTable {
+	return &EndpointTable{eps: map[string]*tableEntry{}, subs: newSubIndex()}
+}
 
 // Apply puts te in, unless the table holds a later revision of it.
 func (t *EndpointTable) Apply(te TableEndpoint) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if cur, ok := t.eps[te.Name]; ok && cur.te.Revision > te.Revision {
+	cur, ok := t.eps[te.Name]
+	if ok && cur.te.Revision > te.Revision {
 		return
 	}
-	t.eps[te.Name] = &tableEntry{te: te}
+	if ok {
+		t.subs.remove(&cur.te)
+	}
+	e := &tableEntry{te: te}
+	t.eps[te.Name] = e
+	t.subs.add(&e.te)
 }
 
 // Remove takes name out, unless the table holds a revision of it later
@@ -83,6 +92,7 @@ func (t *EndpointTable) Remove(name string, revision int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if cur, ok := t.eps[name]; ok && cur.te.Revision <= revision {
+		t.subs.remove(&cur.te)
 		delete(t.eps, name)
 	}
 }
@@ -93,8 +103,12 @@ func (t *EndpointTable) Replace(eps []TableEndpoint) {
 	for _, te := range eps {
 		m[te.Name] = &tableEntry{te: te}
 	}
+	subs := newSubIndex()
+	for _, e := range m {
+		subs.add(&e.te)
+	}
 	t.mu.Lock()
-	t.eps = m
+	t.eps, t.subs = m, subs
 	t.mu.Unlock()
 }
 

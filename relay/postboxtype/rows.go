@@ -23,9 +23,14 @@ type EventSummary struct {
 // its commit, its ingest, and every delivery (a replay adds one) with every
 // attempt (postbox event EVENT_ID --json).
 type EventStory struct {
-	EventID     string          `json:"event_id"`
-	Endpoint    string          `json:"endpoint"`
-	EventType   string          `json:"event_type"`
+	EventID   string `json:"event_id"`
+	Endpoint  string `json:"endpoint"`
+	EventType string `json:"event_type"`
+	// Matched is why a row that named no endpoint was routed to this one
+	// (the subscription's pattern, "+ filter" when its filter held; "" for
+	// a row no endpoint was subscribed to: endpoint "", no_subscriber);
+	// nil for a row that named its endpoint.
+	Matched     *string         `json:"matched,omitempty"`
 	CommitLSN   string          `json:"commit_lsn"` // "" when found by reconciliation
 	CommittedAt *time.Time      `json:"committed_at"`
 	CreatedAt   time.Time       `json:"created_at"`

@@ -282,7 +282,7 @@ func LoadEvent(ctx context.Context, q Querier, eventID string) ([]postboxtype.Ev
 		return stories, fmt.Errorf("%w %s (an event id is a UUID)", ErrEventNotFound, printable(eventID))
 	}
 	rows, err := q.Query(ctx, `
-		SELECT id, event_id::text, endpoint, event_type, coalesce(commit_lsn::text, ''), committed_at, created_at, ingested_at
+		SELECT id, event_id::text, endpoint, event_type, matched, coalesce(commit_lsn::text, ''), committed_at, created_at, ingested_at
 		FROM postbox.events WHERE event_id = $1::uuid ORDER BY endpoint`, id)
 	if err != nil {
 		return stories, fmt.Errorf("event %s: %w", id, err)
@@ -292,7 +292,7 @@ func LoadEvent(ctx context.Context, q Querier, eventID string) ([]postboxtype.Ev
 	for rows.Next() {
 		var s postboxtype.EventStory
 		var pk int64
-		if err := rows.Scan(&pk, &s.EventID, &s.Endpoint, &s.EventType, &s.CommitLSN, &s.CommittedAt, &s.CreatedAt, &s.IngestedAt); err != nil {
+		if err := rows.Scan(&pk, &s.EventID, &s.Endpoint, &s.EventType, &s.Matched, &s.CommitLSN, &s.CommittedAt, &s.CreatedAt, &s.IngestedAt); err != nil {
 			rows.Close()
 			return []postboxtype.EventStory{}, fmt.Errorf("event %s: %w", id, err)
 		}

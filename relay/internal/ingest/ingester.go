@@ -187,7 +187,7 @@ func (ing *ingester) linger(batch []wal.Chunk[prepared]) []wal.Chunk[prepared] {
 					return batch
 				}
 			}
-			rows += len(batch[i].Rows)
+			rows += max(batch[i].Events, len(batch[i].Rows)) // a routed row as its events
 		}
 		seen = len(batch)
 		if rows >= LingerRowsDefault {

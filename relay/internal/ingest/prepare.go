@@ -38,8 +38,9 @@ type prepared struct {
 func (s *Supervisor) prepare(c *wal.Chunk[prepared]) {
 	cfg := s.env.Config()
 	alone := s.deps.Alone()
-	p := &prepared{evs: make([]store.NewEvent, 0, len(c.Rows)), jobs: make([]*dispatch.Job, 0, len(c.Rows))}
-	for _, row := range c.Rows {
+	rows := fanOut(cfg, c.Rows)
+	p := &prepared{evs: make([]store.NewEvent, 0, len(rows)), jobs: make([]*dispatch.Job, 0, len(rows))}
+	for _, row := range rows {
 		ev, r, t := s.newEvent(cfg, row, c.CommitLSN, c.CommitTime, true, alone)
 		p.evs = append(p.evs, ev)
 		p.waits = p.waits || r == routeKeep || ev.Status == postboxtype.DeliveryPending
@@ -123,6 +124,11 @@ func (s *Supervisor) newEvent(cfg *config.Config, row store.OutboxRow, commitLSN
 	ev := store.NewEvent{OutboxRow: row, CommitLSN: commitLSN, CommittedAt: commitTime, Status: postboxtype.DeliveryPending}
 	if lane := cfg.Lane(row.Endpoint, row.URL); lane != row.Endpoint {
 		ev.Lane = lane
+	}
+	if row.Fanout && row.Endpoint == "" && row.Invalid == "" {
+		// Routed, and no endpoint matched: recorded, never attempted.
+		ev.Status, ev.LastError = postboxtype.DeliveryDeadLetter, policy.ReasonNoSubscriber+": no enabled endpoint subscribes to its event type (or its filter did not hold)"
+		return ev, routeQueue, execute.Target{}
 	}
 	if row.PayloadTooLarge > 0 {
 		// Too large to have been read: refused whatever else the row says.

@@ -61,8 +61,9 @@ func (s *Supervisor) reconcile(ctx context.Context, snapshot string) error {
 		if len(rows) == 0 {
 			break
 		}
-		evs := make([]store.NewEvent, len(rows))
-		for i, row := range rows {
+		fanned := fanOut(cfg, rows)
+		evs := make([]store.NewEvent, len(fanned))
+		for i, row := range fanned {
 			evs[i], _, _ = s.newEvent(cfg, row, 0, time.Time{}, false, false)
 		}
 		conn.SetSearchKeys(cfg.SearchKeys)

@@ -333,18 +333,18 @@ func (s *Supervisor) session(ctx context.Context) error {
 	var reconcileSnap string
 	var reconcilePos pglogrepl.LSN
 	opts := wal.Options[prepared]{
-		ConnString:     cfg.DatabaseURL,
-		Slot:           cfg.Slot,
-		Publication:    cfg.Publication,
-		Table:          cfg.Table,
-		StatusInterval: cfg.StatusInterval,
-		StallTimeout:   cfg.StallTimeout,
-		WalsenderNice:  cfg.WalsenderNice,
-		MaxBody:        func() int { return int(s.env.Config().MaxBody) },
-		Logger:         s.env.Logger("wal"),
-		Flushed:        func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },
-		Prepare:        ing.prepareAhead,
-
+		ConnString:           cfg.DatabaseURL,
+		Slot:                 cfg.Slot,
+		Publication:          cfg.Publication,
+		Table:                cfg.Table,
+		StatusInterval:       cfg.StatusInterval,
+		StallTimeout:         cfg.StallTimeout,
+		WalsenderNice:        cfg.WalsenderNice,
+		MaxBody:              func() int { return int(s.env.Config().MaxBody) },
+		Logger:               s.env.Logger("wal"),
+		Flushed:              func(lsn pglogrepl.LSN) { flushed.Reset(lsn) },
+		Prepare:              ing.prepareAhead,
+		Route:                s.route,
 		EndpointsPublication: wal.EndpointsPublication(cfg.Publication),
 	}
 	if e := s.deps.Endpoints; e != nil {

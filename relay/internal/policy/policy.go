@@ -89,6 +89,10 @@ const (
 	// ReasonRowURLNotAllowed: the row named an endpoint configured with a
 	// url, gave its own, and the endpoint does not allow_row_url.
 	ReasonRowURLNotAllowed = "row_url_not_allowed"
+	// ReasonNoSubscriber: the row named no endpoint, and no enabled
+	// endpoint was subscribed to its event type (or its filter held): the
+	// row is kept as a dead letter under endpoint "" rather than dropped.
+	ReasonNoSubscriber = "no_subscriber"
 )
 
 // Classify decides an attempt's outcome for endpoint ep. Transport errors

@@ -81,21 +81,21 @@ type Ingested struct {
 const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[], $16::bool[]
-                       , $17::timestamptz[], $18::int4[], $19::float4[], $20::text[], $21::float4[], $22::text[], $23::int8[] -- delivered
+                       $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[], $16::bool[], $17::text[]
+                       , $18::timestamptz[], $19::int4[], $20::float4[], $21::text[], $22::float4[], $23::text[], $24::int8[] -- delivered
                        )
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
-                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane, message,
+                         created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane, message, matched,
                          done_at, status_code, response_ms, response, c2d_ms, target, revision, -- delivered
                          ord)
 ),
 ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
-                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped, message)
+                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped, message, matched)
   SELECT event_id, endpoint, url, event_type, p.v, headers::jsonb,
          coalesce(created_at, now()), outbox_id, commit_lsn::pg_lsn, committed_at,
          {{search}},
-         nullif(payload_dropped, 0), message
+         nullif(payload_dropped, 0), message, matched
   FROM input CROSS JOIN LATERAL (SELECT payload::jsonb AS v) AS p
   {{absent}}
   ORDER BY event_id, endpoint
@@ -128,11 +128,11 @@ FROM dl JOIN ev ON ev.id = dl.event_pk JOIN input i ON i.event_id = ev.event_id 
 const insertEventSQL = `
 WITH ev AS (
   INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers,
-                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped, message)
+                              created_at, outbox_id, commit_lsn, committed_at, search, payload_dropped, message, matched)
   SELECT (($1::text[])[1])::uuid, ($2::text[])[1], ($3::text[])[1], ($4::text[])[1], p.v, (($6::text[])[1])::jsonb,
          coalesce(($7::timestamptz[])[1], now()), ($8::int8[])[1], (($9::text[])[1])::pg_lsn, ($10::timestamptz[])[1],
          {{search}},
-         nullif(($14::int4[])[1], 0), ($16::bool[])[1]
+         nullif(($14::int4[])[1], 0), ($16::bool[])[1], ($17::text[])[1]
   FROM (SELECT (($5::text[])[1])::jsonb AS v) AS p
   {{absent}}
   {{conflict}}
@@ -146,12 +146,12 @@ dl AS (
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END, ($11::text[])[1] = 'in_flight',
          nullif(($12::text[])[1], '')
-         , CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($17::timestamptz[])[1], ($18::int4[])[1], -- delivered
-         ($19::float4[])[1], nullif(($20::text[])[1], ''), nullif(($21::float4[])[1], -1), -- delivered
-         coalesce(($17::timestamptz[])[1], now()), -- delivered
-         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($22::text[])[1], '') END, -- delivered
+         , CASE WHEN ($11::text[])[1] = 'delivered' THEN 1 ELSE 0 END, ($18::timestamptz[])[1], ($19::int4[])[1], -- delivered
+         ($20::float4[])[1], nullif(($21::text[])[1], ''), nullif(($22::float4[])[1], -1), -- delivered
+         coalesce(($18::timestamptz[])[1], now()), -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($23::text[])[1], '') END, -- delivered
          CASE WHEN ($11::text[])[1] = 'delivered' THEN $13 END, -- delivered
-         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($23::int8[])[1], 0) END -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($24::int8[])[1], 0) END -- delivered
   FROM ev
   RETURNING id, event_pk
 )
@@ -170,7 +170,7 @@ func withoutDelivered(sql string) string {
 }
 
 // insertEventsArgs are the insert statements' arguments for evs: those
-// of the statements without their "-- delivered" lines ($1 to $16), and
+// of the statements without their "-- delivered" lines ($1 to $17), and
 // with done (some of evs were Delivered) those of these lines too.
 func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 	n := len(evs)
@@ -181,6 +181,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 		lanes                                          = make([]*string, n)
 		outboxIDs                                      = make([]*int64, n)
 		messages                                       = make([]bool, n)
+		matched                                        = make([]*string, n)
 		created, committed                             = make([]*time.Time, n), make([]*time.Time, n)
 		// the first attempts that delivered before the insert (Delivered)
 		doneAt          []*time.Time
@@ -214,6 +215,9 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 		if e.OutboxID != 0 {
 			outboxIDs[i] = &e.OutboxID
 		}
+		if e.Fanout {
+			matched[i] = &e.Matched
+		}
 		if e.CommitLSN != 0 {
 			s := e.CommitLSN.String()
 			lsns[i] = &s
@@ -231,7 +235,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 			}
 		}
 	}
-	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes, messages}
+	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes, messages, matched}
 	if done {
 		args = append(args, doneAt, codes, ms, bodies, c2d, targets, revisions)
 	}

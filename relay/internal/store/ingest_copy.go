@@ -54,7 +54,7 @@ FROM (SELECT i.ord, (SELECT 1 FROM postbox.events x WHERE x.event_id = i.event_i
 
 var (
 	copyEventColumns = []string{"id", "event_id", "endpoint", "url", "event_type", "payload", "headers",
-		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search", "message"}
+		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search", "message", "matched"}
 	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "kept",
 		"last_error", "attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
 		"updated_at", "attempt_target", "attempted_by", "attempt_revision"}
@@ -224,7 +224,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 			e := &evs[i]
 			// In copyEventColumns' order; NULL where the statement
 			// writes none.
-			var headers, outboxID, lsn, committedAt, dropped, keys any
+			var headers, outboxID, lsn, committedAt, dropped, keys, matched any
 			createdAt := any(now)
 			if e.Headers != nil {
 				headers = e.Headers
@@ -247,8 +247,11 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 			if search != nil && search[i] != nil {
 				keys = search[i]
 			}
+			if e.Fanout {
+				matched = e.Matched
+			}
 			return []any{eventPK[i], uuids[i], e.Endpoint, orNull(e.URL), e.EventType, e.Payload, headers,
-				createdAt, outboxID, lsn, committedAt, dropped, keys, e.Message}, nil
+				createdAt, outboxID, lsn, committedAt, dropped, keys, e.Message, matched}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy events: %w", err)

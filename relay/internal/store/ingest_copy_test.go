@@ -45,6 +45,12 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 			if i < len(known) {
 				ev.EventID = known[i]
 			}
+			switch i % 7 { // routed by subscription: why, or "" (none matched); NULL otherwise
+			case 3:
+				ev.Fanout, ev.Matched = true, "t.* + filter"
+			case 6:
+				ev.Fanout = true
+			}
 			switch i % 5 {
 			case 0:
 				ev.Status = postboxtype.DeliveryPending
@@ -108,7 +114,7 @@ func checkCopiedAsInserted(t *testing.T, s *store.Store, keys []string, prefix s
 		t.Helper()
 		rows, err := s.Pool.Query(ctx, `
 			SELECT concat_ws(' | ', replace(e.endpoint, $1, ''), replace(e.url, $1, ''), e.event_type, e.payload::text, e.headers::text,
-			         e.created_at = e.ingested_at, nullif(e.created_at, e.ingested_at), e.outbox_id, e.commit_lsn, e.committed_at, e.payload_dropped, e.search::text, e.message,
+			         e.created_at = e.ingested_at, nullif(e.created_at, e.ingested_at), e.outbox_id, e.commit_lsn, e.committed_at, e.payload_dropped, e.search::text, e.message, coalesce(e.matched, 'NULL'),
 			         replace(d.endpoint, $1, ''), replace(d.lane, $1, ''), d.status, d.lease_owner, d.kept, d.last_error, d.attempt_count,
 			         d.delivered_at, d.last_status_code, d.last_response_ms, d.last_response, d.commit_to_delivery_ms,
 			         d.updated_at = e.ingested_at, d.next_attempt_at = e.ingested_at, d.created_at = e.ingested_at, d.replay_of,

@@ -28,6 +28,24 @@ type OutboxRow struct {
 	// contract column missing or unreadable, a created_at that is not a
 	// finite time); it becomes a dead letter with it.
 	Invalid string
+	// Fanout: the row's endpoint is NULL, and it goes to every endpoint
+	// subscribed to its event type. Matches are those endpoints, once
+	// Routed (an empty list: no subscriber).
+	Fanout  bool
+	Routed  bool
+	Matches []Match
+	// Matched, on each event a routed row is ingested as (one per match),
+	// is why its endpoint matched (Match.Why; "" for the no_subscriber
+	// record), stored in events.matched: NULL for a row's own endpoint.
+	Matched string
+}
+
+// Match is an endpoint a routed outbox row goes to, and why (the
+// subscription's pattern, "+ filter" when a filter held), stored in
+// events.matched.
+type Match struct {
+	Endpoint string
+	Why      string
 }
 
 // Snapshot returns a snapshot of now (pg_current_snapshot) and a WAL
@@ -61,7 +79,7 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 		       o.headers::text, o.created_at::timestamptz
 		FROM `+s.Table.Ident()+` o
 		WHERE o.id > $1
-		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = o.event_id AND e.endpoint = left(o.endpoint, `+endpointKept+`))
+		  AND NOT EXISTS (SELECT 1 FROM postbox.events e WHERE `+ingestedBy("o")+`)
 		  AND ($3::text = '' OR (SELECT pg_visible_in_snapshot(
 		        ((((snap.xmax8 >> 32) - CASE WHEN o.xmin::text::int8 > (snap.xmax8 & 4294967295) THEN 1 ELSE 0 END) << 32)
 		          | o.xmin::text::int8)::text::xid8, snap.s) FROM snap))
@@ -83,6 +101,14 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 			// Above maxBody: measured, not read, as the stream does.
 			r.PayloadTooLarge = *size
 		}
+		// A NULL endpoint routes the row by its type, as the stream does
+		// (the reconciliation routes it under the endpoints applied now).
+		if endpoint == nil {
+			r.Fanout, endpoint = true, new(string)
+			if eventType == nil || *eventType == "" {
+				r.Invalid = "invalid_row: endpoint and event_type are both empty: the row names no endpoint and no type to route it by"
+			}
+		}
 		// A NULL where the contract wants a value (a table made by hand)
 		// makes the row a dead letter, as the stream does; it never stops
 		// reconciliation.
@@ -92,7 +118,7 @@ func (s *Store) UningestedOutbox(ctx context.Context, after int64, limit int, sn
 			dst  *string
 		}{{"endpoint", endpoint, &r.Endpoint}, {"payload", payload, nil}, {"event_type", eventType, &r.EventType}} {
 			switch {
-			case c.v == nil && c.name != "event_type" && (c.name != "payload" || r.PayloadTooLarge == 0):
+			case c.v == nil && c.name != "event_type" && (c.name != "payload" || r.PayloadTooLarge == 0) && r.Invalid == "":
 				r.Invalid = "invalid_row: column " + c.name + " missing or unreadable"
 			case c.v != nil && c.dst != nil:
 				*c.dst = *c.v
@@ -198,11 +224,22 @@ func purgeOutboxSQL(table string) string {
 		  DELETE FROM ` + table + ` o USING w
 		  WHERE o.id = w.id AND w.old
 		    AND ((w.before AND (SELECT yes FROM proven))
-		         OR EXISTS (SELECT 1 FROM postbox.events e WHERE e.event_id = w.event_id AND e.endpoint = left(w.endpoint, ` + endpointKept + `)))
+		         OR EXISTS (SELECT 1 FROM postbox.events e WHERE ` + ingestedBy("w") + `))
 		  RETURNING o.id
 		)
 		SELECT (SELECT count(*) FROM gone), coalesce((SELECT max(id) FROM w), 0), (SELECT count(*) FROM w),
 		       coalesce((SELECT NOT bool_and(old) FROM w), false)`
+}
+
+// ingestedBy is the condition that an event e ingests the outbox row o
+// (its alias): the event of the row's event id and endpoint (as stored,
+// see StoredEndpoint) or, for a row routed by subscription (NULL
+// endpoint), any of the events it was routed to (matched is set on each,
+// its no_subscriber record too), all ingested in one transaction. Either
+// way a look-up of the unique key's (event_id, endpoint) index.
+func ingestedBy(o string) string {
+	return `e.event_id = ` + o + `.event_id AND CASE WHEN ` + o + `.endpoint IS NULL THEN e.matched IS NOT NULL
+	        ELSE e.endpoint = left(` + o + `.endpoint, ` + endpointKept + `) END`
 }
 
 // endpointKept is StoredEndpoint's cut in SQL: left(name, it).

@@ -17,7 +17,7 @@ import (
 const replayCandidatesSQL = `
 SELECT e.id, e.event_id::text, e.endpoint, e.event_type, coalesce(e.commit_lsn::text, ''),
        coalesce(e.committed_at, e.ingested_at), last.id, coalesce(last.status, 'in_flight'), -- none: under way
-       e.message
+       e.message, e.endpoint = '' AND e.matched IS NOT NULL
 FROM postbox.events e
 LEFT JOIN LATERAL (
   SELECT d.id, d.status FROM postbox.deliveries d WHERE d.event_pk = e.id ORDER BY d.id DESC LIMIT 1
@@ -31,6 +31,47 @@ WHERE ($2 = '' OR e.endpoint = $2)
   AND e.payload_dropped IS NULL -- its payload was never stored: nothing to send
 ORDER BY coalesce(e.commit_lsn, '0/0'), e.id
 LIMIT CASE WHEN $7 > 0 THEN $7 END`
+
+// rerouteSQL replays events of rows routed to no endpoint (no_subscriber,
+// $1 their ids): it routes each again, in SQL, under postbox.endpoints
+// as it is now (event_types exact, "p.*" and "*", the exact type first,
+// then the longest prefix, as config.EndpointTable.Subscribers does; the
+// filter by jsonb's own @>), adds an event and a pending delivery per
+// endpoint matched, and supersedes the no_subscriber dead letter of those
+// that matched one. It returns how many deliveries it added. Rows the
+// stream found invalid (their dead letter is not no_subscriber) are left.
+const rerouteSQL = `
+WITH src AS (
+  SELECT e.* FROM postbox.events e
+  WHERE e.id = ANY($1) AND e.event_type <> ''
+    AND EXISTS (SELECT FROM postbox.deliveries d WHERE d.event_pk = e.id AND d.status = 'dead_letter' AND d.last_error LIKE 'no_subscriber%')
+), m AS (
+  SELECT s.id AS src, ep.name, ep.filter IS NOT NULL AS filtered,
+         (SELECT p FROM unnest(ep.event_types) p
+          WHERE p = s.event_type OR p = '*' OR (p LIKE '%.*' AND starts_with(s.event_type, left(p, -1)))
+          ORDER BY p = s.event_type DESC, length(p) DESC LIMIT 1) AS pattern
+  FROM src s JOIN postbox.endpoints ep ON ep.enabled AND (ep.filter IS NULL OR s.payload @> ep.filter)
+), ev AS (
+  INSERT INTO postbox.events (event_id, endpoint, url, event_type, payload, headers, created_at, outbox_id,
+                              commit_lsn, committed_at, search, message, matched)
+  SELECT s.event_id, m.name, s.url, s.event_type, s.payload, s.headers, s.created_at, s.outbox_id,
+         s.commit_lsn, s.committed_at, s.search, s.message, m.pattern || CASE WHEN m.filtered THEN ' + filter' ELSE '' END
+  FROM m JOIN src s ON s.id = m.src
+  WHERE m.pattern IS NOT NULL
+  ORDER BY s.event_id, m.name
+  ON CONFLICT (event_id, endpoint) DO NOTHING
+  RETURNING id, event_id, endpoint
+), added AS (
+  INSERT INTO postbox.deliveries (event_pk, endpoint, status)
+  SELECT id, endpoint, 'pending' FROM ev ORDER BY id
+  RETURNING event_pk
+), superseded AS (
+  UPDATE postbox.deliveries d SET status = 'replayed'
+  FROM src s
+  WHERE d.event_pk = s.id AND d.status = 'dead_letter'
+    AND s.event_id IN (SELECT event_id FROM ev)
+)
+SELECT count(*) FROM added`
 
 // Replay selects events by f and, unless dryRun, enqueues a new delivery
 // for each that has none waiting, keeping its event id, so receivers can
@@ -62,20 +103,23 @@ func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun b
 		if err != nil {
 			return err
 		}
-		var pks, lastIDs []int64
+		var pks, lastIDs, unrouted []int64
 		var endpoints []string
 		for rows.Next() {
 			var it postboxtype.ReplayItem
 			var pk int64
 			var last *int64
-			var message bool
-			if err := rows.Scan(&pk, &it.EventID, &it.Endpoint, &it.EventType, &it.CommitLSN, &it.Committed, &last, &it.LastStatus, &message); err != nil {
+			var message, routedNone bool
+			if err := rows.Scan(&pk, &it.EventID, &it.Endpoint, &it.EventType, &it.CommitLSN, &it.Committed, &last, &it.LastStatus, &message, &routedNone); err != nil {
 				rows.Close()
 				return err
 			}
 			switch {
 			case it.LastStatus.Queued():
 				it.Queued = true
+			case routedNone:
+				// Routed to no endpoint: replayed by routing it again.
+				unrouted = append(unrouted, pk)
 			case message && f.NoMessages:
 				// Its attempt would dead-letter it again (messages_off).
 				it.MessagesOff = true
@@ -93,9 +137,24 @@ func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun b
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		if dryRun || len(pks) == 0 {
+		if dryRun {
 			return nil
 		}
+		if len(unrouted) > 0 {
+			var n int
+			if err := tx.QueryRow(ctx, rerouteSQL, unrouted).Scan(&n); err != nil {
+				return fmt.Errorf("route again: %w", err)
+			}
+			enqueued += n
+		}
+		if len(pks) == 0 {
+			if enqueued > 0 {
+				_, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
+				return err
+			}
+			return nil
+		}
+		var n int
 		step := 0.0
 		if rate > 0 {
 			step = 1 / rate
@@ -115,10 +174,11 @@ func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun b
 			  FROM added WHERE d.id = added.replay_of AND d.status = 'dead_letter'
 			)
 			SELECT count(*) FROM added`,
-			pks, endpoints, lastIDs, step).Scan(&enqueued)
+			pks, endpoints, lastIDs, step).Scan(&n)
 		if err != nil {
 			return err
 		}
+		enqueued += n
 		_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel)
 		return err
 	})

@@ -32,19 +32,20 @@ func NewQueue[P any](maxRows, maxBytes int) *Queue[P] {
 // put adds c unless the queue is full; with force, whether full or not.
 func (q *Queue[P]) put(c Chunk[P], force bool) bool {
 	q.mu.Lock()
-	if !force && len(q.chunks) > 0 && (q.rows+len(c.Rows) > q.maxRows || q.bytes+c.Bytes > q.maxBytes) {
+	rows := max(c.Events, len(c.Rows)) // a routed row counts as its events
+	if !force && len(q.chunks) > 0 && (q.rows+rows > q.maxRows || q.bytes+c.Bytes > q.maxBytes) {
 		q.mu.Unlock()
 		return false
 	}
 	q.chunks = append(q.chunks, c)
-	q.rows += len(c.Rows)
+	q.rows += rows
 	q.bytes += c.Bytes
 	q.mu.Unlock()
 	signal(q.ready)
 	return true
 }
 
-// queuedRows is how many rows are queued.
+// queuedRows is how many rows are queued, a routed row as its events.
 func (q *Queue[P]) queuedRows() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -53,3 +53,15 @@ func TestForcedPutGoesPastTheBounds(t *testing.T) {
 	require.Len(t, got, 2)
 	require.Zero(t, q.queuedRows())
 }
+
+// TestRoutedRowsCountAsTheirEvents: a chunk of rows routed by subscription
+// fills the queue as the events they become, not as its rows.
+func TestRoutedRowsCountAsTheirEvents(t *testing.T) {
+	q := NewQueue[struct{}](250, 1<<20)
+	routed := Chunk[struct{}]{Rows: make([]store.OutboxRow, 2), Events: 200}
+	require.True(t, q.put(routed, false))
+	require.Equal(t, 200, q.queuedRows())
+	require.False(t, q.put(routed, false), "400 events are past the bound of 250, though 4 rows are not")
+	require.True(t, q.put(Chunk[struct{}]{Rows: make([]store.OutboxRow, 50)}, false), "a chunk without Events counts its rows")
+	require.Equal(t, 250, q.queuedRows())
+}

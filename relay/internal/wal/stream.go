@@ -42,6 +42,12 @@ type Chunk[P any] struct {
 	// EndpointChanges are the transaction's changes to postbox.endpoints
 	// in this chunk, in stream order (Options.EndpointsPublication).
 	EndpointChanges []EndpointChange
+	// Events counts the events the chunk's rows become: a row routed by
+	// subscription one per endpoint matched (store.OutboxRow.Matches). The
+	// chunk's and the queue's row bounds count these, so that one ingest
+	// of a fan-out holds as many events as one of addressed rows. 0: one
+	// a row.
+	Events int
 	// Prepared is what the consumer decided of the chunk (Options.Prepare,
 	// or the consumer as it takes a chunk left unprepared); nil until then.
 	Prepared *P
@@ -104,6 +110,12 @@ type Options[P any] struct {
 	EndpointsPublication string
 	EndpointChange       func(EndpointChange)
 	Decoded              func(commit pglogrepl.LSN)
+	// Route, when set, is called with each valid row whose endpoint is
+	// NULL as it is decoded, in the stream's goroutine and so in stream
+	// order: it finds the endpoints subscribed to the row's event type
+	// under the endpoint changes applied up to that point of the stream
+	// (store.OutboxRow.Matches), not under those that come after it.
+	Route func(*store.OutboxRow)
 	// WalsenderNice, when not zero, is the nice value each session gives
 	// its walsender before it starts replication (weighWalsender): where
 	// the database's CPUs run saturated, the walsender otherwise waits its
@@ -510,7 +522,11 @@ func (ss *session[P]) insert(ctx context.Context, data []byte) error {
 	if !rel.outbox {
 		return nil
 	}
-	return ss.add(ctx, rel.decode(tuple, ss.cur.CommitLSN, maxBody))
+	row := rel.decode(tuple, ss.cur.CommitLSN, maxBody)
+	if row.Fanout && row.Invalid == "" && ss.opts.Route != nil {
+		ss.opts.Route(&row)
+	}
+	return ss.add(ctx, row)
 }
 
 // add appends a row to the transaction's chunk, sending the chunk on when
@@ -518,8 +534,11 @@ func (ss *session[P]) insert(ctx context.Context, data []byte) error {
 func (ss *session[P]) add(ctx context.Context, row store.OutboxRow) error {
 	ss.cur.Rows = append(ss.cur.Rows, row)
 	ss.rows++
-	ss.cur.Bytes += len(row.Payload) + len(row.Headers) + 200
-	if len(ss.cur.Rows) >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
+	// A routed row weighs as the events it becomes (Chunk.Events).
+	n := max(len(row.Matches), 1)
+	ss.cur.Events += n
+	ss.cur.Bytes += (len(row.Payload) + len(row.Headers) + 200) * n
+	if ss.cur.Events >= ss.opts.ChunkRows || ss.cur.Bytes >= ss.opts.ChunkBytes {
 		part := ss.cur
 		part.Received = time.Now()
 		// The transaction is a large one: its next part is likely full too.
@@ -670,14 +689,20 @@ func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) store.O
 		}
 	}
 	row.EventID = text("event_id")
+	endpointNull := false
 	if v, _, null, ok := r.value(t, "endpoint"); ok && !null {
 		row.Endpoint = string(v)
+	} else if ok && null {
+		endpointNull = true
 	} else {
-		// NULL breaks the contract (NOT NULL) as a missing column does.
 		missing = append(missing, "endpoint")
 	}
 	row.URL = text("url")
 	row.EventType = text("event_type")
+	// NULL routes the row by its event type (Options.Route); without a
+	// type there is nothing to route it by.
+	row.Fanout = endpointNull
+	noRoute := endpointNull && row.EventType == ""
 	var badTime error
 	if v, oid, null, ok := r.value(t, "created_at"); !ok {
 		missing = append(missing, "created_at")
@@ -713,6 +738,9 @@ func (r *relation) decode(t []column, commit pglogrepl.LSN, maxBody int) store.O
 		if row.Invalid == "" && name != "url" && name != "headers" && name != "id" {
 			row.Invalid = "invalid_row: column " + name + " missing or unreadable in " + r.name
 		}
+	}
+	if row.Invalid == "" && noRoute {
+		row.Invalid = "invalid_row: endpoint and event_type are both empty in " + r.name + ": the row names no endpoint and no type to route it by"
 	}
 	if row.Invalid == "" && badTime != nil {
 		row.Invalid = "invalid_row: column created_at in " + r.name + " is not a time: " + badTime.Error()

@@ -127,21 +127,35 @@ func TestDecodeCreatedAt(t *testing.T) {
 	})
 }
 
+// TestDecodeNullEndpoint: a NULL endpoint routes the row by its event
+// type; with no type as well the row is invalid, saying so.
 func TestDecodeNullEndpoint(t *testing.T) {
 	t.Parallel()
 
 	table, err := outbox.ParseTable("public.outbox")
 	require.NoError(t, err)
 	rel := newRelation(outboxRelation(pgtype.TimestamptzOID), table, pgtype.NewMap())
-	tuple := insertTuple(textCol("2026-03-01 12:34:56+00"))
-	tuple.Columns[2] = nullCol // endpoint: a table whose NOT NULL was dropped
+	decode := func(eventType *pglogrepl.TupleDataColumn) store.OutboxRow {
+		tuple := insertTuple(textCol("2026-03-01 12:34:56+00"))
+		tuple.Columns[2] = nullCol // endpoint
+		tuple.Columns[4] = eventType
+		_, cols, err := parseInsert(encodeInsert(16384, tuple), minKeep)
+		require.NoError(t, err)
+		return rel.decode(cols, pglogrepl.LSN(0x16B3748), 1<<20)
+	}
 
-	_, cols, err := parseInsert(encodeInsert(16384, tuple), minKeep)
-	require.NoError(t, err)
-	row := rel.decode(cols, pglogrepl.LSN(0x16B3748), 1<<20)
-	require.Equal(t, "invalid_row: column endpoint missing or unreadable in public.outbox", row.Invalid)
+	row := decode(textCol("conversion"))
+	require.Empty(t, row.Invalid)
+	require.True(t, row.Fanout, "routed by its type")
 	require.Empty(t, row.Endpoint)
-	require.Equal(t, "0190f3a4-5b6c-7d8e-9f01-23456789abcd", row.EventID, "the rest of the row is still decoded")
+	require.Equal(t, "conversion", row.EventType)
+
+	for _, col := range []*pglogrepl.TupleDataColumn{nullCol, textCol("")} {
+		row = decode(col)
+		require.Equal(t, "invalid_row: endpoint and event_type are both empty in public.outbox: the row names no endpoint and no type to route it by", row.Invalid)
+		require.Empty(t, row.Endpoint)
+		require.Equal(t, "0190f3a4-5b6c-7d8e-9f01-23456789abcd", row.EventID, "the rest of the row is still decoded")
+	}
 }
 
 // TestOversizedValuesAreNotRead: a payload above max_body is measured, not

@@ -46,6 +46,23 @@ Commands:
                 its events wait in the queue, nothing is dropped
   endpoints resume NAME
                 end an endpoint's pause (an operator's or the receiver's)
+  endpoints add NAME [flags]
+                create an endpoint in postbox.endpoints: a flag per key of the file's
+                endpoints (--url, --timeout 15s, --header K=V, --event-types, --filter,
+                --secret-version, …; 'postbox endpoints add -h'); checked as the relay
+                reads it, an invalid one is refused with the reason
+  endpoints set NAME [flags]
+                change the keys given (--unset KEY: back to its default)
+  endpoints disable NAME, endpoints enable NAME
+                hold an endpoint's events (like a pause), or release them
+  endpoints rm NAME
+                delete an endpoint of postbox.endpoints
+  endpoints export FILE, endpoints import FILE
+                the table's endpoints as YAML (the file's endpoints: keys and the table's
+                own), and back: import upserts in one transaction
+  endpoints history NAME
+                the endpoint's change log: when, who, what (header values as ***)
+                (--limit)
   dead-letters  recent dead letters, newest first (--endpoint, --since, --limit: 100
                 unless set); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
@@ -80,7 +97,7 @@ Run 'postbox <command> -h' for a command's flags.
 // checks them against the commands' flag sets).
 const (
 	noConfigCommands = "secret new, bench and version"
-	jsonCommands     = "status, endpoints (pause and resume too),\n  dead-letters (analyze too), replay, events, event, doctor and bench"
+	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, doctor and bench"
 )
 
 func main() {

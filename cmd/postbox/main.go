@@ -20,6 +20,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/ops"
 )
 
 // Exit codes.
@@ -211,6 +212,15 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	ep := cfg.Endpoint(*endpoint)
+	te, inTable := tableEndpoint(cfg, *endpoint, stderr)
+	if inTable {
+		ep = ops.Resolve(cfg, te)
+		if ep.Invalid != "" {
+			fmt.Fprintf(stderr, "postbox: endpoint %s of postbox.endpoints is invalid (%s): nothing is signed for it until it is corrected\n",
+				printable(*endpoint), printable(ep.Invalid))
+			return exitFailure
+		}
+	}
 	if !ep.Configured {
 		// Still printed: rows naming an endpoint that is not configured
 		// (with their own url) are signed with it. A misspelt name is
@@ -223,6 +233,15 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	switch {
+	case inTable && te.Secret != "":
+		fmt.Fprintf(stderr, "endpoint %s of postbox.endpoints signs with the secrets signing.named declares as %s\n", printable(*endpoint), printable(te.Secret))
+	case inTable:
+		fmt.Fprintf(stderr, "endpoint %s of postbox.endpoints signs with its secret derived for version %d", printable(*endpoint), ep.SecretVersion)
+		if len(secrets) > len(cfg.Secrets) {
+			fmt.Fprintf(stderr, ", and version %d's (the previous, listed after it) until %s: the partner may verify with either",
+				ep.SecretVersion-1, ep.PreviousSecretUntil.UTC().Format(time.RFC3339))
+		}
+		fmt.Fprintln(stderr)
 	case ep.OwnSecrets:
 		fmt.Fprintf(stderr, "endpoint %s has secrets of its own\n", printable(*endpoint))
 	case cfg.Derived:
@@ -235,6 +254,31 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, s.Reveal())
 	}
 	return exitOK
+}
+
+// tableEndpoint reads name's row of postbox.endpoints when the file does
+// not define name (the file's wins) and the database is reachable; a
+// failure to read is said, and the file's view is kept.
+func tableEndpoint(cfg *config.Config, name string, stderr io.Writer) (config.TableEndpoint, bool) {
+	if _, inFile := cfg.Endpoints[name]; inFile || cfg.DatabaseURL == "" {
+		return config.TableEndpoint{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := relay.Connect(ctx, cfg.DatabaseURL, 1)
+	var tes []config.TableEndpoint
+	if err == nil {
+		defer pool.Close()
+		tes, err = ops.TableEndpoints(ctx, pool, name)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "warning: could not read postbox.endpoints (%v): an endpoint defined there is not shown as such\n", err)
+		return config.TableEndpoint{}, false
+	}
+	if len(tes) == 0 {
+		return config.TableEndpoint{}, false
+	}
+	return tes[0], true
 }
 
 func cmdVersion(_ context.Context, _ []string, stdout, _ io.Writer) int {

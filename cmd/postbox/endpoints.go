@@ -275,6 +275,7 @@ func endpointName(env *opsEnv, verb string, stderr io.Writer) (string, bool) {
 // the user's to fix (exitUsage).
 func writeFailed(stderr io.Writer, verb string, err error) int {
 	var inv *ops.InvalidError
+	var refused *ops.RefusedError
 	switch {
 	case errors.As(err, &inv):
 		fmt.Fprintf(stderr, "postbox: endpoints %s: not written: %s is invalid: %s\n", verb, printable(inv.Name), printable(inv.Reason))
@@ -285,7 +286,7 @@ func writeFailed(stderr io.Writer, verb string, err error) int {
 	case errors.Is(err, ops.ErrEndpointExists):
 		fmt.Fprintf(stderr, "postbox: endpoints %s: %v (endpoints set changes it)\n", verb, err)
 		return exitUsage
-	case strings.Contains(err.Error(), "refused by postbox.endpoints") || strings.Contains(err.Error(), "does not fit its column"):
+	case errors.As(err, &refused):
 		fmt.Fprintf(stderr, "postbox: endpoints %s: not written: %v\n", verb, err)
 		return exitUsage
 	}
@@ -428,8 +429,9 @@ func definitions(ctx context.Context, env *opsEnv, only string) ([]definition, e
 	if err != nil {
 		return nil, err
 	}
-	for _, te := range tes {
-		ep := ops.Resolve(env.cfg, te)
+	resolved := ops.ResolveAll(env.cfg, tes)
+	for i, te := range tes {
+		ep := resolved[i]
 		d := definition{Endpoint: te.Name, Source: config.SourceTable, Enabled: te.Enabled, Revision: te.Revision, Invalid: ep.Invalid}
 		if _, ok := env.cfg.Endpoints[te.Name]; ok {
 			d.Conflict = conflictNote

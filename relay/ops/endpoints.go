@@ -226,6 +226,19 @@ func writeEndpoint(ctx context.Context, tx pgx.Tx, op string, w EndpointWrite) (
 	return res, nil
 }
 
+// RefusedError is a value the table refused: a check constraint (Column
+// names its column) or a value of the wrong form for its type.
+type RefusedError struct {
+	Column, Constraint, Msg string
+}
+
+func (e *RefusedError) Error() string {
+	if e.Constraint != "" {
+		return fmt.Sprintf("%s: refused by postbox.endpoints (constraint %s)", e.Column, e.Constraint)
+	}
+	return "a value does not fit its column: " + e.Msg
+}
+
 // constraintError says which column a refused value was for: the check
 // constraints are named by PostgreSQL as endpoints_<column>_check.
 func constraintError(err error) error {
@@ -236,9 +249,9 @@ func constraintError(err error) error {
 	switch pe.Code {
 	case "23514": // check_violation
 		col := strings.TrimSuffix(strings.TrimPrefix(pe.ConstraintName, "endpoints_"), "_check")
-		return fmt.Errorf("%s: refused by postbox.endpoints (constraint %s)", col, pe.ConstraintName)
+		return &RefusedError{Column: col, Constraint: pe.ConstraintName}
 	case "22P02", "22007", "22008", "22023", "22003": // a value of the wrong form for its type
-		return fmt.Errorf("a value does not fit its column: %s", pe.Message)
+		return &RefusedError{Msg: pe.Message}
 	}
 	return err
 }
@@ -300,18 +313,26 @@ func TableEndpoints(ctx context.Context, pool *pgxpool.Pool, name string) ([]con
 // Resolve resolves a table row under cfg as the relay would were the file
 // not to define the name too: what the row itself makes of the endpoint.
 func Resolve(cfg *config.Config, te config.TableEndpoint) config.Endpoint {
+	return ResolveAll(cfg, []config.TableEndpoint{te})[0]
+}
+
+// ResolveAll resolves each row as Resolve does, under one copy of cfg.
+func ResolveAll(cfg *config.Config, tes []config.TableEndpoint) []config.Endpoint {
 	c := *cfg
-	if _, ok := c.Endpoints[te.Name]; ok {
-		c.Endpoints = make(map[string]config.Endpoint, len(cfg.Endpoints))
-		for k, v := range cfg.Endpoints {
-			if k != te.Name {
-				c.Endpoints[k] = v
-			}
-		}
+	c.Endpoints = make(map[string]config.Endpoint, len(cfg.Endpoints))
+	for k, v := range cfg.Endpoints {
+		c.Endpoints[k] = v
 	}
 	c.EndpointTable = config.NewEndpointTable()
-	c.EndpointTable.Apply(te)
-	return c.Endpoint(te.Name)
+	for _, te := range tes {
+		delete(c.Endpoints, te.Name)
+		c.EndpointTable.Apply(te)
+	}
+	out := make([]config.Endpoint, len(tes))
+	for i, te := range tes {
+		out[i] = c.Endpoint(te.Name)
+	}
+	return out
 }
 
 // EndpointChange is one entry of the change log: a row inserted, updated

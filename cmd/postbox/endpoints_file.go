@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -388,31 +387,21 @@ func cmdEndpointHistory(ctx context.Context, args []string, stdout, stderr io.Wr
 			if c.Op == "delete" {
 				break // the row as it was is in --json
 			}
-			fmt.Fprintf(stdout, "  %s: %s → %s\n", k.Key, shownValue(k.Key, k.Old), shownValue(k.Key, k.New))
+			fmt.Fprintf(stdout, "  %s: %s → %s\n", k.Key, shownValue(k.Old), shownValue(k.New))
 		}
 	}
 	return exitOK
 }
 
-// shownValue is a change log value as history prints it: a URL without
-// its password (url's user info may hold one).
-func shownValue(key string, v json.RawMessage) string {
+// shownValue is a change log value as history prints it: a string as
+// itself.
+func shownValue(v json.RawMessage) string {
 	if v == nil {
 		return "(none)"
 	}
 	var s string
-	if key == "url" && json.Unmarshal(v, &s) == nil {
-		return printable(redactUserinfo(s))
+	if json.Unmarshal(v, &s) != nil {
+		return printable(string(v))
 	}
-	return printable(string(v))
-}
-
-// redactUserinfo shows a URL's password as xxxxx (a template that is not
-// yet a URL is shown as written).
-func redactUserinfo(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	return u.Redacted()
+	return printable(s)
 }

@@ -161,7 +161,7 @@ func TestEndpointsHistory(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"add", "aff-2", "--url", "https://a.example/pb", "--header", "Authorization=Bearer sekrit-1"},
-		{"set", "aff-2", "--url", "https://b.example/pb", "--header", "Authorization=Bearer sekrit-2", "--header", "X-Other=o"},
+		{"set", "aff-2", "--url", "https://user:sekrit-3@b.example/pb", "--header", "Authorization=Bearer sekrit-2", "--header", "X-Other=o"},
 		{"disable", "aff-2"},
 		{"rm", "aff-2"},
 	} {
@@ -175,10 +175,11 @@ func TestEndpointsHistory(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Regexp(t, `^\S+  insert  revision \d+  by `+role+`$`, lines[0])
 	require.Contains(t, out, "  url: (none) → https://a.example/pb\n")
-	require.Contains(t, out, "  url: https://a.example/pb → https://b.example/pb\n")
-	require.Contains(t, out, `  headers.Authorization: "***" → "***"`+"\n")
-	require.Contains(t, out, `  headers.X-Other: (none) → "***"`+"\n")
+	require.Contains(t, out, "  url: https://a.example/pb → https://user:xxxxx@b.example/pb\n")
+	require.Contains(t, out, "  headers.Authorization: *** → ***\n")
+	require.Contains(t, out, "  headers.X-Other: (none) → ***\n")
 	require.Contains(t, out, "  enabled: true → false\n")
+	require.NotContains(t, out, "  name: ", "the entry's own name is not a change")
 	require.Regexp(t, `(?m)^\S+  delete  revision \d+  by `+role+`$`, lines[len(lines)-1])
 
 	code, out, _ = ep("history", "aff-2", "--json", "--limit", "2")

@@ -40,8 +40,9 @@ Commands:
                 schema's version, never change it, for a role without DDL rights)
   migrate       create or upgrade the outbox table and postbox's schema
   status        the health summary and firing alerts (--check: exit 1 while any fires)
-  endpoints     per endpoint: breaker state, pause, p50/p95/p99 over 24 h, samples,
-                failures (--endpoint)
+  endpoints     each endpoint's definition (file or postbox.endpoints: enabled, revision,
+                invalid, conflict), then per endpoint: breaker state, pause, p50/p95/p99
+                over 24 h, samples, failures (--endpoint)
   endpoints pause NAME [--for D]
                 hold an endpoint's deliveries on every instance until resumed (or for D);
                 its events wait in the queue, nothing is dropped

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -346,7 +347,8 @@ type EndpointChange struct {
 }
 
 // KeyChange is one key's value before and after (nil: NULL, or no row).
-// Header values are never shown: Old and New of a header are "***".
+// Header values are never shown: Old and New of a header are "***"; nor
+// is a URL's password (xxxxx).
 type KeyChange struct {
 	Key string          `json:"key"`
 	Old json.RawMessage `json:"old"`
@@ -399,11 +401,17 @@ func diffRows(oldRow, newRow map[string]json.RawMessage) []KeyChange {
 	}
 	for _, c := range append([]struct{ Name, Type string }{{"name", "text"}}, EndpointColumns...) {
 		o, n := val(oldRow, c.Name), val(newRow, c.Name)
+		if c.Name == "name" && (o == nil || n == nil) {
+			continue // an insert's or a delete's: the entry's own
+		}
 		if c.Name == "headers" {
 			out = append(out, diffHeaders(o, n)...)
 			continue
 		}
 		if !jsonEqual(o, n) {
+			if c.Name == "url" {
+				o, n = redactPassword(o), redactPassword(n)
+			}
 			out = append(out, KeyChange{Key: c.Name, Old: o, New: n})
 		}
 	}
@@ -463,4 +471,22 @@ func jsonEqual(a, b json.RawMessage) bool {
 // IntervalText is d as PostgreSQL reads an interval, exactly.
 func IntervalText(d time.Duration) string {
 	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
+}
+
+// redactPassword is a URL (a JSON string) with its password as xxxxx; a
+// template that does not parse as a URL is left as it is.
+func redactPassword(v json.RawMessage) json.RawMessage {
+	var s string
+	if v == nil || json.Unmarshal(v, &s) != nil {
+		return v
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return v
+	}
+	if _, ok := u.User.Password(); !ok {
+		return v
+	}
+	b, _ := json.Marshal(u.Redacted())
+	return b
 }

@@ -58,6 +58,23 @@ func exported(te config.TableEndpoint) exportedEndpoint {
 	return e
 }
 
+// tableKeys are the keys e sets that only a row of postbox.endpoints has.
+func (e exportedEndpoint) tableKeys() []string {
+	var out []string
+	for _, k := range []struct {
+		key string
+		set bool
+	}{
+		{"enabled", e.Enabled != nil}, {"event_types", e.EventTypes != nil}, {"filter", e.Filter != nil},
+		{"secret", e.Secret != ""}, {"secret_version", e.SecretVersion != 0}, {"previous_secret_until", e.PreviousSecretUntil != nil},
+	} {
+		if k.set {
+			out = append(out, k.key)
+		}
+	}
+	return out
+}
+
 // columns are the values an exported endpoint gives its row's columns;
 // import makes the row exactly these (the rest take their defaults).
 func (e exportedEndpoint) columns() (map[string]ops.Value, error) {
@@ -248,6 +265,7 @@ func readEndpointsFile(data []byte) (endpointsFile, []string, error) {
 
 func cmdEndpointExport(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("postbox endpoints export", flag.ContinueOnError)
+	fileKeys := fs.Bool("file-keys", false, "write only the keys the configuration file takes, for its endpoints: section (the table's own keys a row sets are named on standard error)")
 	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
 	if env == nil {
 		return code
@@ -269,7 +287,14 @@ func cmdEndpointExport(ctx context.Context, args []string, stdout, stderr io.Wri
 			// the key is left out, and said.
 			fmt.Fprintf(stderr, "warning: %s is invalid (%s): exported without the value that does not parse\n", printable(te.Name), printable(te.Invalid))
 		}
-		f.Endpoints[te.Name] = exported(te)
+		e := exported(te)
+		if *fileKeys {
+			if dropped := e.tableKeys(); len(dropped) > 0 {
+				fmt.Fprintf(stderr, "warning: %s: left out %s, which the configuration file does not take\n", printable(te.Name), strings.Join(dropped, ", "))
+			}
+			e = exportedEndpoint{EndpointConfig: e.EndpointConfig}
+		}
+		f.Endpoints[te.Name] = e
 	}
 	out, err := marshalEndpoints(f)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/postbox-relay/postbox/outbox"
+	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/pgtest"
 )
 
@@ -302,7 +303,16 @@ func TestEndpointsExportImportRoundTrip(t *testing.T) {
 	require.Contains(t, errOut, "new-2 is invalid: url")
 	require.Equal(t, "0", query(`SELECT count(*)::text FROM postbox.endpoints WHERE name LIKE 'new-%'`))
 
+	// --file-keys writes what the configuration file takes: a file made of
+	// it loads, and the table's own keys are named, not written.
+	code, out, errOut = ep("export", "-", "--file-keys")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, errOut, "aff-9: left out enabled, event_types, filter, secret, secret_version, previous_secret_until")
 	var probe map[string]any
-	require.NoError(t, yaml.Unmarshal(exportedText, &probe))
+	require.NoError(t, yaml.Unmarshal([]byte(out), &probe))
 	require.Contains(t, probe, "endpoints")
+	conf = filepath.Join(t.TempDir(), "file.yaml")
+	require.NoError(t, os.WriteFile(conf, []byte("signing:\n  secrets: ["+outbox.NewSecret()+"]\n"+out), 0o600))
+	_, err = config.Load(conf, nil)
+	require.NoError(t, err, "the export is an endpoints: section the configuration file takes")
 }

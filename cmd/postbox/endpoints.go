@@ -261,10 +261,11 @@ func redactPathJSON(v string) (string, error) {
 	return string(b), nil
 }
 
-// endpointName is the one NAME a command takes.
-func endpointName(env *opsEnv, verb string, stderr io.Writer) (string, bool) {
+// endpointName is the one NAME a command takes (usage: the command's
+// synopsis after "postbox endpoints").
+func endpointName(env *opsEnv, usage string, stderr io.Writer) (string, bool) {
 	if len(env.args) != 1 || env.args[0] == "" {
-		fmt.Fprintf(stderr, "usage: postbox endpoints %s NAME\n", verb)
+		fmt.Fprintf(stderr, "usage: postbox endpoints %s\n", usage)
 		return "", false
 	}
 	return env.args[0], true
@@ -331,7 +332,7 @@ func cmdEndpointWrite(ctx context.Context, verb string, args []string, stdout, s
 		return code
 	}
 	defer closeEnv()
-	name, ok := endpointName(env, verb+" [flags]", stderr)
+	name, ok := endpointName(env, verb+" NAME [flags]", stderr)
 	if !ok {
 		return exitUsage
 	}
@@ -364,7 +365,7 @@ func cmdEndpointEnable(ctx context.Context, verb string, args []string, stdout, 
 		return code
 	}
 	defer closeEnv()
-	name, ok := endpointName(env, verb, stderr)
+	name, ok := endpointName(env, verb+" NAME", stderr)
 	if !ok {
 		return exitUsage
 	}
@@ -384,7 +385,7 @@ func cmdEndpointRm(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return code
 	}
 	defer closeEnv()
-	name, ok := endpointName(env, "rm", stderr)
+	name, ok := endpointName(env, "rm NAME", stderr)
 	if !ok {
 		return exitUsage
 	}

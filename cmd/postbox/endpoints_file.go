@@ -362,15 +362,23 @@ func cmdEndpointImport(ctx context.Context, args []string, stdout, stderr io.Wri
 		fmt.Fprintln(stderr, "postbox: endpoints import: nothing imported (one transaction)")
 		return writeFailed(stderr, "import", err)
 	}
-	printWritten(env, stdout, stderr, res)
-	if !env.json {
-		counts := map[string]int{}
-		for _, r := range res {
-			counts[r.Op]++
-		}
-		fmt.Fprintf(stdout, "imported %s: %d created, %d changed, %d unchanged\n", plural(int64(len(res)), "endpoint"),
-			counts["created"], counts["changed"], counts["unchanged"])
+	if env.json {
+		printWritten(env, stdout, stderr, res)
+		return exitOK
 	}
+	// Each endpoint created or changed, then the counts: an import of
+	// thousands mostly unchanged names only what it did.
+	counts := map[string]int{}
+	var did []ops.WriteResult
+	for _, r := range res {
+		counts[r.Op]++
+		if r.Op != "unchanged" || r.Conflict {
+			did = append(did, r)
+		}
+	}
+	printWritten(env, stdout, stderr, did)
+	fmt.Fprintf(stdout, "imported %s: %d created, %d changed, %d unchanged\n", plural(int64(len(res)), "endpoint"),
+		counts["created"], counts["changed"], counts["unchanged"])
 	return exitOK
 }
 
@@ -386,7 +394,7 @@ func cmdEndpointHistory(ctx context.Context, args []string, stdout, stderr io.Wr
 		return code
 	}
 	defer closeEnv()
-	name, ok := endpointName(env, "history", stderr)
+	name, ok := endpointName(env, "history NAME [--limit N]", stderr)
 	if !ok {
 		return exitUsage
 	}

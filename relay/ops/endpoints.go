@@ -107,7 +107,6 @@ type WriteResult struct {
 func WriteEndpoints(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, op string, writes []EndpointWrite) ([]WriteResult, error) {
 	var out []WriteResult
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		out = out[:0]
 		for _, w := range writes {
 			res, err := writeEndpoint(ctx, tx, op, w)
 			if err != nil {

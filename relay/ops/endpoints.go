@@ -102,8 +102,10 @@ type WriteResult struct {
 
 // WriteEndpoints applies writes in one transaction, each checked as the
 // relay will read it: a row that would be invalid (InvalidError) or that
-// the table's constraints refuse rolls all of them back. cfg resolves
-// the rows against its defaults and named secrets.
+// the table's constraints refuse rolls all of them back. Each row is read
+// back before the commit, as the columns' text output: what the stream
+// will carry to the relays, parsed as they parse it. cfg resolves the
+// rows against its defaults and named secrets.
 func WriteEndpoints(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, op string, writes []EndpointWrite) ([]WriteResult, error) {
 	var out []WriteResult
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -250,15 +250,28 @@ func readEndpointsFile(data []byte) (endpointsFile, []string, error) {
 	if !ok {
 		return endpointsFile{}, ignored, errors.New("no endpoints: section")
 	}
-	var f endpointsFile
-	b, err := yaml.Marshal(&n)
-	if err != nil {
-		return f, ignored, err
+	if n.Kind != yaml.MappingNode {
+		return endpointsFile{}, ignored, errors.New("endpoints: want a mapping of names to endpoints")
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f.Endpoints); err != nil {
-		return f, ignored, fmt.Errorf("endpoints: %w", err)
+	// Each endpoint is decoded alone: yaml's check of a mapping's keys is
+	// quadratic, which an import of 100,000 endpoints would feel.
+	f := endpointsFile{Endpoints: make(map[string]exportedEndpoint, len(n.Content)/2)}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		name := n.Content[i].Value
+		if _, dup := f.Endpoints[name]; dup {
+			return f, ignored, fmt.Errorf("endpoints.%s: defined twice", name)
+		}
+		b, err := yaml.Marshal(n.Content[i+1])
+		if err != nil {
+			return f, ignored, fmt.Errorf("endpoints.%s: %w", name, err)
+		}
+		var e exportedEndpoint
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(&e); err != nil && !errors.Is(err, io.EOF) {
+			return f, ignored, fmt.Errorf("endpoints.%s: %w", name, err)
+		}
+		f.Endpoints[name] = e
 	}
 	return f, ignored, nil
 }

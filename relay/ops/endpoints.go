@@ -100,35 +100,73 @@ type WriteResult struct {
 	Conflict bool `json:"conflict,omitempty"`
 }
 
+// writeBatch is how many writes WriteEndpoints sends at once: an import
+// of thousands waits for a round trip a batch, not one a row.
+const writeBatch = 500
+
 // WriteEndpoints applies writes in one transaction, each checked as the
 // relay will read it: a row that would be invalid (InvalidError) or that
-// the table's constraints refuse rolls all of them back. Each row is read
-// back before the commit, as the columns' text output: what the stream
-// will carry to the relays, parsed as they parse it. cfg resolves the
-// rows against its defaults and named secrets.
+// the table's constraints refuse rolls all of them back. Each row written
+// is read back before the commit, as the columns' text output: what the
+// stream will carry to the relays, parsed as they parse it. cfg resolves
+// the rows against its defaults and named secrets.
 func WriteEndpoints(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, op string, writes []EndpointWrite) ([]WriteResult, error) {
-	var out []WriteResult
+	stmts := make([]writeStmt, len(writes))
+	for i, w := range writes {
+		st, err := buildWrite(op, w)
+		if err != nil {
+			return nil, err
+		}
+		stmts[i] = st
+	}
+	out := make([]WriteResult, 0, len(writes))
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		for _, w := range writes {
-			res, err := writeEndpoint(ctx, tx, op, w)
+		for from := 0; from < len(writes); from += writeBatch {
+			chunk := writes[from:min(from+writeBatch, len(writes))]
+			b := &pgx.Batch{}
+			for i := range chunk {
+				b.Queue(stmts[from+i].sql, stmts[from+i].args...)
+			}
+			br := tx.SendBatch(ctx, b)
+			var written []string
+			check := map[string]bool{}
+			for _, w := range chunk {
+				res, err := writeResult(br.QueryRow(), op, w)
+				if err != nil {
+					_ = br.Close()
+					return err
+				}
+				if res.Op != "unchanged" {
+					written = append(written, w.Name)
+					check[w.Name] = !w.NoCheck
+				}
+				_, res.Conflict = cfg.Endpoints[w.Name]
+				out = append(out, res)
+			}
+			if err := br.Close(); err != nil {
+				return fmt.Errorf("endpoints: write: %w", err)
+			}
+			if len(written) == 0 {
+				continue
+			}
+			rows, err := readRows(ctx, tx, written...)
 			if err != nil {
 				return err
 			}
-			if res.Op != "unchanged" {
-				row, err := readRows(ctx, tx, w.Name)
-				if err != nil {
-					return err
-				}
-				if len(row) == 1 {
-					ep := Resolve(cfg, endpoints.Parse(row[0]))
-					if ep.Invalid != "" && !w.NoCheck {
-						return &InvalidError{Name: w.Name, Reason: ep.Invalid}
-					}
-					res.Held = ep.Held()
-				}
+			tes := make([]config.TableEndpoint, len(rows))
+			for i, r := range rows {
+				tes[i] = endpoints.Parse(r)
 			}
-			_, res.Conflict = cfg.Endpoints[w.Name]
-			out = append(out, res)
+			held := map[string]string{}
+			for i, ep := range ResolveAll(cfg, tes) {
+				if ep.Invalid != "" && check[tes[i].Name] {
+					return &InvalidError{Name: tes[i].Name, Reason: ep.Invalid}
+				}
+				held[tes[i].Name] = ep.Held()
+			}
+			for i := len(out) - len(chunk); i < len(out); i++ {
+				out[i].Held = held[out[i].Name]
+			}
 		}
 		return nil
 	})
@@ -138,12 +176,17 @@ func WriteEndpoints(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config,
 	return out, nil
 }
 
-func writeEndpoint(ctx context.Context, tx pgx.Tx, op string, w EndpointWrite) (WriteResult, error) {
-	res := WriteResult{Name: w.Name}
+// writeStmt is one write's statement.
+type writeStmt struct {
+	sql  string
+	args []any
+}
+
+func buildWrite(op string, w EndpointWrite) (writeStmt, error) {
 	cols := make([]string, 0, len(w.Set))
 	for c := range w.Set {
 		if columnType(c) == "" {
-			return res, fmt.Errorf("endpoints: %s is not a column of postbox.endpoints", c)
+			return writeStmt{}, fmt.Errorf("endpoints: %s is not a column of postbox.endpoints", c)
 		}
 		cols = append(cols, c)
 	}
@@ -165,7 +208,7 @@ func writeEndpoint(ctx context.Context, tx pgx.Tx, op string, w EndpointWrite) (
 	switch op {
 	case WriteUpdate:
 		if len(cols) == 0 {
-			return res, errors.New("endpoints set: nothing to change")
+			return writeStmt{}, errors.New("endpoints set: nothing to change")
 		}
 		sets := make([]string, len(cols))
 		for i, c := range cols {
@@ -204,10 +247,16 @@ func writeEndpoint(ctx context.Context, tx pgx.Tx, op string, w EndpointWrite) (
 		}
 		sql += ` RETURNING revision, xmax = 0`
 	default:
-		return res, fmt.Errorf("endpoints: unknown write %q", op)
+		return writeStmt{}, fmt.Errorf("endpoints: unknown write %q", op)
 	}
+	return writeStmt{sql: sql, args: args}, nil
+}
+
+// writeResult reads what one write did.
+func writeResult(row pgx.Row, op string, w EndpointWrite) (WriteResult, error) {
+	res := WriteResult{Name: w.Name}
 	var inserted bool
-	err := tx.QueryRow(ctx, sql, args...).Scan(&res.Revision, &inserted)
+	err := row.Scan(&res.Revision, &inserted)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) && op == WriteUpsert:
 		res.Op = "unchanged"
@@ -273,10 +322,11 @@ type queryer interface {
 }
 
 // readRows reads postbox.endpoints as PostgreSQL's text output of each
-// column, as the stream sends it: one row, or every row when name is "".
-func readRows(ctx context.Context, q queryer, name string) ([]endpoints.Row, error) {
-	rows, err := q.Query(ctx, `SELECT * FROM postbox.endpoints WHERE $1 = '' OR name = $1 ORDER BY name`,
-		pgx.QueryResultFormats{pgx.TextFormatCode}, name)
+// column, as the stream sends it: the rows named, or every row when no
+// name is given.
+func readRows(ctx context.Context, q queryer, names ...string) ([]endpoints.Row, error) {
+	rows, err := q.Query(ctx, `SELECT * FROM postbox.endpoints WHERE coalesce(cardinality($1::text[]), 0) = 0 OR name = ANY($1) ORDER BY name`,
+		pgx.QueryResultFormats{pgx.TextFormatCode}, names)
 	if err != nil {
 		return nil, fmt.Errorf("endpoints: read postbox.endpoints: %w", err)
 	}
@@ -301,7 +351,11 @@ func readRows(ctx context.Context, q queryer, name string) ([]endpoints.Row, err
 // TableEndpoints reads postbox.endpoints (one row, or all when name is
 // ""), each row parsed as the relay parses it.
 func TableEndpoints(ctx context.Context, pool *pgxpool.Pool, name string) ([]config.TableEndpoint, error) {
-	rows, err := readRows(ctx, pool, name)
+	var names []string
+	if name != "" {
+		names = []string{name}
+	}
+	rows, err := readRows(ctx, pool, names...)
 	if err != nil {
 		return nil, err
 	}

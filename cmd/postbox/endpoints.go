@@ -274,12 +274,15 @@ func endpointName(env *opsEnv, usage string, stderr io.Writer) (string, bool) {
 // writeFailed prints why a write was refused and returns its exit code:
 // a value refused (invalid, a constraint, a missing or existing row) is
 // the user's to fix (exitUsage).
-func writeFailed(stderr io.Writer, verb string, err error) int {
+func writeFailed(stderr io.Writer, verb string, err error, inFile bool) int {
 	var inv *ops.InvalidError
 	var refused *ops.RefusedError
 	switch {
 	case errors.As(err, &inv):
 		fmt.Fprintf(stderr, "postbox: endpoints %s: not written: %s is invalid: %s\n", verb, printable(inv.Name), printable(inv.Reason))
+		return exitUsage
+	case errors.Is(err, ops.ErrNoEndpoint) && inFile:
+		fmt.Fprintf(stderr, "postbox: endpoints %s: %v: it is defined in the configuration file; change it there\n", verb, err)
 		return exitUsage
 	case errors.Is(err, ops.ErrNoEndpoint):
 		fmt.Fprintf(stderr, "postbox: endpoints %s: %v (endpoints add creates it)\n", verb, err)
@@ -351,7 +354,8 @@ func cmdEndpointWrite(ctx context.Context, verb string, args []string, stdout, s
 	}
 	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, op, []ops.EndpointWrite{{Name: name, Set: set}})
 	if err != nil {
-		return writeFailed(stderr, verb, err)
+		_, inFile := env.cfg.Endpoints[name]
+		return writeFailed(stderr, verb, err, inFile)
 	}
 	printWritten(env, stdout, stderr, res)
 	return exitOK
@@ -372,7 +376,8 @@ func cmdEndpointEnable(ctx context.Context, verb string, args []string, stdout, 
 	set := map[string]ops.Value{"enabled": {Text: strconv.FormatBool(verb == "enable")}}
 	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, ops.WriteUpdate, []ops.EndpointWrite{{Name: name, Set: set, NoCheck: verb == "disable"}})
 	if err != nil {
-		return writeFailed(stderr, verb, err)
+		_, inFile := env.cfg.Endpoints[name]
+		return writeFailed(stderr, verb, err, inFile)
 	}
 	printWritten(env, stdout, stderr, res)
 	return exitOK

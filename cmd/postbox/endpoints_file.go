@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -269,12 +270,28 @@ func readEndpointsFile(data []byte) (endpointsFile, []string, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(b))
 		dec.KnownFields(true)
 		if err := dec.Decode(&e); err != nil && !errors.Is(err, io.EOF) {
-			return f, ignored, fmt.Errorf("endpoints.%s: %w", name, err)
+			return f, ignored, fmt.Errorf("endpoints.%s: %s", name, yamlMessage(err))
 		}
 		f.Endpoints[name] = e
 	}
 	return f, ignored, nil
 }
+
+// yamlMessage is a decoding error without what only the decoder knows:
+// the line of the endpoint decoded alone, and this program's type names.
+func yamlMessage(err error) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err.Error()
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		msgs[i] = yamlNoise.ReplaceAllString(m, "")
+	}
+	return strings.Join(msgs, "; ")
+}
+
+var yamlNoise = regexp.MustCompile(`^line \d+: | in type \S+$`)
 
 func cmdEndpointExport(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("postbox endpoints export", flag.ContinueOnError)
@@ -373,7 +390,7 @@ func cmdEndpointImport(ctx context.Context, args []string, stdout, stderr io.Wri
 	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, ops.WriteUpsert, writes)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox: endpoints import: nothing imported (one transaction)")
-		return writeFailed(stderr, "import", err)
+		return writeFailed(stderr, "import", err, false)
 	}
 	if env.json {
 		printWritten(env, stdout, stderr, res)

@@ -103,6 +103,9 @@ func TestEndpointsAddSetDisableRm(t *testing.T) {
 	code, _, errOut = ep("set", "nosuch", "--url", "https://t.example/")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "endpoints add creates it")
+	code, _, errOut = ep("set", "filed", "--timeout", "5s")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "it is defined in the configuration file; change it there")
 	code, _, errOut = ep("set", "aff-1")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "give the keys to change")
@@ -295,6 +298,12 @@ func TestEndpointsExportImportRoundTrip(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "no secret is written into the database")
 	require.NotContains(t, errOut, "whsec_")
+
+	// Keys are checked as the file's are.
+	require.NoError(t, os.WriteFile(conf, []byte("endpoints:\n  x:\n    url: https://x.example/\n    colour: blue\n"), 0o600))
+	code, _, errOut = ep("import", conf)
+	require.Equal(t, exitUsage, code)
+	require.Regexp(t, `endpoints\.x: .*field colour not found`, errOut)
 
 	// One transaction: an invalid endpoint imports none of them.
 	require.NoError(t, os.WriteFile(conf, []byte("endpoints:\n  new-1:\n    url: https://x.example/\n  new-2:\n    url: \"https://x.example/{payload.x\"\n"), 0o600))

@@ -110,6 +110,20 @@ func TestEndpointsAddSetDisableRm(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "give the keys to change")
 
+	// Every other flag, each to its column; --flag=false and --unset of
+	// several keys at once.
+	code, _, errOut = ep("add", "aff-all", "--url", "https://t.example/", "--method", "PUT", "--body", `{"id": "{event_id}"}`,
+		"--backoff-base", "1s", "--backoff-cap", "1m", "--cooldown", "10s", "--max-cooldown", "2m", "--failure-threshold", "4",
+		"--max-in-flight", "3", "--allow-row-url", "--success-status", "202", "--success-body-contains", "ok",
+		"--secret-version", "2", "--previous-secret-until", "2030-01-02T03:04:05Z")
+	require.Equal(t, exitOK, code, errOut)
+	all := `SELECT concat_ws(' | ', method, body, backoff_base, backoff_cap, cooldown, max_cooldown, failure_threshold, max_in_flight,
+		allow_row_url, success, secret_version, previous_secret_until AT TIME ZONE 'UTC') FROM postbox.endpoints WHERE name = 'aff-all'`
+	require.Equal(t, `PUT | {"id": "{event_id}"} | 00:00:01 | 00:01:00 | 00:00:10 | 00:02:00 | 4 | 3 | t | {"status": [202], "body_contains": "ok"} | 2 | 2030-01-02 03:04:05`, query(all))
+	code, _, errOut = ep("set", "aff-all", "--allow-row-url=false", "--unset", "body,method", "--unset", "success")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, `00:00:01 | 00:01:00 | 00:00:10 | 00:02:00 | 4 | 3 | f | 2 | 2030-01-02 03:04:05`, query(all))
+
 	code, out, errOut = ep("disable", "aff-1")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "disabled: its events wait")

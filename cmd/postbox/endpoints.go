@@ -102,6 +102,14 @@ func newEndpointFlags(name string) *endpointFlags {
 	fs.String("filter", "", `a JSON object the payload must contain ({"brand": "casino-de"})`)
 	fs.String("previous-secret-until", "", "the previous secret version signs too until this time (RFC 3339, or a duration from now: 7d)")
 	fs.Var(&ef.unset, "unset", "set this key back to its default (repeat, or separate with commas)")
+	what := "create an endpoint of postbox.endpoints; the keys not given inherit the file's defaults (never its headers or secrets)"
+	if name == "set" {
+		what = "change the keys given of an endpoint of postbox.endpoints, and only those"
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: postbox endpoints %s NAME [flags]\n\n%s; the row is checked as the relay reads it,\nand refused with the reason when invalid. Flags are named as the configuration's keys.\n\n", name, what)
+		fs.PrintDefaults()
+	}
 	return ef
 }
 

@@ -360,7 +360,7 @@ func cmdEndpointWrite(ctx context.Context, verb string, args []string, stdout, s
 			return exitUsage
 		}
 	}
-	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, op, []ops.EndpointWrite{{Name: name, Set: set}})
+	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, "", op, []ops.EndpointWrite{{Name: name, Set: set}})
 	if err != nil {
 		_, inFile := env.cfg.Endpoints[name]
 		return writeFailed(stderr, verb, err, inFile)
@@ -382,7 +382,7 @@ func cmdEndpointEnable(ctx context.Context, verb string, args []string, stdout, 
 		return exitUsage
 	}
 	set := map[string]ops.Value{"enabled": {Text: strconv.FormatBool(verb == "enable")}}
-	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, ops.WriteUpdate, []ops.EndpointWrite{{Name: name, Set: set, NoCheck: verb == "disable"}})
+	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, "", ops.WriteUpdate, []ops.EndpointWrite{{Name: name, Set: set, NoCheck: verb == "disable"}})
 	if err != nil {
 		_, inFile := env.cfg.Endpoints[name]
 		return writeFailed(stderr, verb, err, inFile)
@@ -402,7 +402,7 @@ func cmdEndpointRm(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if !ok {
 		return exitUsage
 	}
-	deleted, err := ops.DeleteEndpoint(ctx, env.pool, name)
+	deleted, err := ops.DeleteEndpoint(ctx, env.pool, "", name)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure

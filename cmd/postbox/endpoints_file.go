@@ -387,7 +387,7 @@ func cmdEndpointImport(ctx context.Context, args []string, stdout, stderr io.Wri
 		}
 		writes = append(writes, ops.EndpointWrite{Name: n, Set: set})
 	}
-	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, ops.WriteUpsert, writes)
+	res, err := ops.WriteEndpoints(ctx, env.pool, env.cfg, "", ops.WriteUpsert, writes)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox: endpoints import: nothing imported (one transaction)")
 		return writeFailed(stderr, "import", err, false)

@@ -109,8 +109,10 @@ const writeBatch = 500
 // the table's constraints refuse rolls all of them back. Each row written
 // is read back before the commit, as the columns' text output: what the
 // stream will carry to the relays, parsed as they parse it. cfg resolves
-// the rows against its defaults and named secrets.
-func WriteEndpoints(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, op string, writes []EndpointWrite) ([]WriteResult, error) {
+// the rows against its defaults and named secrets. actor, when not "", is
+// who the change log names (the console's session); otherwise the
+// session's role.
+func WriteEndpoints(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, actor, op string, writes []EndpointWrite) ([]WriteResult, error) {
 	stmts := make([]writeStmt, len(writes))
 	for i, w := range writes {
 		st, err := buildWrite(op, w)
@@ -121,6 +123,9 @@ func WriteEndpoints(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config,
 	}
 	out := make([]WriteResult, 0, len(writes))
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := setActor(ctx, tx, actor); err != nil {
+			return err
+		}
 		for from := 0; from < len(writes); from += writeBatch {
 			chunk := writes[from:min(from+writeBatch, len(writes))]
 			b := &pgx.Batch{}
@@ -307,13 +312,34 @@ func constraintError(err error) error {
 	return err
 }
 
-// DeleteEndpoint deletes name's row; false when there was none.
-func DeleteEndpoint(ctx context.Context, pool *pgxpool.Pool, name string) (bool, error) {
-	tag, err := pool.Exec(ctx, `DELETE FROM postbox.endpoints WHERE name = $1`, name)
+// DeleteEndpoint deletes name's row; false when there was none. actor is
+// as WriteEndpoints's.
+func DeleteEndpoint(ctx context.Context, pool *pgxpool.Pool, actor, name string) (bool, error) {
+	var deleted bool
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := setActor(ctx, tx, actor); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM postbox.endpoints WHERE name = $1`, name)
+		deleted = tag.RowsAffected() == 1
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("endpoints: delete %s: %w", name, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return deleted, nil
+}
+
+// setActor names who the change log records for tx's changes (the
+// trigger reads postbox.actor), for tx alone.
+func setActor(ctx context.Context, tx pgx.Tx, actor string) error {
+	if actor == "" {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('postbox.actor', $1, true)`, actor); err != nil {
+		return fmt.Errorf("endpoints: name the actor: %w", err)
+	}
+	return nil
 }
 
 // queryer is a pool, a connection or a transaction.

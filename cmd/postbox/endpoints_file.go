@@ -43,6 +43,9 @@ type endpointsFile struct {
 // exported is a table row as export writes it.
 func exported(te config.TableEndpoint) exportedEndpoint {
 	e := exportedEndpoint{EndpointConfig: te.Settings, EventTypes: te.EventTypes, Secret: te.Secret}
+	if e.RateLimit != nil && e.RateLimit.IsZero() {
+		e.RateLimit = nil // a rate_limit that did not parse: no rate is zero
+	}
 	if !te.Enabled {
 		e.Enabled = &te.Enabled
 	}
@@ -57,6 +60,27 @@ func exported(te config.TableEndpoint) exportedEndpoint {
 		e.PreviousSecretUntil = &t
 	}
 	return e
+}
+
+// drop leaves out key, the column whose text did not parse first (the
+// columns whose type PostgreSQL checks always parse).
+func (e *exportedEndpoint) drop(key string) {
+	s := &e.EndpointConfig
+	switch key {
+	case "rate_limit":
+		s.RateLimit = nil
+	case "headers":
+		s.Headers = nil
+	case "success":
+		s.Success = nil
+	case "redact_path":
+		s.RedactPath = nil
+	case "filter":
+		e.Filter = nil
+	case "previous_secret_until":
+		e.PreviousSecretUntil = nil
+	}
+	// The interval columns of a row that does not parse are nil already.
 }
 
 // tableKeys are the keys e sets that only a row of postbox.endpoints has.
@@ -312,12 +336,14 @@ func cmdEndpointExport(ctx context.Context, args []string, stdout, stderr io.Wri
 	}
 	f := endpointsFile{Endpoints: map[string]exportedEndpoint{}}
 	for _, te := range tes {
+		e := exported(te)
 		if te.Invalid != "" {
 			// A value that does not parse cannot be written as its key:
 			// the key is left out, and said.
-			fmt.Fprintf(stderr, "warning: %s is invalid (%s): exported without the value that does not parse\n", printable(te.Name), printable(te.Invalid))
+			col, _, _ := strings.Cut(te.Invalid, ":")
+			e.drop(col)
+			fmt.Fprintf(stderr, "warning: %s is invalid (%s): exported without %s\n", printable(te.Name), printable(te.Invalid), col)
 		}
-		e := exported(te)
 		if *fileKeys {
 			if dropped := e.tableKeys(); len(dropped) > 0 {
 				fmt.Fprintf(stderr, "warning: %s: left out %s, which the configuration file does not take\n", printable(te.Name), strings.Join(dropped, ", "))

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -325,6 +326,19 @@ func TestEndpointsExportImportRoundTrip(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "new-2 is invalid: url")
 	require.Equal(t, "0", query(`SELECT count(*)::text FROM postbox.endpoints WHERE name LIKE 'new-%'`))
+
+	// A row whose value does not parse is exported without it, and said.
+	query(`INSERT INTO postbox.endpoints (name, url, rate_limit, timeout) VALUES ('odd', 'https://odd.example/', 'lots', '5 seconds') RETURNING name`)
+	code, out, errOut = ep("export", "-")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, errOut, "warning: odd is invalid (rate_limit: ")
+	require.Contains(t, errOut, "exported without rate_limit")
+	f, _, err = readEndpointsFile([]byte(out))
+	require.NoError(t, err)
+	require.Nil(t, f.Endpoints["odd"].RateLimit)
+	require.Equal(t, config.Duration(5*time.Second), *f.Endpoints["odd"].Timeout)
+	require.Equal(t, "https://odd.example/", *f.Endpoints["odd"].URL)
+	query(`DELETE FROM postbox.endpoints WHERE name = 'odd' RETURNING name`)
 
 	// --file-keys writes what the configuration file takes: a file made of
 	// it loads, and the table's own keys are named, not written.

@@ -137,11 +137,7 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 	file.ShutdownGrace = config.Duration(5 * time.Second)
 	base := config.Duration(300 * time.Millisecond)
 	file.Defaults.BackoffBase = &base
-	file.Endpoints = map[string]config.EndpointConfig{
-		"shop":   {URL: ptr(shop.URL + "/hooks/orders")},
-		"crm":    {URL: ptr(crm.URL + "/webhooks")},
-		"legacy": {URL: ptr(legacy.URL + "/v1/callback")},
-	}
+	file.Endpoints = demoEndpoints(shop.URL, crm.URL, legacy.URL)
 	cfg, err := file.Resolve()
 	if err != nil {
 		return err
@@ -345,3 +341,12 @@ func waitFor(ctx context.Context, limit time.Duration, cond func() (bool, error)
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// demoEndpoints are the demo's endpoints, given its receivers' base URLs.
+func demoEndpoints(shop, crm, legacy string) map[string]config.EndpointConfig {
+	return map[string]config.EndpointConfig{
+		"shop":   {URL: ptr(shop + "/hooks/orders")},
+		"crm":    {URL: ptr(crm + "/webhooks")},
+		"legacy": {URL: ptr(legacy + "/v1/callback")},
+	}
+}

@@ -23,7 +23,7 @@ import (
 // subcommands are the words that name a command of their own after a
 // command's name.
 var subcommands = map[string][]string{
-	"endpoints":    {"pause", "resume"},
+	"endpoints":    {"pause", "resume", "add", "set", "disable", "enable", "rm", "export", "import", "history"},
 	"dead-letters": {"analyze"},
 	"secret":       {"new", "show"},
 }
@@ -73,7 +73,7 @@ func TestUsageMatchesFlagSets(t *testing.T) {
 		}
 	}
 	listed := func(s string) []string {
-		s = strings.NewReplacer("\n", " ", " and ", ", ", "(pause and resume too)", ", endpoints pause, endpoints resume", "(analyze too)", ", dead-letters analyze").Replace(s)
+		s = strings.NewReplacer("\n", " ", " and ", ", ", "(each subcommand too)", ", endpoints "+strings.Join(subcommands["endpoints"], ", endpoints "), "(analyze too)", ", dead-letters analyze").Replace(s)
 		var out []string
 		for _, f := range strings.Split(s, ",") {
 			if f = strings.Join(strings.Fields(f), " "); f != "" {

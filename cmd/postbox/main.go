@@ -20,6 +20,7 @@ import (
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/ops"
 )
 
 // Exit codes.
@@ -39,13 +40,31 @@ Commands:
                 schema's version, never change it, for a role without DDL rights)
   migrate       create or upgrade the outbox table and postbox's schema
   status        the health summary and firing alerts (--check: exit 1 while any fires)
-  endpoints     per endpoint: breaker state, pause, p50/p95/p99 over 24 h, samples,
-                failures (--endpoint)
+  endpoints     each endpoint's definition (file or postbox.endpoints: enabled, revision,
+                invalid, conflict), then per endpoint: breaker state, pause, p50/p95/p99
+                over 24 h, samples, failures (--endpoint)
   endpoints pause NAME [--for D]
                 hold an endpoint's deliveries on every instance until resumed (or for D);
                 its events wait in the queue, nothing is dropped
   endpoints resume NAME
                 end an endpoint's pause (an operator's or the receiver's)
+  endpoints add NAME [flags]
+                create an endpoint in postbox.endpoints: a flag per key of the file's
+                endpoints (--url, --timeout 15s, --header K=V, --event-types, --filter,
+                --secret-version, …; 'postbox endpoints add -h'); checked as the relay
+                reads it, an invalid one is refused with the reason
+  endpoints set NAME [flags]
+                change the keys given (--unset KEY: back to its default)
+  endpoints disable NAME, endpoints enable NAME
+                hold an endpoint's events (like a pause), or release them
+  endpoints rm NAME
+                delete an endpoint of postbox.endpoints
+  endpoints export FILE, endpoints import FILE
+                the table's endpoints as YAML (the file's endpoints: keys and the table's
+                own), and back: import upserts in one transaction
+  endpoints history NAME
+                the endpoint's change log: when, who, what (header values as ***)
+                (--limit)
   dead-letters  recent dead letters, newest first (--endpoint, --since, --limit: 100
                 unless set); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
@@ -80,7 +99,7 @@ Run 'postbox <command> -h' for a command's flags.
 // checks them against the commands' flag sets).
 const (
 	noConfigCommands = "secret new, bench and version"
-	jsonCommands     = "status, endpoints (pause and resume too),\n  dead-letters (analyze too), replay, events, event, doctor and bench"
+	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, doctor and bench"
 )
 
 func main() {
@@ -194,6 +213,15 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	ep := cfg.Endpoint(*endpoint)
+	te, inTable := tableEndpoint(cfg, *endpoint, stderr)
+	if inTable {
+		ep = ops.Resolve(cfg, te)
+		if ep.Invalid != "" {
+			fmt.Fprintf(stderr, "postbox: endpoint %s of postbox.endpoints is invalid (%s): nothing is signed for it until it is corrected\n",
+				printable(*endpoint), printable(ep.Invalid))
+			return exitFailure
+		}
+	}
 	if !ep.Configured {
 		// Still printed: rows naming an endpoint that is not configured
 		// (with their own url) are signed with it. A misspelt name is
@@ -206,6 +234,15 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	switch {
+	case inTable && te.Secret != "":
+		fmt.Fprintf(stderr, "endpoint %s of postbox.endpoints signs with the secrets signing.named declares as %s\n", printable(*endpoint), printable(te.Secret))
+	case inTable:
+		fmt.Fprintf(stderr, "endpoint %s of postbox.endpoints signs with its secret derived for version %d", printable(*endpoint), ep.SecretVersion)
+		if len(secrets) > len(cfg.Secrets) {
+			fmt.Fprintf(stderr, ", and version %d's (the previous, listed after it) until %s: the partner may verify with either",
+				ep.SecretVersion-1, ep.PreviousSecretUntil.UTC().Format(time.RFC3339))
+		}
+		fmt.Fprintln(stderr)
 	case ep.OwnSecrets:
 		fmt.Fprintf(stderr, "endpoint %s has secrets of its own\n", printable(*endpoint))
 	case cfg.Derived:
@@ -218,6 +255,31 @@ func secretShow(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, s.Reveal())
 	}
 	return exitOK
+}
+
+// tableEndpoint reads name's row of postbox.endpoints when the file does
+// not define name (the file's wins) and the database is reachable; a
+// failure to read is said, and the file's view is kept.
+func tableEndpoint(cfg *config.Config, name string, stderr io.Writer) (config.TableEndpoint, bool) {
+	if _, inFile := cfg.Endpoints[name]; inFile || cfg.DatabaseURL == "" {
+		return config.TableEndpoint{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := relay.Connect(ctx, cfg.DatabaseURL, 1)
+	var tes []config.TableEndpoint
+	if err == nil {
+		defer pool.Close()
+		tes, err = ops.TableEndpoints(ctx, pool, name)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "warning: could not read postbox.endpoints (%v): an endpoint defined there is not shown as such\n", err)
+		return config.TableEndpoint{}, false
+	}
+	if len(tes) == 0 {
+		return config.TableEndpoint{}, false
+	}
+	return tes[0], true
 }
 
 func cmdVersion(_ context.Context, _ []string, stdout, _ io.Writer) int {

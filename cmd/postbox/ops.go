@@ -211,6 +211,18 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return cmdPause(ctx, args[1:], stdout, stderr)
 		case "resume":
 			return cmdResume(ctx, args[1:], stdout, stderr)
+		case "add", "set":
+			return cmdEndpointWrite(ctx, args[0], args[1:], stdout, stderr)
+		case "disable", "enable":
+			return cmdEndpointEnable(ctx, args[0], args[1:], stdout, stderr)
+		case "rm":
+			return cmdEndpointRm(ctx, args[1:], stdout, stderr)
+		case "export":
+			return cmdEndpointExport(ctx, args[1:], stdout, stderr)
+		case "import":
+			return cmdEndpointImport(ctx, args[1:], stdout, stderr)
+		case "history":
+			return cmdEndpointHistory(ctx, args[1:], stdout, stderr)
 		}
 	}
 	fs := flag.NewFlagSet("postbox endpoints", flag.ContinueOnError)
@@ -221,10 +233,15 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer closeEnv()
 	if len(env.args) > 0 {
-		fmt.Fprintf(stderr, "postbox: endpoints: unexpected %q (the subcommands are pause and resume)\n", printable(env.args[0]))
+		fmt.Fprintf(stderr, "postbox: endpoints: unexpected %q (the subcommands are %s)\n", printable(env.args[0]), endpointsSubcommands)
 		return exitUsage
 	}
 	eps, err := telemetry.LoadEndpoints(ctx, env.pool, *only)
+	if err != nil {
+		fmt.Fprintln(stderr, "postbox:", err)
+		return exitFailure
+	}
+	defs, err := definitions(ctx, env, *only)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
@@ -233,9 +250,15 @@ func cmdEndpoints(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if eps == nil {
 			eps = []telemetry.EndpointStats{}
 		}
-		env.printJSON(map[string]any{"window": telemetry.Window.String(), "endpoints": eps})
+		if defs == nil {
+			defs = []definition{}
+		}
+		env.printJSON(map[string]any{"window": telemetry.Window.String(), "endpoints": eps, "definitions": defs})
 		return exitOK
 	}
+	// How each endpoint is defined first, then how each has fared.
+	printDefinitions(stdout, defs)
+	fmt.Fprintln(stdout)
 	if len(eps) == 0 {
 		fmt.Fprintln(stdout, "no endpoints have had deliveries yet")
 		return exitOK

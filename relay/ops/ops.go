@@ -1,5 +1,6 @@
 // Package ops holds what operators do to a running deployment from outside
-// the relay: replaying events, pausing and resuming endpoints. Every action
+// the relay: replaying events, pausing and resuming endpoints, writing
+// the endpoints of postbox.endpoints and reading their change log. Every action
 // works on the database alone, so it answers while no relay runs, and
 // every relay sees its effect.
 package ops

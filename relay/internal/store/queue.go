@@ -177,19 +177,7 @@ func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free, 
 	if ordered == nil {
 		ordered = []string{}
 	}
-	// One round trip, one implicit transaction: claimPlans is local to it.
-	var out []Claimed
-	b := &pgx.Batch{}
-	b.Queue(claimPlans)
-	b.Queue(claimSQL, lanes, frees, defaultFree, limit, owner, ordered, names, nameCaps).Query(func(rows pgx.Rows) error {
-		var err error
-		out, err = collectClaimed(rows)
-		return err
-	})
-	if err := s.Pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("claim deliveries: %w", err)
-	}
-	return out, nil
+	return s.claim(ctx, claimSQL, lanes, frees, defaultFree, limit, owner, ordered, names, nameCaps)
 }
 
 // LoadOwned reads the deliveries of ids that owner holds in flight, as a
@@ -315,11 +303,6 @@ const (
 	recordPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_nestloop', 'off', true),
 	                      set_config('enable_hashjoin', 'on', true), set_config('enable_mergejoin', 'on', true),
 	                      set_config('plan_cache_mode', 'force_generic_plan', true)`
-	// claimPlans keeps the claim's plan across runs: its shape is the
-	// statement's (skip scans, probes by lane), and none of its parameters
-	// (the lanes' caps, the limit) changes it, but the planner planned it
-	// afresh at every run, a third of its time beside a storm's lanes.
-	claimPlans = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
-	keyPlans   = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+	keyPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
 	                   set_config('enable_mergejoin', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
 )

@@ -54,7 +54,12 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if res != nil && asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(res)
+		if jerr := enc.Encode(res); jerr != nil {
+			fmt.Fprintln(stderr, "postbox bench: the figures as JSON:", jerr)
+			if err == nil {
+				return exitFailure
+			}
+		}
 	} else if res != nil {
 		res.Print(stdout)
 	}

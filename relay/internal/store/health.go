@@ -39,22 +39,50 @@ SELECT endpoint, state, consecutive_failures, coalesce(failure_threshold, 0), co
        sample_count
 FROM postbox.endpoint_health`
 
+// selectHealthVersionsSQL is selectHealthSQL with each row's version
+// (its xmin, which every write of the row changes) last.
+const selectHealthVersionsSQL = `
+SELECT endpoint, state, consecutive_failures, coalesce(failure_threshold, 0), cooldown_seconds, opened_at,
+       last_success_at, last_failure_at, coalesce(last_error, ''), coalesce(last_status_code, 0),
+       paused_until, coalesce(probe_owner, ''), coalesce(p50_ms, 0), coalesce(p95_ms, 0), coalesce(p99_ms, 0),
+       sample_count, xmin::text
+FROM postbox.endpoint_health`
+
 func collectHealth(rows pgx.Rows) (map[string]Health, error) {
+	out, _, err := collectHealthVersions(rows, false)
+	return out, err
+}
+
+// collectHealthVersions collects selectHealthSQL's rows, or with versions
+// selectHealthVersionsSQL's, and then also their versions by endpoint.
+func collectHealthVersions(rows pgx.Rows, versions bool) (map[string]Health, map[string]string, error) {
 	out := map[string]Health{}
+	var vers map[string]string
+	if versions {
+		vers = map[string]string{}
+	}
 	for rows.Next() {
 		var h Health
 		var cooldown float64
 		var opened, success, failure, paused *time.Time
-		if err := rows.Scan(&h.Endpoint, &h.State, &h.ConsecutiveFailures, &h.FailureThreshold, &cooldown, &opened,
+		dest := []any{&h.Endpoint, &h.State, &h.ConsecutiveFailures, &h.FailureThreshold, &cooldown, &opened,
 			&success, &failure, &h.LastError, &h.LastStatusCode, &paused, &h.ProbeOwner,
-			&h.P50MS, &h.P95MS, &h.P99MS, &h.SampleCount); err != nil {
-			return nil, err
+			&h.P50MS, &h.P95MS, &h.P99MS, &h.SampleCount}
+		var ver string
+		if versions {
+			dest = append(dest, &ver)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, nil, err
 		}
 		h.Cooldown = time.Duration(cooldown * float64(time.Second))
 		h.OpenedAt, h.LastSuccessAt, h.LastFailureAt, h.PausedUntil = deref(opened), deref(success), deref(failure), deref(paused)
 		out[h.Endpoint] = h
+		if versions {
+			vers[h.Endpoint] = ver
+		}
 	}
-	return out, rows.Err()
+	return out, vers, rows.Err()
 }
 
 func deref(t *time.Time) time.Time {
@@ -83,52 +111,55 @@ func nullString(s string) *string {
 // writes it only once it is this much newer.
 const healthQuietFor = time.Second
 
-// errHealthChanged ends a RecordResults transaction in which an endpoint
-// read without a lock turned out to change: it runs again with the lock.
+// errHealthChanged ends a RecordResults transaction in which an endpoint's
+// row read without a lock was written by another before this one's write:
+// it runs again with the lock.
 var errHealthChanged = errors.New("endpoint health changed: record again with its row locked")
 
-// allSucceeded reports whether every result of a batch for one endpoint is
-// a delivery: the healthy endpoint's usual batch.
-func allSucceeded(rs []state.Result) bool {
-	for _, r := range rs {
-		if r.Signal != state.SignalSuccess || r.Status != postboxtype.DeliveryDelivered || r.Pause > 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // recordHealth applies a batch's results to the endpoints' health and
-// writes what changed, in tx. The rows of locking were read locked (in
-// name order, so instances recording at once see each other's streaks,
-// and lock in the same order), and are computed and written as they come.
-// The rows of reading, endpoints that only had successes, were read
-// without a lock: most such batches change nothing but the latest success
-// (the endpoint stays closed with no failures), and then the row is left
-// alone, or, once its last_success_at is healthQuietFor behind, only that
-// moves forward, by a plain update (the later time wins). The lock, the
-// row lock's WAL record and the write are paid where the breaker, a
-// streak, a failure or a pause changes. When a row read without the lock
-// would change, recordHealth returns errHealthChanged before writing.
+// writes what changed, in tx.
+//
+// The rows of reading were read without a lock, each with its version.
+// Most batches of successes change nothing but the latest success (the
+// endpoint stays closed with no failures): the row is left alone, or, once
+// its last_success_at is healthQuietFor behind, only that moves forward,
+// by a plain update (the later time wins). A row that changes otherwise
+// (a failure's streak, a breaker, a pause, a first row) is written only if
+// its version is still the one read, by an update that locks no more than
+// it writes: beside a storm of failing partners, a lock of every failing
+// endpoint's row before its update cost a WAL record each, batch after
+// batch. When another instance wrote one of those rows since it was read
+// (its update or insert did not match), recordHealth returns
+// errHealthChanged, and the transaction runs again with locking: the
+// rows read under their locks (in name order, so instances recording at
+// once see each other's streaks, and lock in the same order), computed
+// and written as they come. The version-checked update reaches its rows
+// by key, in name order too, as its arrays are sorted.
+//
 // A success recorded beside another instance's uncommitted failure does
 // not reset that failure's streak, as it would have after waiting for the
 // lock: the breaker may open a batch sooner on an endpoint that fails for
 // one instance and not for another.
 func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, locked map[string]Health,
-	reading []string, read map[string]Health, byEndpoint map[string][]state.Result, apply HealthFunc) ([]HealthChange, error) {
+	reading []string, read map[string]Health, versions map[string]string, byEndpoint map[string][]state.Result,
+	apply HealthFunc) ([]HealthChange, error) {
 	changes := make([]HealthChange, 0, len(locking)+len(reading))
 	var succeeded []string
 	var succeededAt []time.Time
+	var checked []HealthChange // written if their versions still hold
+	var vers []string
 	for _, name := range reading {
 		cur, ok := read[name]
 		if !ok {
-			return nil, errHealthChanged // the endpoint's first row
+			cur = Health{Endpoint: name, State: postboxtype.BreakerClosed}
 		}
 		next := apply(cur, byEndpoint[name])
 		at := next.LastSuccessAt
-		next.LastSuccessAt = cur.LastSuccessAt
-		if next != cur {
-			return nil, errHealthChanged
+		quiet := next
+		quiet.LastSuccessAt = cur.LastSuccessAt
+		if !ok || quiet != cur {
+			checked, vers = append(checked, HealthChange{Old: cur, New: next}), append(vers, versions[name])
+			continue
 		}
 		changes = append(changes, HealthChange{Old: cur, New: cur})
 		if at.Sub(cur.LastSuccessAt) >= healthQuietFor {
@@ -144,6 +175,10 @@ func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, l
 		written = append(written, HealthChange{Old: cur, New: apply(cur, byEndpoint[name])})
 	}
 	b := &pgx.Batch{}
+	var matched int64
+	if len(checked) > 0 {
+		queueCheckedHealthWrite(b, checked, vers).QueryRow(func(row pgx.Row) error { return row.Scan(&matched) })
+	}
 	if len(written) > 0 {
 		queueHealthWrite(b, written)
 	}
@@ -158,12 +193,15 @@ func (s *Store) recordHealth(ctx context.Context, tx pgx.Tx, locking []string, l
 			return nil, err
 		}
 	}
-	return append(changes, written...), nil
+	if matched != int64(len(checked)) {
+		return nil, errHealthChanged
+	}
+	return append(append(changes, checked...), written...), nil
 }
 
-// queueHealthWrite queues the statement that stores the new health rows
-// (the statistics columns are the telemetry's and stay as they are).
-func queueHealthWrite(b *pgx.Batch, changes []HealthChange) {
+// healthColumns are the arrays of new health rows that queueHealthWrite
+// and queueCheckedHealthWrite store, in their statements' order ($1–$12).
+func healthColumns(changes []HealthChange) []any {
 	n := len(changes)
 	names, states, fails, thresholds, cooldowns := make([]string, n), make([]string, n), make([]int32, n), make([]int32, n), make([]float64, n)
 	opened, success, failure, paused := make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
@@ -180,6 +218,12 @@ func queueHealthWrite(b *pgx.Batch, changes []HealthChange) {
 			codes[i] = &code
 		}
 	}
+	return []any{names, states, fails, thresholds, cooldowns, opened, success, failure, paused, lastErr, probe, codes}
+}
+
+// queueHealthWrite queues the statement that stores the new health rows
+// (the statistics columns are the telemetry's and stay as they are).
+func queueHealthWrite(b *pgx.Batch, changes []HealthChange) {
 	b.Queue(`
 		INSERT INTO postbox.endpoint_health AS h (endpoint, state, consecutive_failures, failure_threshold, cooldown_seconds,
 		  opened_at, last_success_at, last_failure_at, paused_until, last_error, probe_owner, last_status_code)
@@ -193,7 +237,45 @@ func queueHealthWrite(b *pgx.Batch, changes []HealthChange) {
 		  last_error = excluded.last_error, probe_owner = excluded.probe_owner,
 		  probe_started_at = CASE WHEN excluded.probe_owner IS NULL THEN NULL ELSE h.probe_started_at END,
 		  last_status_code = excluded.last_status_code`,
-		names, states, fails, thresholds, cooldowns, opened, success, failure, paused, lastErr, probe, codes)
+		healthColumns(changes)...)
+}
+
+// queueCheckedHealthWrite queues the statement that stores the new health
+// rows of changes whose rows still have the versions vers ("" for a row
+// that did not exist: it is inserted unless one is by then), as
+// queueHealthWrite would, and returns how many it stored.
+func queueCheckedHealthWrite(b *pgx.Batch, changes []HealthChange, vers []string) *pgx.QueuedQuery {
+	return b.Queue(`
+		WITH s AS (
+		  SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::int4[], $5::float8[], $6::timestamptz[], $7::timestamptz[],
+		    $8::timestamptz[], $9::timestamptz[], $10::text[], $11::text[], $12::int4[], $13::text[])
+		    AS s(endpoint, state, consecutive_failures, failure_threshold, cooldown_seconds, opened_at, last_success_at,
+		         last_failure_at, paused_until, last_error, probe_owner, last_status_code, version)
+		),
+		updated AS (
+		  UPDATE postbox.endpoint_health h SET
+		    state = s.state, consecutive_failures = s.consecutive_failures,
+		    failure_threshold = s.failure_threshold, cooldown_seconds = s.cooldown_seconds,
+		    opened_at = s.opened_at, last_success_at = s.last_success_at,
+		    last_failure_at = s.last_failure_at, paused_until = s.paused_until,
+		    last_error = s.last_error, probe_owner = s.probe_owner,
+		    probe_started_at = CASE WHEN s.probe_owner IS NULL THEN NULL ELSE h.probe_started_at END,
+		    last_status_code = s.last_status_code
+		  FROM s
+		  WHERE h.endpoint = s.endpoint AND h.endpoint = ANY($1::text[]) AND s.version <> '' AND h.xmin::text = s.version
+		  RETURNING 1
+		),
+		inserted AS (
+		  INSERT INTO postbox.endpoint_health (endpoint, state, consecutive_failures, failure_threshold, cooldown_seconds,
+		    opened_at, last_success_at, last_failure_at, paused_until, last_error, probe_owner, last_status_code)
+		  SELECT endpoint, state, consecutive_failures, failure_threshold, cooldown_seconds,
+		    opened_at, last_success_at, last_failure_at, paused_until, last_error, probe_owner, last_status_code
+		  FROM s WHERE s.version = ''
+		  ON CONFLICT (endpoint) DO NOTHING
+		  RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM updated) + (SELECT count(*) FROM inserted)`,
+		append(healthColumns(changes), vers)...)
 }
 
 // UnhealthyEndpoints returns the endpoints whose breaker is not closed or

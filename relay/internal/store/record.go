@@ -220,10 +220,9 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 		}
 	}
 	var changes []HealthChange
-	// Endpoints whose results are all successes are read without a lock,
-	// and most stay as they were (see recordHealth); when one turns out to
-	// change, the transaction runs again with every row locked, as the
-	// others always are.
+	// The endpoints' health rows are read without a lock and written only
+	// if no one wrote them since (see recordHealth); when one was, the
+	// transaction runs again with every row locked.
 	for lockAll := false; ; lockAll = true {
 		err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 			// First, while the planner may still loop over the batch
@@ -277,26 +276,27 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			if flush {
 				queueHistogramUpsert(b, counts)
 			}
+			// The first time, every row is read without a lock, with its
+			// version (see recordHealth); again, every row under its lock.
 			var locking, reading []string
-			for _, name := range names {
-				if !lockAll && allSucceeded(byEndpoint[name]) {
-					reading = append(reading, name)
-				} else {
-					locking = append(locking, name)
-				}
+			if lockAll {
+				locking = names
+			} else {
+				reading = names
 			}
 			var locked, read map[string]Health
+			var versions map[string]string
 			if len(locking) > 0 {
 				b.Queue(selectHealthSQL+` WHERE endpoint = ANY($1) ORDER BY endpoint FOR UPDATE`, locking).Query(func(rows pgx.Rows) error {
 					var err error
-					locked, err = collectHealth(rows)
+					locked, _, err = collectHealthVersions(rows, false)
 					return err
 				})
 			}
 			if len(reading) > 0 {
-				b.Queue(selectHealthSQL+` WHERE endpoint = ANY($1)`, reading).Query(func(rows pgx.Rows) error {
+				b.Queue(selectHealthVersionsSQL+` WHERE endpoint = ANY($1)`, reading).Query(func(rows pgx.Rows) error {
 					var err error
-					read, err = collectHealth(rows)
+					read, versions, err = collectHealthVersions(rows, true)
 					return err
 				})
 			}
@@ -322,7 +322,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 				}
 			}
 			var err error
-			changes, err = s.recordHealth(ctx, tx, locking, locked, reading, read, byEndpoint, apply)
+			changes, err = s.recordHealth(ctx, tx, locking, locked, reading, read, versions, byEndpoint, apply)
 			return err
 		})
 		if errors.Is(err, errHealthChanged) && !lockAll {

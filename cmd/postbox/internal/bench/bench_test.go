@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -593,4 +594,26 @@ func TestRelayConfigNamesSchedulingOnlyWhenNormal(t *testing.T) {
 		require.NoError(t, err, text)
 		require.True(t, cfg.Messages, "--emit: the relays deliver outbox.Emit's events")
 	}
+}
+
+// TestSplitJSONAboveTheLastBound: a split quantile above the histograms'
+// last bound (+Inf) is written as null, and the rest as numbers; JSON has
+// no infinity, and the encoder refused the whole document.
+func TestSplitJSONAboveTheLastBound(t *testing.T) {
+	t.Parallel()
+	doc, err := json.Marshal(Result{Storm: &StormResult{Beside: &LatencyResult{Split: &Split{Streamed: 3, CommitToStreamP50ms: 2.5, CommitToStreamP99ms: math.Inf(1)}}}})
+	require.NoError(t, err)
+	var back struct {
+		Storm struct {
+			Beside struct {
+				Split map[string]any `json:"split"`
+			} `json:"beside_storm"`
+		} `json:"storm"`
+	}
+	require.NoError(t, json.Unmarshal(doc, &back))
+	sp := back.Storm.Beside.Split
+	require.Contains(t, sp, "commit_to_stream_p99_ms_at_most")
+	require.Nil(t, sp["commit_to_stream_p99_ms_at_most"])
+	require.Equal(t, 2.5, sp["commit_to_stream_p50_ms_at_most"])
+	require.Equal(t, float64(3), sp["streamed"])
 }

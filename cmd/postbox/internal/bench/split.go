@@ -2,10 +2,12 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"reflect"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -45,6 +47,23 @@ type Split struct {
 	SentOver50ms         float64 `json:"commit_to_send_over_50ms_share"`
 	StreamToAttemptP50ms float64 `json:"stream_to_attempt_p50_ms_at_most"`
 	StreamToAttemptP99ms float64 `json:"stream_to_attempt_p99_ms_at_most"`
+}
+
+// MarshalJSON writes a quantile above the histograms' last bound (+Inf,
+// for which JSON has no number) as null; encoding/json refused the whole
+// document for it, and --json printed nothing.
+func (s Split) MarshalJSON() ([]byte, error) {
+	type plain Split
+	v := reflect.ValueOf(plain(s))
+	out := make(map[string]any, v.NumField())
+	for i := range v.NumField() {
+		f := v.Field(i).Interface()
+		if x, ok := f.(float64); ok && math.IsInf(x, 0) {
+			f = nil
+		}
+		out[v.Type().Field(i).Tag.Get("json")] = f
+	}
+	return json.Marshal(out)
 }
 
 // histograms are the relay's two split histograms at one moment.

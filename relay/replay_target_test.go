@@ -14,6 +14,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
+	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
 // deadAt answers 500 to requests for path dead, 200 to the others.
@@ -90,4 +91,89 @@ func TestReplayFollowsTheEndpointsCurrentURL(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []int64{first, second}, revs, "each attempt records the revision it used")
+}
+
+// TestReplayRetargetsRowURLs: a row's url stays its event's target
+// through a plain replay; replay with a URL (a template) sends the
+// replayed delivery there, and with EndpointURL to the endpoint's url as
+// it is then. The events keep their rows' urls; each delivery keeps its
+// retarget, which the event's story shows without its query.
+func TestReplayRetargetsRowURLs(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, deadAt("/dead"))
+	ctx := context.Background()
+	tb.start(t, relay.Options{})
+	// Settings only: its rows give the url.
+	tb.exec(t, `INSERT INTO postbox.endpoints (name, max_attempts) VALUES ('rows', 1)`)
+	tb.waitApplied(t, "rows")
+	dead := rc.URL + "/dead?cid={payload.click_id}"
+	ids := tb.insert(t,
+		outbox.Event{Endpoint: "rows", URL: dead, Payload: json.RawMessage(`{"click_id": "c1"}`)},
+		outbox.Event{Endpoint: "rows", URL: dead, Payload: json.RawMessage(`{"click_id": "c2"}`)})
+	for _, id := range ids {
+		waitUntil(t, 10*time.Second, "a dead letter", func() bool { return tb.status(id) == postboxtype.DeliveryDeadLetter })
+	}
+
+	// A plain replay keeps the row's url: dead again.
+	_, n, err := ops.Replay(ctx, tb.pool, tb.resolved(t), postboxtype.ReplayFilter{EventIDs: ids[:1]}, false, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	waitUntil(t, 10*time.Second, "dead again", func() bool {
+		return tb.status(ids[0]) == postboxtype.DeliveryDeadLetter && rc.count() == 3
+	})
+
+	// Refused before anything is enqueued.
+	for _, f := range []postboxtype.ReplayFilter{
+		{DeadLetters: true, URL: rc.URL + "/alive"},                       // every endpoint's events
+		{EventIDs: ids[:1], URL: "ftp://example.com/"},                    // not http
+		{EventIDs: ids[:1], URL: rc.URL + "/alive?cid={payload.click_id"}, // does not parse
+		{EventIDs: ids[:1], URL: rc.URL + "/alive", EndpointURL: true},    // both
+	} {
+		_, _, err := ops.Replay(ctx, tb.pool, tb.resolved(t), f, false, 0)
+		require.ErrorIs(t, err, ops.ErrRetarget, "%+v", f)
+	}
+
+	_, n, err = ops.Replay(ctx, tb.pool, tb.resolved(t),
+		postboxtype.ReplayFilter{EventIDs: ids[:1], URL: rc.URL + "/alive?cid={payload.click_id}&id={event_id}"}, false, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	waitUntil(t, 10*time.Second, "delivered to the url given", func() bool { return tb.status(ids[0]) == postboxtype.DeliveryDelivered })
+	got := rc.requests()[rc.count()-1]
+	require.Equal(t, ids[0], got.ID)
+	require.Equal(t, "/alive", got.Path)
+	require.Equal(t, "cid=c1&id="+ids[0], got.Query, "its macros expanded")
+
+	// Its endpoint given a url: the second event replayed to it.
+	tb.exec(t, `UPDATE postbox.endpoints SET url = $1 WHERE name = 'rows'`, rc.URL+"/endpoint?cid={payload.click_id}")
+	rev := tb.waitApplied(t, "rows")
+	_, n, err = ops.Replay(ctx, tb.pool, tb.resolved(t), postboxtype.ReplayFilter{DeadLetters: true, Endpoint: "rows", EndpointURL: true}, false, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the first is delivered")
+	waitUntil(t, 10*time.Second, "delivered to the endpoint's url", func() bool { return tb.status(ids[1]) == postboxtype.DeliveryDelivered })
+	got = rc.requests()[rc.count()-1]
+	require.Equal(t, ids[1], got.ID)
+	require.Equal(t, "/endpoint", got.Path)
+	require.Equal(t, "cid=c2", got.Query)
+	var used int64
+	require.NoError(t, tb.pool.QueryRow(ctx, `
+		SELECT a.endpoint_revision FROM postbox.all_attempts a JOIN postbox.deliveries d ON d.id = a.delivery_id
+		JOIN postbox.events e ON e.id = d.event_pk WHERE e.event_id = $1 AND a.outcome = 'delivered'`, ids[1]).Scan(&used))
+	require.Equal(t, rev, used)
+
+	// History kept: the rows' urls on the events, the retargets on the
+	// deliveries.
+	var urls []string
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT array_agg(url ORDER BY id) FROM postbox.events`).Scan(&urls))
+	require.Equal(t, []string{dead, dead}, urls)
+	story, err := telemetry.LoadEvent(ctx, tb.pool, ids[0])
+	require.NoError(t, err)
+	var retargets []string
+	for _, d := range story[0].Deliveries {
+		retargets = append(retargets, d.Retarget)
+	}
+	require.Equal(t, []string{"", "", rc.URL + "/alive"}, retargets, "the story leaves the query out")
+	story, err = telemetry.LoadEvent(ctx, tb.pool, ids[1])
+	require.NoError(t, err)
+	require.Equal(t, postboxtype.RetargetEndpointURL, story[0].Deliveries[len(story[0].Deliveries)-1].Retarget)
 }

@@ -7,12 +7,15 @@ package ops
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/store"
+	"github.com/postbox-relay/postbox/relay/macro"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
@@ -22,10 +25,46 @@ import (
 // the selection and how many deliveries it enqueued. While cfg has
 // outbox_messages off, events written with outbox.Emit are left out
 // (postboxtype.ReplayItem.MessagesOff): a relay would dead-letter them again.
+//
+// f.URL and f.EndpointURL retarget the deliveries (see
+// postboxtype.ReplayFilter): f.URL is checked here as an endpoint's url
+// is (absolute, http or https, its macros parsing), and at each attempt as
+// a row's url is. Retargeting every endpoint's events to one URL is
+// refused: f.URL needs f.Endpoint or f.EventIDs.
 func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f postboxtype.ReplayFilter, dryRun bool, rate float64) ([]postboxtype.ReplayItem, int, error) {
+	if err := CheckRetarget(f); err != nil {
+		return nil, 0, err
+	}
 	s := &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	f.NoMessages = f.NoMessages || !cfg.Messages
-	return s.Replay(ctx, f, dryRun, rate)
+	return s.ReplayTo(ctx, f, dryRun, rate, func(endpoint string) string { return cfg.Lane(endpoint, f.URL) })
+}
+
+// ErrRetarget is the error of a replay's retarget that cannot be used:
+// a URL that is not one, or one given with the endpoint url, or for every
+// endpoint's events.
+var ErrRetarget = errors.New("replay")
+
+// CheckRetarget checks the retarget of f (its URL and EndpointURL) before
+// anything is enqueued.
+func CheckRetarget(f postboxtype.ReplayFilter) error {
+	switch {
+	case f.URL == "":
+		return nil
+	case f.EndpointURL:
+		return fmt.Errorf("%w: a url and the endpoint's url both given: choose one", ErrRetarget)
+	case f.Endpoint == "" && len(f.EventIDs) == 0:
+		return fmt.Errorf("%w: a url is for one endpoint's events (an endpoint or event ids), not every endpoint's", ErrRetarget)
+	}
+	if err := config.ValidateURL(f.URL); err != nil {
+		return fmt.Errorf("%w: url: %v", ErrRetarget, err)
+	}
+	if macro.Contains(f.URL) {
+		if _, err := macro.Parse(f.URL, true); err != nil {
+			return fmt.Errorf("%w: url: %v", ErrRetarget, err)
+		}
+	}
+	return nil
 }
 
 // Pause holds endpoint's deliveries until until, or until Resume when until

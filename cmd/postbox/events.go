@@ -177,6 +177,9 @@ func printStory(w io.Writer, s postboxtype.EventStory) {
 		if d.ReplayOf != nil {
 			head += fmt.Sprintf(" (replay of delivery %d)", *d.ReplayOf)
 		}
+		if d.Retarget != "" {
+			head += " to " + d.Retarget + ", not the row's url"
+		}
 		head += ": " + d.Status
 		switch {
 		case d.DeliveredAt != nil:

@@ -58,6 +58,12 @@ type Syncer struct {
 	gone  map[string]int64
 	since pglogrepl.LSN // the last endpoint_state position read
 
+	// conflicts are the names both the configuration file and the table
+	// define, as last checked (warnConflicts): each is warned of once
+	// while it lasts, again if it goes and comes back.
+	conflictsMu sync.Mutex
+	conflicts   map[string]bool
+
 	heldMu      sync.Mutex
 	heldCfg     *config.Config
 	heldVersion int64
@@ -133,7 +139,35 @@ func (s *Syncer) Reload(ctx context.Context) error {
 	s.version.Add(1)
 	s.advance(at)
 	s.changed()
+	s.warnConflicts()
 	return nil
+}
+
+// Reconfigured checks the configuration now in force (a reload) for
+// names the table defines too.
+func (s *Syncer) Reconfigured() { s.warnConflicts() }
+
+// warnConflicts warns of each name the configuration file and
+// postbox.endpoints both define when it begins to (at start, after a
+// change applied, after a reload): the file's endpoint is used, and the
+// row is not. The file's endpoints are few, so each is looked up in the
+// table, which a change does not walk whole.
+func (s *Syncer) warnConflicts() {
+	cfg := s.env.Config()
+	s.conflictsMu.Lock()
+	defer s.conflictsMu.Unlock()
+	now := map[string]bool{}
+	for name := range cfg.Endpoints {
+		if _, ok := s.table.Get(name); !ok {
+			continue
+		}
+		now[name] = true
+		if !s.conflicts[name] {
+			s.log.Warn().Str("endpoint", name).Msg("endpoint defined both in the configuration file and in postbox.endpoints: the file's is used, the row is not; " +
+				"remove one (postbox endpoints rm NAME, or its entry in the file and reload)")
+		}
+	}
+	s.conflicts = now
 }
 
 // Refresh reads the rows of endpoint_state applied since the last read
@@ -166,6 +200,7 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 	if n > 0 {
 		s.log.Debug().Int("changes", n).Stringer("applied", s.Applied()).Msg("applied endpoint changes")
 		s.changed()
+		s.warnConflicts()
 	}
 	return nil
 }
@@ -208,6 +243,7 @@ func (s *Syncer) Apply(c wal.EndpointChange) {
 		s.applyLocked(c.Name, c.Row, c.Revision, c.Inserted)
 	}
 	s.changed()
+	s.warnConflicts()
 }
 
 // Decoded says the stream decoded all of a transaction committed at

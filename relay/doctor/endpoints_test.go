@@ -119,3 +119,40 @@ func TestAppRoleAcceptsTheEndpointsGrants(t *testing.T) {
 		"role " + app + " has SELECT on postbox.endpoint_changes → REVOKE SELECT ON TABLE postbox.endpoint_changes FROM " + app,
 	}, warns)
 }
+
+// TestDoctorWarnsOfConflicts: a name the configuration file and
+// postbox.endpoints both define is a warning naming it, with what to do;
+// none is an OK.
+func TestDoctorWarnsOfConflicts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg, err := config.Parse(fmt.Appendf(nil, "database_url: %s\nendpoints:\n  acme:\n    url: https://acme.example/pb\n  zeta:\n    url: https://zeta.example/pb\n", dbURL))
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(ctx, pool, cfg.Table))
+	check := func() Check {
+		t.Helper()
+		checks, err := Run(ctx, pool, cfg, time.Now)
+		require.NoError(t, err)
+		for _, c := range checks {
+			if c.Name == "endpoint_conflicts" {
+				return c
+			}
+		}
+		t.Fatalf("no endpoint_conflicts check: %+v", checks)
+		return Check{}
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.endpoints (name, url) VALUES ('rowonly', 'https://row.example/pb')`)
+	require.NoError(t, err)
+	require.Equal(t, OK, check().Severity)
+
+	_, err = pool.Exec(ctx, `INSERT INTO postbox.endpoints (name, url) VALUES ('zeta', 'https://z.example/'), ('acme', 'https://a.example/')`)
+	require.NoError(t, err)
+	c := check()
+	require.Equal(t, Warn, c.Severity)
+	require.Equal(t, "acme, zeta defined both in the configuration file and in postbox.endpoints: the file's settings are used, the row's are not", c.Detail)
+	require.Contains(t, c.Fix, "postbox endpoints rm NAME")
+}

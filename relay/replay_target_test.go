@@ -176,4 +176,22 @@ func TestReplayRetargetsRowURLs(t *testing.T) {
 	story, err = telemetry.LoadEvent(ctx, tb.pool, ids[1])
 	require.NoError(t, err)
 	require.Equal(t, postboxtype.RetargetEndpointURL, story[0].Deliveries[len(story[0].Deliveries)-1].Retarget)
+
+	// An endpoint with a url of its own refuses a url given, as it
+	// refuses a row's, at the attempt; the delivery is queued in the
+	// endpoint's own lane, as its settings (read by the replay from the
+	// applied rows, the configuration having no table) say.
+	tb.exec(t, `INSERT INTO postbox.endpoints (name, url, max_attempts) VALUES ('own', $1, 1)`, rc.URL+"/dead")
+	tb.waitApplied(t, "own")
+	own := tb.insert(t, outbox.Event{Endpoint: "own", Payload: json.RawMessage(`{}`)})[0]
+	waitUntil(t, 10*time.Second, "a dead letter", func() bool { return tb.status(own) == postboxtype.DeliveryDeadLetter })
+	_, n, err = ops.Replay(ctx, tb.pool, tb.resolved(t), postboxtype.ReplayFilter{EventIDs: []string{own}, URL: rc.URL + "/alive"}, false, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	waitUntil(t, 10*time.Second, "refused", func() bool { return tb.status(own) == postboxtype.DeliveryDeadLetter })
+	require.Contains(t, tb.delivery(t, own).LastError, "row_url_not_allowed")
+	var lane *string
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT d.lane FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE e.event_id = $1 ORDER BY d.id DESC LIMIT 1`, own).Scan(&lane))
+	require.Nil(t, lane, "the endpoint's own lane")
 }

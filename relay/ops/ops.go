@@ -7,6 +7,7 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/endpoints"
 	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/macro"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
@@ -37,7 +39,51 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f postb
 	}
 	s := &store.Store{Pool: pool, Table: cfg.Table, Slot: cfg.Slot}
 	f.NoMessages = f.NoMessages || !cfg.Messages
+	if f.URL != "" && cfg.EndpointTable == nil {
+		var err error
+		if cfg, err = withApplied(ctx, pool, cfg, f); err != nil {
+			return nil, 0, err
+		}
+	}
 	return s.ReplayTo(ctx, f, dryRun, rate, func(endpoint string) string { return cfg.Lane(endpoint, f.URL) })
+}
+
+// withApplied is cfg, which has no table of its own (a command's), with
+// the rows the streaming instance applied (postbox.endpoint_state) of the
+// endpoints a retargeted replay of f reaches: the lane of a delivery to a
+// url of its own depends on its endpoint's settings (config.Config.Lane).
+func withApplied(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, f postboxtype.ReplayFilter) (*config.Config, error) {
+	ids := f.EventIDs
+	if ids == nil {
+		ids = []string{}
+	}
+	rows, err := pool.Query(ctx, `
+		SELECT row::text FROM postbox.endpoint_state
+		WHERE jsonb_typeof(row) = 'object'
+		  AND (name = $1 OR name IN (SELECT endpoint FROM postbox.events WHERE event_id = ANY($2::uuid[])))`, f.Endpoint, ids)
+	if err != nil {
+		return nil, fmt.Errorf("replay: read the applied endpoints: %w", err)
+	}
+	defer rows.Close()
+	var tes []config.TableEndpoint
+	for rows.Next() {
+		var text string
+		if err := rows.Scan(&text); err != nil {
+			return nil, fmt.Errorf("replay: read the applied endpoints: %w", err)
+		}
+		var row endpoints.Row
+		if err := json.Unmarshal([]byte(text), &row); err != nil {
+			return nil, fmt.Errorf("replay: read the applied endpoints: %w", err)
+		}
+		tes = append(tes, endpoints.Parse(row))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("replay: read the applied endpoints: %w", err)
+	}
+	c := *cfg
+	c.EndpointTable = config.NewEndpointTable()
+	c.EndpointTable.Replace(tes)
+	return &c, nil
 }
 
 // ErrRetarget is the error of a replay's retarget that cannot be used:

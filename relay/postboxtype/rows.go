@@ -44,7 +44,7 @@ type EventStory struct {
 
 // RetargetEndpointURL is DeliveryStory.Retarget for a delivery a replay
 // sent to its endpoint's url, leaving its row's out.
-const RetargetEndpointURL = "endpoint url"
+const RetargetEndpointURL = "endpoint_url"
 
 // DeliveryStory is one delivery of an event and its attempts.
 type DeliveryStory struct {

@@ -584,7 +584,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitOK
 	}
 	if *dryRun {
-		fmt.Fprintf(stdout, "dry run: would enqueue %d of %s (%d already queued); nothing changed\n\n", len(items)-queued-messagesOff, plural(int64(len(items)), "selected event"), queued)
+		fmt.Fprintf(stdout, "dry run: would enqueue %d of %s (%d already queued); nothing changed\n", len(items)-queued-messagesOff, plural(int64(len(items)), "selected event"), queued)
+		printRetarget(stdout, f)
+		fmt.Fprintln(stdout)
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "EVENT ID\tENDPOINT\tTYPE\tCOMMITTED\tLSN\tLAST STATUS")
 		for i, it := range items {
@@ -598,16 +600,24 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitOK
 	}
 	fmt.Fprintf(stdout, "enqueued %s for delivery keeping each event id (%d selected, %d already queued)\n", plural(int64(enqueued), "event"), len(items), queued)
-	switch {
-	case f.URL != "" && enqueued > 0:
-		fmt.Fprintln(stdout, "sent to the url given, not their rows' urls (each delivery keeps it; the events keep theirs)")
-	case f.EndpointURL && enqueued > 0:
-		fmt.Fprintln(stdout, "sent to their endpoint's url as it is at each attempt, not their rows' urls")
+	if enqueued > 0 {
+		printRetarget(stdout, f)
 	}
 	if *rate > 0 && enqueued > 0 {
 		fmt.Fprintf(stdout, "spread out at %g a second: the last falls due in %s\n", *rate, (time.Duration(float64(enqueued-1) / *rate * float64(time.Second))).Round(time.Second))
 	}
 	return exitOK
+}
+
+// printRetarget says where a replay's deliveries go when not to their
+// rows' urls.
+func printRetarget(w io.Writer, f postboxtype.ReplayFilter) {
+	switch {
+	case f.URL != "":
+		fmt.Fprintln(w, "sent to the url given, not their rows' urls (each delivery keeps it; the events keep theirs)")
+	case f.EndpointURL:
+		fmt.Fprintln(w, "sent to their endpoint's url as it is at each attempt, not their rows' urls")
+	}
 }
 
 // parseSince reads "24h", "7d", "90m" (ago) or an RFC 3339 time.

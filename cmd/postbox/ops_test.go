@@ -428,9 +428,13 @@ func TestReplayURL(t *testing.T) {
 		require.Equal(t, exitUsage, code, "%v", bad)
 		require.Contains(t, errOut, "--url", "%v", bad)
 	}
+	code, out, errOut := postbox(t, "replay", "--config", cfg, "--dead-letters", "--endpoint", "p", "--url", alive.URL+"/pb", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would enqueue 1 of 1 selected event")
+	require.Contains(t, out, "sent to the url given")
 	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries`), "nothing enqueued")
 
-	code, out, errOut := postbox(t, "replay", "--config", cfg, "--dead-letters", "--endpoint", "p", "--url", alive.URL+"/pb?cid={payload.click_id}")
+	code, out, errOut = postbox(t, "replay", "--config", cfg, "--dead-letters", "--endpoint", "p", "--url", alive.URL+"/pb?cid={payload.click_id}")
 	require.Equal(t, exitOK, code, errOut)
 	require.Contains(t, out, "enqueued 1 event")
 	require.Contains(t, out, "sent to the url given")

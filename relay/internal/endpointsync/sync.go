@@ -150,19 +150,32 @@ func (s *Syncer) Reconfigured() { s.warnConflicts() }
 // warnConflicts warns of each name the configuration file and
 // postbox.endpoints both define when it begins to (at start, after a
 // change applied, after a reload): the file's endpoint is used, and the
-// row is not. The file's endpoints are few, so each is looked up in the
-// table, which a change does not walk whole.
-func (s *Syncer) warnConflicts() {
+// row is not. After a change, only the names it changed are looked at
+// (changed); otherwise each of the file's endpoints is looked up in the
+// table, which is never walked whole.
+func (s *Syncer) warnConflicts(changed ...string) {
 	cfg := s.env.Config()
 	s.conflictsMu.Lock()
 	defer s.conflictsMu.Unlock()
-	now := map[string]bool{}
-	for name := range cfg.Endpoints {
-		if _, ok := s.table.Get(name); !ok {
+	was, now, names := s.conflicts, maps.Clone(s.conflicts), changed
+	if changed == nil {
+		now, names = nil, make([]string, 0, len(cfg.Endpoints))
+		for name := range cfg.Endpoints {
+			names = append(names, name)
+		}
+	}
+	if now == nil {
+		now = map[string]bool{}
+	}
+	for _, name := range names {
+		_, inFile := cfg.Endpoints[name]
+		_, inTable := s.table.Get(name)
+		if !inFile || !inTable {
+			delete(now, name)
 			continue
 		}
 		now[name] = true
-		if !s.conflicts[name] {
+		if !was[name] {
 			s.log.Warn().Str("endpoint", name).Msg("endpoint defined both in the configuration file and in postbox.endpoints: the file's is used, the row is not; " +
 				"remove one (postbox endpoints rm NAME, or its entry in the file and reload)")
 		}
@@ -183,7 +196,7 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n := 0
+	var applied []string
 	for _, st := range states {
 		s.since = max(s.since, st.LSN)
 		// Rows of the read's position are read again, and the stream may
@@ -194,13 +207,13 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 			continue
 		}
 		s.applyLocked(st.Name, st.Row, st.Revision, true)
-		n++
+		applied = append(applied, st.Name)
 	}
 	s.advance(at)
-	if n > 0 {
-		s.log.Debug().Int("changes", n).Stringer("applied", s.Applied()).Msg("applied endpoint changes")
+	if len(applied) > 0 {
+		s.log.Debug().Int("changes", len(applied)).Stringer("applied", s.Applied()).Msg("applied endpoint changes")
 		s.changed()
-		s.warnConflicts()
+		s.warnConflicts(applied...)
 	}
 	return nil
 }
@@ -243,7 +256,11 @@ func (s *Syncer) Apply(c wal.EndpointChange) {
 		s.applyLocked(c.Name, c.Row, c.Revision, c.Inserted)
 	}
 	s.changed()
-	s.warnConflicts()
+	if c.OldName != "" {
+		s.warnConflicts(c.Name, c.OldName)
+	} else {
+		s.warnConflicts(c.Name)
+	}
 }
 
 // Decoded says the stream decoded all of a transaction committed at

@@ -195,3 +195,45 @@ func TestReplayRetargetsRowURLs(t *testing.T) {
 		WHERE e.event_id = $1 ORDER BY d.id DESC LIMIT 1`, own).Scan(&lane))
 	require.Nil(t, lane, "the endpoint's own lane")
 }
+
+// TestRetryFollowsTheEndpointsCurrentURL: a retry resolves its table
+// endpoint as it is when it starts: the url updated after the first
+// attempt failed, the retry goes to the new one and records its revision.
+func TestRetryFollowsTheEndpointsCurrentURL(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := context.Background()
+	var rc *receiver
+	rc = newReceiver(t, func(_ int, r received) int {
+		if r.Path != "/old" {
+			return http.StatusOK
+		}
+		// The partner moves while its first attempt fails.
+		if _, err := tb.pool.Exec(ctx, `UPDATE postbox.endpoints SET url = $1 WHERE name = 'moving'`, rc.URL+"/new"); err != nil {
+			t.Errorf("update the url: %v", err) // not FailNow: the handler's goroutine
+		}
+		return http.StatusServiceUnavailable
+	})
+	tb.start(t, relay.Options{})
+	tb.exec(t, `INSERT INTO postbox.endpoints (name, url, max_attempts, backoff_base) VALUES ('moving', $1, 2, '1s')`, rc.URL+"/old")
+	first := tb.waitApplied(t, "moving")
+	id := tb.insert(t, outbox.Event{Endpoint: "moving", Payload: json.RawMessage(`{}`)})[0]
+	waitUntil(t, 15*time.Second, "the retry delivered", func() bool { return tb.status(id) == postboxtype.DeliveryDelivered })
+	var paths []string
+	for _, got := range rc.requests() {
+		paths = append(paths, got.Path)
+	}
+	require.Equal(t, []string{"/old", "/new"}, paths)
+	var revs []int64
+	rows, err := tb.pool.Query(ctx, `SELECT endpoint_revision FROM postbox.all_attempts WHERE endpoint = 'moving' ORDER BY attempt`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var rev int64
+		require.NoError(t, rows.Scan(&rev))
+		revs = append(revs, rev)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, revs, 2)
+	require.Equal(t, first, revs[0])
+	require.Greater(t, revs[1], first, "the retry's revision is the update's")
+}

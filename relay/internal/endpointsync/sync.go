@@ -169,8 +169,7 @@ func (s *Syncer) warnConflicts(changed ...string) {
 	}
 	for _, name := range names {
 		_, inFile := cfg.Endpoints[name]
-		_, inTable := s.table.Get(name)
-		if !inFile || !inTable {
+		if !inFile || s.table.Revision(name) == 0 { // revisions start at 1: 0 is none
 			delete(now, name)
 			continue
 		}

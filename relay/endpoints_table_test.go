@@ -424,3 +424,32 @@ func TestGateAloneKeepsAnInstanceCurrent(t *testing.T) {
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.all_attempts WHERE instance = 'gate' AND outcome = 'delivered'`).Scan(&byGate))
 	require.Equal(t, len(ids), byGate, "delivered by the instance that only the gate kept current")
 }
+
+// TestRunWarnsOfConflicts: the relay logs a warning for a name the file
+// and postbox.endpoints both define when it becomes one: a row inserted
+// while it runs, and a reload that adds a row's name to the file.
+func TestRunWarnsOfConflicts(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	tb.endpoint(t, "dup", rc.URL+"/file", nil)
+	r := tb.start(t, relay.Options{})
+	conflicts := func(name string) int {
+		n := 0
+		for _, line := range strings.Split(tb.logs.String(), "\n") {
+			if strings.Contains(line, `"endpoint":"`+name+`"`) && strings.Contains(line, "endpoint defined both in the configuration file and in postbox.endpoints") {
+				n++
+			}
+		}
+		return n
+	}
+	tb.exec(t, `INSERT INTO postbox.endpoints (name, url) VALUES ('dup', $1), ('later', $1)`, rc.URL+"/row")
+	waitUntil(t, 5*time.Second, "dup warned of", func() bool { return conflicts("dup") == 1 })
+	tb.waitApplied(t, "later")
+	require.Zero(t, conflicts("later"))
+
+	tb.endpoint(t, "later", rc.URL+"/file", nil)
+	require.NoError(t, r.Reload(tb.resolved(t)))
+	require.Equal(t, 1, conflicts("later"))
+	require.Equal(t, 1, conflicts("dup"), "once while it lasts")
+}

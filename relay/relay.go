@@ -548,6 +548,9 @@ func (r *Relay) Reload(cfg *config.Config) error {
 	cfg = r.withTable(cfg)
 	r.cfg.Store(cfg)
 	r.labelEndpoints(cfg)
+	if s := r.svc.Load(); s != nil {
+		s.endpoints.Reconfigured()
+	}
 	return nil
 }
 

@@ -177,6 +177,13 @@ func printStory(w io.Writer, s postboxtype.EventStory) {
 		if d.ReplayOf != nil {
 			head += fmt.Sprintf(" (replay of delivery %d)", *d.ReplayOf)
 		}
+		switch d.Retarget {
+		case "":
+		case postboxtype.RetargetEndpointURL:
+			head += " to the endpoint's url, not the row's"
+		default:
+			head += " to " + d.Retarget + ", not the row's url"
+		}
 		head += ": " + d.Status
 		switch {
 		case d.DeliveredAt != nil:

@@ -68,7 +68,8 @@ Commands:
   dead-letters  recent dead letters, newest first (--endpoint, --since, --limit: 100
                 unless set); "analyze" explains them
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
-                --since/--until, --from-lsn, --event-id, --limit, --dry-run, --rate)
+                --since/--until, --from-lsn, --event-id, --limit, --dry-run, --rate);
+                --url URL or --endpoint-url sends them elsewhere than their rows' urls
   events        search events, newest commit first: --endpoint, --status (of the latest
                 delivery), --since/--until, --payload KEY=VALUE (a search_keys field;
                 repeat), --limit
@@ -77,6 +78,7 @@ Commands:
                 the id went to several endpoints
   doctor        check the database for postbox and explain what to fix (exit 1 on errors);
                 --app-role NAME: warn of each privilege that role has beyond INSERT on the outbox
+                (and the endpoints grants docs/integration.md gives)
   secret new    print a fresh signing secret (whsec_…)
   secret show --endpoint NAME
                 print the secret(s) that endpoint's partner verifies with

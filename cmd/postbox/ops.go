@@ -517,6 +517,8 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.IntVar(&f.Limit, "limit", 0, "enqueue at most this many events")
 	dryRun := fs.Bool("dry-run", false, "print what would be enqueued and change nothing")
 	rate := fs.Float64("rate", 0, "spread the replay out at this many events a second (0: all at once)")
+	fs.StringVar(&f.URL, "url", "", "send the replayed deliveries to this url (a template with macros allowed) instead of their rows' urls; needs --endpoint or --event-id")
+	fs.BoolVar(&f.EndpointURL, "endpoint-url", false, "send the replayed deliveries to their endpoint's current url, leaving their rows' urls out")
 	env, closeEnv, code := openOps(ctx, fs, args, stdout, stderr)
 	if env == nil {
 		return code
@@ -541,6 +543,18 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if *rate < 0 {
 		fmt.Fprintln(stderr, "postbox: --rate must not be negative")
+		return exitUsage
+	}
+	switch {
+	case f.URL != "" && f.EndpointURL:
+		fmt.Fprintln(stderr, "postbox: --url and --endpoint-url: choose one")
+		return exitUsage
+	case f.URL != "" && f.Endpoint == "" && len(ids) == 0:
+		fmt.Fprintln(stderr, "postbox: --url needs --endpoint or --event-id: one url for every endpoint's events is never meant")
+		return exitUsage
+	}
+	if err := ops.CheckRetarget(f); err != nil {
+		fmt.Fprintln(stderr, "postbox: --url:", strings.TrimPrefix(err.Error(), "replay: url: "))
 		return exitUsage
 	}
 	items, enqueued, err := ops.Replay(ctx, env.pool, env.cfg, f, *dryRun, *rate)
@@ -570,7 +584,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitOK
 	}
 	if *dryRun {
-		fmt.Fprintf(stdout, "dry run: would enqueue %d of %s (%d already queued); nothing changed\n\n", len(items)-queued-messagesOff, plural(int64(len(items)), "selected event"), queued)
+		fmt.Fprintf(stdout, "dry run: would enqueue %d of %s (%d already queued); nothing changed\n", len(items)-queued-messagesOff, plural(int64(len(items)), "selected event"), queued)
+		printRetarget(stdout, f)
+		fmt.Fprintln(stdout)
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "EVENT ID\tENDPOINT\tTYPE\tCOMMITTED\tLSN\tLAST STATUS")
 		for i, it := range items {
@@ -584,10 +600,24 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitOK
 	}
 	fmt.Fprintf(stdout, "enqueued %s for delivery keeping each event id (%d selected, %d already queued)\n", plural(int64(enqueued), "event"), len(items), queued)
+	if enqueued > 0 {
+		printRetarget(stdout, f)
+	}
 	if *rate > 0 && enqueued > 0 {
 		fmt.Fprintf(stdout, "spread out at %g a second: the last falls due in %s\n", *rate, (time.Duration(float64(enqueued-1) / *rate * float64(time.Second))).Round(time.Second))
 	}
 	return exitOK
+}
+
+// printRetarget says where a replay's deliveries go when not to their
+// rows' urls.
+func printRetarget(w io.Writer, f postboxtype.ReplayFilter) {
+	switch {
+	case f.URL != "":
+		fmt.Fprintln(w, "sent to the url given, not their rows' urls (each delivery keeps it; the events keep theirs)")
+	case f.EndpointURL:
+		fmt.Fprintln(w, "sent to their endpoint's url as it is at each attempt, not their rows' urls")
+	}
 }
 
 // parseSince reads "24h", "7d", "90m" (ago) or an RFC 3339 time.

@@ -403,3 +403,49 @@ func TestStatusCheckAndJSON(t *testing.T) {
 	require.Equal(t, 2, strings.Count(out, "\n"), "the header and one dead letter")
 	require.Contains(t, errOut, "the newest 1 dead letters since")
 }
+
+// TestReplayURL: replay --url sends a row-url event's replay to the url
+// given (its macros expanded); the event's story names the retarget
+// without its query. The flags' misuses are usage errors.
+func TestReplayURL(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	dead, alive := newGate(t, http.StatusGone), newGate(t, http.StatusOK)
+	_, cfg := streamingRelay(t, dbURL, pool, "endpoints:\n  p:\n    max_attempts: 1\n")
+	ids := insertIDs(t, pool, `INSERT INTO postbox.outbox (endpoint, url, payload) VALUES ('p', $1, '{"click_id": "c1"}') RETURNING event_id::text`, dead.URL+"/pb")
+	waitForT(t, 30*time.Second, "a dead letter", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter'`) == 1
+	})
+
+	for _, bad := range [][]string{
+		{"--dead-letters", "--endpoint", "p", "--url", alive.URL, "--endpoint-url"},
+		{"--dead-letters", "--url", alive.URL},
+		{"--dead-letters", "--endpoint", "p", "--url", "ftp://example.com/pb"},
+		{"--dead-letters", "--endpoint", "p", "--url", alive.URL + "/pb?cid={payload.click_id"},
+	} {
+		code, _, errOut := postbox(t, append([]string{"replay", "--config", cfg}, bad...)...)
+		require.Equal(t, exitUsage, code, "%v", bad)
+		require.Contains(t, errOut, "--url", "%v", bad)
+	}
+	code, out, errOut := postbox(t, "replay", "--config", cfg, "--dead-letters", "--endpoint", "p", "--url", alive.URL+"/pb", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "would enqueue 1 of 1 selected event")
+	require.Contains(t, out, "sent to the url given")
+	require.Equal(t, 1, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries`), "nothing enqueued")
+
+	code, out, errOut = postbox(t, "replay", "--config", cfg, "--dead-letters", "--endpoint", "p", "--url", alive.URL+"/pb?cid={payload.click_id}")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "enqueued 1 event")
+	require.Contains(t, out, "sent to the url given")
+	waitForT(t, 30*time.Second, "the replay delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == 1
+	})
+	require.Equal(t, map[string]int{ids[0]: 1}, alive.seen())
+	require.Equal(t, map[string]int{ids[0]: 1}, dead.seen())
+
+	code, out, errOut = postbox(t, "event", "--config", cfg, ids[0])
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "to "+alive.URL+"/pb, not the row's url")
+	require.NotContains(t, out, "cid=")
+}

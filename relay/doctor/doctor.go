@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -141,6 +142,9 @@ func Run(ctx context.Context, q telemetry.Querier, cfg *config.Config, now func(
 	}
 	out = append(out, roleChecks(ctx, q, cfg, s.role)...)
 	out = append(out, publicationCheck(ctx, q, cfg), endpointsPublicationCheck(ctx, q, cfg))
+	if c, ok := conflictsCheck(ctx, q, cfg); ok {
+		out = append(out, c)
+	}
 	out = append(out, outboxModeCheck(ctx, q, s.keepSize), messagesCheck(ctx, q, cfg))
 
 	switch {
@@ -227,6 +231,43 @@ func endpointsPublicationCheck(ctx context.Context, q telemetry.Querier, cfg *co
 		c.Fix = "as " + who + ": " + wal.EndpointsPublicationSQL(cfg.Publication) + " (or run postbox migrate as that role)"
 	}
 	return c
+}
+
+// conflictsCheck: the names both the configuration file and
+// postbox.endpoints define. The file's endpoint is used and the row is
+// not, which whoever writes the row may not know. Left out (ok false)
+// while the configuration has no endpoints or the table is not there yet.
+func conflictsCheck(ctx context.Context, q telemetry.Querier, cfg *config.Config) (Check, bool) {
+	c := Check{Name: "endpoint_conflicts", Severity: OK}
+	if len(cfg.Endpoints) == 0 {
+		return c, false
+	}
+	names := make([]string, 0, len(cfg.Endpoints))
+	for n := range cfg.Endpoints {
+		names = append(names, n)
+	}
+	var exists bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'postbox' AND c.relname = 'endpoints')`).Scan(&exists)
+	if err == nil && !exists {
+		return c, false
+	}
+	var both []string
+	if err == nil {
+		err = q.QueryRow(ctx, `SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM postbox.endpoints WHERE name = ANY($1)`, names).Scan(&both)
+	}
+	switch {
+	case err != nil:
+		c.Severity, c.Detail = Warn, "unreadable: "+err.Error()
+	case len(both) == 0:
+		c.Detail = "no endpoint of the configuration file is a row of postbox.endpoints too"
+	default:
+		c.Severity = Warn
+		c.Detail = fmt.Sprintf("%s defined both in the configuration file and in postbox.endpoints: the file's settings are used, the row's are not",
+			strings.Join(both, ", "))
+		c.Fix = "keep one of each: postbox endpoints rm NAME (or DELETE the row), or remove its entry from the file and reload (SIGHUP)"
+	}
+	return c, true
 }
 
 func publicationCheck(ctx context.Context, q telemetry.Querier, cfg *config.Config) Check {

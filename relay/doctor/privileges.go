@@ -125,7 +125,10 @@ func missingPublication(ctx context.Context, q telemetry.Querier, cfg *config.Co
 // table), each a warning with the statement that removes it: on postbox's
 // tables it could pause endpoints or forge deliveries, and with
 // REPLICATION read every change of the database. What it lacks of those
-// two is an error. The checks read the catalogs, for any role.
+// two is an error. SELECT, INSERT, UPDATE and DELETE on postbox.endpoints
+// are not warned of: they are the grants docs/integration.md gives an
+// application whose trigger writes its endpoints, and the OK names them.
+// The checks read the catalogs, for any role.
 func AppRole(ctx context.Context, q telemetry.Querier, cfg *config.Config, role string) ([]Check, error) {
 	name := "app_role"
 	who := store.Ident(role)
@@ -232,7 +235,7 @@ func AppRole(ctx context.Context, q telemetry.Querier, cfg *config.Config, role 
 		  WHERE (n.nspname = 'postbox' OR (n.nspname = $2 AND c.relname = $3)) AND c.relkind IN ('r', 'p', 'S', 'v', 'm')
 		    AND NOT pg_has_role(r.oid, c.relowner, 'USAGE')
 		)
-		SELECT o.obj, o.seq, p.p,
+		SELECT o.obj, o.seq, p.p, o.obj = 'postbox.endpoints' AND p.p IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE'),
 		       ARRAY(SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee)::text END
 		             FROM (SELECT * FROM aclexplode(o.acl)
 		                   UNION ALL SELECT x.* FROM pg_attribute at, aclexplode(at.attacl) x WHERE at.attrelid = o.oid AND at.attacl IS NOT NULL) a
@@ -254,14 +257,22 @@ func AppRole(ctx context.Context, q telemetry.Querier, cfg *config.Config, role 
 		grantees map[string][]string // grantee → privileges through it
 	}
 	byObj := map[string]*grant{}
-	var objs []string
+	var objs, endpoints []string
 	for rows.Next() {
 		var obj, priv string
-		var seq bool
+		var seq, documented bool
 		var grantees []string
-		if err := rows.Scan(&obj, &seq, &priv, &grantees); err != nil {
+		if err := rows.Scan(&obj, &seq, &priv, &documented, &grantees); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("doctor: read role %s's privileges: %w", role, err)
+		}
+		if documented {
+			// The grants of the pattern docs/integration.md gives ("Partners
+			// kept in the application's table"): a trigger of the
+			// application's writes its endpoints. Intended, so not warned of;
+			// anything beyond them is.
+			endpoints = append(endpoints, priv)
+			continue
 		}
 		g := byObj[obj]
 		if g == nil {
@@ -306,7 +317,16 @@ func AppRole(ctx context.Context, q telemetry.Querier, cfg *config.Config, role 
 		}
 		warn(fmt.Sprintf("has %s on %s", strings.Join(g.privs, ", "), obj), strings.Join(fixes, "; "))
 	}
-	if len(out) == 0 {
+	switch {
+	case len(endpoints) > 0:
+		more := ", and nothing more of postbox's"
+		if len(out) > 0 {
+			more = ""
+		}
+		out = append(out, Check{Name: name, Severity: OK,
+			Detail: fmt.Sprintf("role %s may insert into %s and has %s on postbox.endpoints, the grants of an application that writes its endpoints (docs/integration.md)%s",
+				role, cfg.Table, strings.Join(endpoints, ", "), more)})
+	case len(out) == 0:
 		out = append(out, Check{Name: name, Severity: OK,
 			Detail: fmt.Sprintf("role %s may insert into %s, and nothing more of postbox's", role, cfg.Table)})
 	}

@@ -51,8 +51,8 @@ func (b BreakerState) String() string { return string(b) }
 // 'infinity', which time.Time cannot hold.
 var PauseIndefinite = time.Date(9999, time.January, 1, 0, 0, 0, 0, time.UTC)
 
-// ReplayFilter selects the events a replay enqueues again. Zero fields do
-// not filter.
+// ReplayFilter selects the events a replay enqueues again, and where
+// their deliveries go. Zero fields do not filter.
 type ReplayFilter struct {
 	// DeadLetters selects only events whose latest delivery is a dead letter.
 	DeadLetters bool
@@ -69,6 +69,16 @@ type ReplayFilter struct {
 	// NoMessages leaves out events written with outbox.Emit (outbox_messages
 	// is off): selected, marked MessagesOff, not enqueued.
 	NoMessages bool
+
+	// URL and EndpointURL say where the replayed deliveries go, when not
+	// where each event's row said (they select nothing). URL, a url or a
+	// template with the macros of endpoint urls, replaces the rows' urls:
+	// each attempt checks it as it checks a row's url (allow_row_url,
+	// row_url_hosts, the SSRF guard). EndpointURL leaves the rows' urls
+	// out: the endpoint's url, as it is at each attempt, is used. The
+	// events keep their rows' urls; each delivery keeps its retarget.
+	URL         string
+	EndpointURL bool
 }
 
 // ReplayItem is an event a replay selects.

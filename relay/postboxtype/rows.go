@@ -42,12 +42,21 @@ type EventStory struct {
 	UnderWayAt string `json:"under_way_at,omitempty"`
 }
 
+// RetargetEndpointURL is DeliveryStory.Retarget for a delivery a replay
+// sent to its endpoint's url, leaving its row's out.
+const RetargetEndpointURL = "endpoint_url"
+
 // DeliveryStory is one delivery of an event and its attempts.
 type DeliveryStory struct {
 	ID     int64  `json:"id"`
 	Status string `json:"status"`
 	// ReplayOf is the delivery this one replays.
-	ReplayOf    *int64          `json:"replay_of,omitempty"`
+	ReplayOf *int64 `json:"replay_of,omitempty"`
+	// Retarget is where a replay sent this delivery instead of its row's
+	// url: RetargetEndpointURL, or the url given as scheme://host/path
+	// (its query left out, as in logs); "" when it goes where its event
+	// says.
+	Retarget    string          `json:"retarget,omitempty"`
 	CreatedAt   time.Time       `json:"created_at"`
 	UpdatedAt   time.Time       `json:"updated_at"`
 	DeliveredAt *time.Time      `json:"delivered_at"`

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
 
@@ -310,7 +311,7 @@ func LoadEvent(ctx context.Context, q Querier, eventID string) ([]postboxtype.Ev
 	}
 
 	rows, err = q.Query(ctx, `
-		SELECT id, event_pk, status, replay_of, created_at, updated_at, delivered_at, coalesce(last_error, '')
+		SELECT id, event_pk, status, replay_of, url, created_at, updated_at, delivered_at, coalesce(last_error, '')
 		FROM postbox.deliveries WHERE event_pk = ANY($1) ORDER BY id`, pks)
 	if err != nil {
 		return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
@@ -321,9 +322,17 @@ func LoadEvent(ctx context.Context, q Querier, eventID string) ([]postboxtype.Ev
 	for rows.Next() {
 		var d postboxtype.DeliveryStory
 		var pk int64
-		if err := rows.Scan(&d.ID, &pk, &d.Status, &d.ReplayOf, &d.CreatedAt, &d.UpdatedAt, &d.DeliveredAt, &d.LastError); err != nil {
+		var retarget *string
+		if err := rows.Scan(&d.ID, &pk, &d.Status, &d.ReplayOf, &retarget, &d.CreatedAt, &d.UpdatedAt, &d.DeliveredAt, &d.LastError); err != nil {
 			rows.Close()
 			return []postboxtype.EventStory{}, fmt.Errorf("event %s: deliveries: %w", id, err)
+		}
+		switch {
+		case retarget == nil:
+		case *retarget == "":
+			d.Retarget = postboxtype.RetargetEndpointURL
+		default:
+			d.Retarget = logsafe.URL(*retarget)
 		}
 		d.Attempts = []postboxtype.AttemptRecord{}
 		s := &stories[byPK[pk]]

@@ -459,3 +459,20 @@ func TestTimelineHidesResponsesAndQueriesUnlessLogPayloads(t *testing.T) {
 		}
 	}
 }
+
+// TestEventPageNamesARetarget: a delivery a replay sent elsewhere than
+// its row's url says where, without the url's query.
+func TestEventPageNamesARetarget(t *testing.T) {
+	t.Parallel()
+	tb := setup(t, setupOpts{loopback: true})
+	id := tb.deadLetter(t, "shop", "http 401")
+	_, err := tb.pool.Exec(context.Background(), `
+		INSERT INTO postbox.deliveries (event_pk, endpoint, status, replay_of, url)
+		SELECT d.event_pk, d.endpoint, 'pending', d.id, 'https://new.example/pb?cid={payload.click_id}'
+		FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk WHERE e.event_id = $1`, id)
+	require.NoError(t, err)
+	page := tb.get(t, tb.client(t), "/events/"+id)
+	require.Equal(t, http.StatusOK, page.status)
+	require.Contains(t, page.body, "Queued again by a replay to https://new.example/pb, not the row&#39;s url")
+	require.NotContains(t, page.body, "cid=")
+}

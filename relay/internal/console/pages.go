@@ -495,6 +495,13 @@ func (c *Console) steps(rq *request, d postboxtype.DeliveryStory) []step {
 	if d.ReplayOf != nil {
 		first.What = "Queued again by a replay"
 	}
+	if d.Retarget != "" {
+		to := d.Retarget
+		if to == postboxtype.RetargetEndpointURL {
+			to = "the endpoint's url"
+		}
+		first.What += " to " + to + ", not the row's url"
+	}
 	out := []step{first}
 	for _, a := range d.Attempts {
 		s := step{When: a.StartedAt, What: "Attempt " + itoa(a.Attempt)}

@@ -58,6 +58,12 @@ type Syncer struct {
 	gone  map[string]int64
 	since pglogrepl.LSN // the last endpoint_state position read
 
+	// conflicts are the names both the configuration file and the table
+	// define, as last checked (warnConflicts): each is warned of once
+	// while it lasts, again if it goes and comes back.
+	conflictsMu sync.Mutex
+	conflicts   map[string]bool
+
 	heldMu      sync.Mutex
 	heldCfg     *config.Config
 	heldVersion int64
@@ -133,7 +139,47 @@ func (s *Syncer) Reload(ctx context.Context) error {
 	s.version.Add(1)
 	s.advance(at)
 	s.changed()
+	s.warnConflicts()
 	return nil
+}
+
+// Reconfigured checks the configuration now in force (a reload) for
+// names the table defines too.
+func (s *Syncer) Reconfigured() { s.warnConflicts() }
+
+// warnConflicts warns of each name the configuration file and
+// postbox.endpoints both define when it begins to (at start, after a
+// change applied, after a reload): the file's endpoint is used, and the
+// row is not. After a change, only the names it changed are looked at
+// (changed); otherwise each of the file's endpoints is looked up in the
+// table, which is never walked whole.
+func (s *Syncer) warnConflicts(changed ...string) {
+	cfg := s.env.Config()
+	s.conflictsMu.Lock()
+	defer s.conflictsMu.Unlock()
+	was, now, names := s.conflicts, maps.Clone(s.conflicts), changed
+	if changed == nil {
+		now, names = nil, make([]string, 0, len(cfg.Endpoints))
+		for name := range cfg.Endpoints {
+			names = append(names, name)
+		}
+	}
+	if now == nil {
+		now = map[string]bool{}
+	}
+	for _, name := range names {
+		_, inFile := cfg.Endpoints[name]
+		if !inFile || s.table.Revision(name) == 0 { // revisions start at 1: 0 is none
+			delete(now, name)
+			continue
+		}
+		now[name] = true
+		if !was[name] {
+			s.log.Warn().Str("endpoint", name).Msg("endpoint defined both in the configuration file and in postbox.endpoints: the file's is used, the row is not; " +
+				"remove one (postbox endpoints rm NAME, or its entry in the file and reload)")
+		}
+	}
+	s.conflicts = now
 }
 
 // Refresh reads the rows of endpoint_state applied since the last read
@@ -149,7 +195,7 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n := 0
+	var applied []string
 	for _, st := range states {
 		s.since = max(s.since, st.LSN)
 		// Rows of the read's position are read again, and the stream may
@@ -160,12 +206,13 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 			continue
 		}
 		s.applyLocked(st.Name, st.Row, st.Revision, true)
-		n++
+		applied = append(applied, st.Name)
 	}
 	s.advance(at)
-	if n > 0 {
-		s.log.Debug().Int("changes", n).Stringer("applied", s.Applied()).Msg("applied endpoint changes")
+	if len(applied) > 0 {
+		s.log.Debug().Int("changes", len(applied)).Stringer("applied", s.Applied()).Msg("applied endpoint changes")
 		s.changed()
+		s.warnConflicts(applied...)
 	}
 	return nil
 }
@@ -208,6 +255,11 @@ func (s *Syncer) Apply(c wal.EndpointChange) {
 		s.applyLocked(c.Name, c.Row, c.Revision, c.Inserted)
 	}
 	s.changed()
+	if c.OldName != "" {
+		s.warnConflicts(c.Name, c.OldName)
+	} else {
+		s.warnConflicts(c.Name)
+	}
 }
 
 // Decoded says the stream decoded all of a transaction committed at

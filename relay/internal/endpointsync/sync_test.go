@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -216,4 +217,91 @@ func TestDeleteDecodedStaysDeletedWhileTheIngestCatchesUp(t *testing.T) {
 	require.NoError(t, s.Refresh(ctx))
 	_, ok = table.Get("d")
 	require.False(t, ok, "not brought back by the row read again")
+}
+
+// TestConflictsWarnedOnceWhenTheyAppear: a name defined both in the
+// configuration file and in postbox.endpoints is warned of once when it
+// begins to be: at start, when a change creates it, when a reload does;
+// not again while it lasts, again once it went and came back.
+func TestConflictsWarnedOnceWhenTheyAppear(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	ctx := context.Background()
+	logs := &lockedBuffer{}
+	table := config.NewEndpointTable()
+	var cur atomic.Pointer[config.Config]
+	env := service.NewEnv(&cur)
+	env.Store, env.Owner, env.Log = tb.st, "follower", zerolog.New(logs)
+	file := func(names ...string) {
+		f := config.Default()
+		f.Endpoints = map[string]config.EndpointConfig{}
+		for _, n := range names {
+			u := "http://" + n + ".example/"
+			f.Endpoints[n] = config.EndpointConfig{URL: &u}
+		}
+		cfg, err := f.Resolve()
+		require.NoError(t, err)
+		cfg.EndpointTable = table
+		cur.Store(cfg)
+	}
+	warned := func() []string {
+		var out []string
+		for _, line := range strings.Split(strings.TrimSpace(logs.string()), "\n") {
+			var l struct {
+				Level, Endpoint, Message string
+			}
+			if line == "" || json.Unmarshal([]byte(line), &l) != nil || !strings.Contains(l.Message, "defined both in the configuration file") {
+				continue
+			}
+			require.Equal(t, "warn", l.Level)
+			out = append(out, l.Endpoint)
+		}
+		return out
+	}
+	put := func(name string, rev int64) {
+		tb.ingest(t, pglogrepl.LSN(0x100*rev+0x10), []store.EndpointWrite{{Name: name, Revision: rev, LSN: pglogrepl.LSN(0x100 * rev),
+			Row: row(t, name, rev, map[string]string{"url": "http://row.example/"})}}, true)
+	}
+
+	file("both", "filed")
+	put("both", 1)
+	s := endpointsync.New(env, table, nil)
+	require.NoError(t, s.Start(ctx))
+	t.Cleanup(s.Stop)
+	require.Equal(t, []string{"both"}, warned(), "at start")
+
+	// Changes: an update of a conflicting row says nothing new; a row
+	// of another file endpoint's name is a new conflict.
+	s.Apply(wal.EndpointChange{Name: "both", Revision: 2, Commit: 0x200, Row: map[string]*string{"name": text("both"), "revision": text("2"), "max_in_flight": text("3")}})
+	s.Apply(wal.EndpointChange{Name: "rowonly", Revision: 3, Inserted: true, Commit: 0x300, Row: map[string]*string{"name": text("rowonly"), "revision": text("3")}})
+	s.Apply(wal.EndpointChange{Name: "filed", Revision: 4, Inserted: true, Commit: 0x400, Row: map[string]*string{"name": text("filed"), "revision": text("4")}})
+	require.Equal(t, []string{"both", "filed"}, warned())
+
+	// Gone, then back: warned again.
+	s.Apply(wal.EndpointChange{Name: "filed", Revision: 4, Deleted: true, Commit: 0x500})
+	s.Apply(wal.EndpointChange{Name: "filed", Revision: 5, Inserted: true, Commit: 0x600, Row: map[string]*string{"name": text("filed"), "revision": text("5")}})
+	require.Equal(t, []string{"both", "filed", "filed"}, warned())
+
+	// A reload that adds rowonly to the file makes a conflict of it.
+	file("both", "filed", "rowonly")
+	s.Reconfigured()
+	require.Equal(t, []string{"both", "filed", "filed", "rowonly"}, warned())
+}
+
+// lockedBuffer is a log sink the syncer's loops and the test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) string() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

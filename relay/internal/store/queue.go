@@ -33,8 +33,9 @@ func (c *Claimed) Key() string {
 }
 
 // claimedColumns is what every claim returns, from d (deliveries) and e
-// (events).
-const claimedColumns = `d.id, d.endpoint, coalesce(d.lane, ''), d.attempt_count, e.event_id::text, coalesce(e.url, ''), e.event_type,
+// (events). A delivery's url, which a replay may set, stands before its
+// event's: an empty one leaves the row's url out (migration 035).
+const claimedColumns = `d.id, d.endpoint, coalesce(d.lane, ''), d.attempt_count, e.event_id::text, coalesce(d.url, e.url, ''), e.event_type,
           e.payload::text, e.headers::text, e.created_at, e.committed_at, e.message,
           coalesce(e.commit_lsn - '0/0', 0)::int8`
 

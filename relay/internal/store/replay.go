@@ -80,6 +80,25 @@ SELECT count(*) FROM added`
 // read postbox's event log, so they work after the slot has moved on, for
 // as long as event_retention keeps the events.
 func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun bool, rate float64) ([]postboxtype.ReplayItem, int, error) {
+	return s.ReplayTo(ctx, f, dryRun, rate, nil)
+}
+
+// ReplayTo is Replay, retargeting the deliveries it enqueues when f has a
+// URL or EndpointURL: each keeps where it goes in its url column (its
+// event keeps the row's), and its lane is lane(endpoint), the lane a
+// delivery of that endpoint to that target is queued under
+// (config.Config.Lane); lane may be nil when f retargets nothing.
+// Events routed again (no_subscriber) are routed as Replay does, never
+// retargeted.
+func (s *Store) ReplayTo(ctx context.Context, f postboxtype.ReplayFilter, dryRun bool, rate float64, lane func(endpoint string) string) ([]postboxtype.ReplayItem, int, error) {
+	var url *string // NULL: the event's own
+	switch {
+	case f.URL != "":
+		url = &f.URL
+	case f.EndpointURL:
+		none := ""
+		url = &none
+	}
 	var since, until *time.Time
 	if !f.Since.IsZero() {
 		since = &f.Since
@@ -154,6 +173,15 @@ func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun b
 			}
 			return nil
 		}
+		var lanes []*string // nil: the last delivery's
+		if url != nil {
+			lanes = make([]*string, len(endpoints))
+			for i, ep := range endpoints {
+				if l := lane(ep); l != ep {
+					lanes[i] = &l
+				}
+			}
+		}
 		var n int
 		step := 0.0
 		if rate > 0 {
@@ -163,9 +191,11 @@ func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun b
 		// dead letters, their history kept.
 		err = tx.QueryRow(ctx, `
 			WITH added AS (
-			  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, next_attempt_at, replay_of)
-			  SELECT pk, endpoint, (SELECT l.lane FROM postbox.deliveries l WHERE l.id = r.last), -- the last delivery's lane
-			         'pending', now() + (ord - 1) * $4::float8 * interval '1 second', nullif(last, 0)
+			  INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, next_attempt_at, replay_of, url)
+			  SELECT pk, endpoint,
+			         CASE WHEN $5::text IS NULL THEN (SELECT l.lane FROM postbox.deliveries l WHERE l.id = r.last) -- the last delivery's lane
+			              ELSE ($6::text[])[ord] END, -- the retarget's
+			         'pending', now() + (ord - 1) * $4::float8 * interval '1 second', nullif(last, 0), $5
 			  FROM unnest($1::int8[], $2::text[], $3::int8[]) WITH ORDINALITY AS r(pk, endpoint, last, ord)
 			  ON CONFLICT (event_pk, (CASE WHEN status IN ('pending', 'in_flight', 'failed') THEN 0 ELSE id END)) DO NOTHING
 			  RETURNING replay_of
@@ -174,7 +204,7 @@ func (s *Store) Replay(ctx context.Context, f postboxtype.ReplayFilter, dryRun b
 			  FROM added WHERE d.id = added.replay_of AND d.status = 'dead_letter'
 			)
 			SELECT count(*) FROM added`,
-			pks, endpoints, lastIDs, step).Scan(&n)
+			pks, endpoints, lastIDs, step, url, lanes).Scan(&n)
 		if err != nil {
 			return err
 		}

@@ -140,12 +140,12 @@ type Fault struct {
 	Unrecorded int `json:"arrived_unrecorded"`
 	// Exposed is the events either in flight just before the fault (its
 	// deliveries in flight, the arrivals of the 5 s before it not yet
-	// recorded, and the events committed in those 5 s not yet arrived) or
-	// left unrecorded by it, and for a fault of the database those that
-	// first arrived from its start until the database answered again
-	// (the reads of InFlightAfter and Unrecorded), each counted once. These are the
-	// attempts in flight at the fault: the events it can have made the
-	// relays send twice.
+	// recorded or since those reads began, and the events committed in
+	// those 5 s not yet arrived) or left unrecorded by it, and for a fault
+	// of the database or a kill those that first arrived from its start
+	// until the database answered again (the reads of InFlightAfter and
+	// Unrecorded), each counted once. These are the attempts in flight at
+	// the fault: the events it can have made the relays send twice.
 	Exposed  int             `json:"exposed"`
 	exposed  map[string]bool // their ids
 	inFlight []string        // ids of the deliveries in flight just before the fault
@@ -174,10 +174,14 @@ func dbFault(kind string) bool {
 }
 
 // expose sets f's exposed events: in flight before it, arrived and
-// unrecorded after it, and for a fault of the database arrived during it.
+// unrecorded after it, and for a fault of the database or a kill arrived
+// during it.
 func (f *Fault) expose(unrecorded, during []string) {
 	f.exposed = union(f.inFlight, unrecorded)
-	if dbFault(f.Kind) {
+	// A killed relay's requests already sent arrive while it is being
+	// killed, and the relay that takes its events over records its own
+	// copy before a read after the fault sees them unrecorded.
+	if dbFault(f.Kind) || f.Kind == faultKill {
 		for _, id := range during {
 			f.exposed[id] = true
 		}
@@ -356,6 +360,7 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		}
 		f := Fault{Kind: kinds[0]}
 		kinds = kinds[1:]
+		reading := time.Now()
 		f.inFlight = e.inFlightIDs(ctx)
 		f.InFlight = len(f.inFlight)
 		// Read before the fault, as well as after it: a recovery as quick
@@ -365,6 +370,12 @@ func (e *env) chaos(ctx context.Context, o Options, rate int) (*ChaosResult, err
 		// in memory (a frozen relay sends it when it wakes).
 		unrecordedBefore, _ := e.unrecorded(ctx, led.firstSince(time.Now().Add(-5*time.Second)))
 		f.inFlight = append(f.inFlight, unrecordedBefore...)
+		f.inFlight = append(f.inFlight, led.openSince(time.Now().Add(-5*time.Second))...)
+		// The reads take a while (seconds on a loaded machine): what
+		// arrived meanwhile may be unrecorded at the fault, and what was
+		// committed meanwhile and has not arrived may be in a relay's
+		// hands; both are as exposed as what the reads found.
+		f.inFlight = append(f.inFlight, led.firstSince(reading)...)
 		f.inFlight = append(f.inFlight, led.openSince(time.Now().Add(-5*time.Second))...)
 		f.at = time.Now()
 		f.AtSeconds = f.at.Sub(began).Seconds()

@@ -61,9 +61,12 @@ func TestLedgerCountsByID(t *testing.T) {
 // in no in-flight row).
 func TestDuplicateBoundAddsTheUnrecordedToTheInFlight(t *testing.T) {
 	t.Parallel()
-	f := Fault{Kind: faultKill, inFlight: []string{"a", "b", "c"}}
+	f := Fault{Kind: faultFreeze, inFlight: []string{"a", "b", "c"}}
 	f.expose([]string{"c", "d", "e", "f"}, []string{"g", "h"})
-	require.Equal(t, 6, f.dupBound(), "a to f, c once; what arrived during a kill is not the kill's")
+	require.Equal(t, 6, f.dupBound(), "a to f, c once; what arrived during a freeze is not the freeze's")
+	f = Fault{Kind: faultKill, inFlight: []string{"a", "b", "c"}}
+	f.expose([]string{"c", "d", "e", "f"}, []string{"g", "h"})
+	require.Equal(t, 8, f.dupBound(), "what arrived while a relay was killed was in flight at it")
 	f = Fault{Kind: faultReadOnly, inFlight: []string{"a", "b", "c"}}
 	f.expose([]string{"c", "d", "e", "f"}, []string{"f", "g", "h", "i"})
 	require.Equal(t, 9, f.dupBound(), "and what arrived while the database was read-only")

@@ -51,6 +51,27 @@ type EndpointTable struct {
 	mu   sync.RWMutex
 	eps  map[string]*tableEntry
 	subs subIndex // the enabled endpoints' subscriptions (Subscribers)
+	// invalid, when set, names the invalid endpoints as whoever keeps
+	// the table computes them (KeepInvalid).
+	invalid atomic.Pointer[func() []string]
+}
+
+// KeepInvalid has Invalid answer with f: the keeper of the table knows
+// its invalid rows as changes are applied, where computing them afresh
+// resolves every row.
+func (t *EndpointTable) KeepInvalid(f func() []string) { t.invalid.Store(&f) }
+
+// Invalid names the table's invalid endpoints as its keeper computes
+// them, sorted, and whether it has a keeper.
+func (t *EndpointTable) Invalid() ([]string, bool) {
+	if t == nil {
+		return nil, false
+	}
+	f := t.invalid.Load()
+	if f == nil {
+		return nil, false
+	}
+	return (*f)(), true
 }
 
 type tableEntry struct {
@@ -99,9 +120,21 @@ func (t *EndpointTable) Remove(name string, revision int64) {
 
 // Replace makes the table hold exactly eps (a whole copy read afresh).
 func (t *EndpointTable) Replace(eps []TableEndpoint) {
-	m := make(map[string]*tableEntry, len(eps))
-	for _, te := range eps {
-		m[te.Name] = &tableEntry{te: te}
+	_ = t.ReplaceWith(func(add func(TableEndpoint)) error {
+		for _, te := range eps {
+			add(te)
+		}
+		return nil
+	})
+}
+
+// ReplaceWith makes the table hold exactly what fill adds, unless fill
+// fails: the rows are parsed one at a time as they are read, never all
+// held in a slice beside the table.
+func (t *EndpointTable) ReplaceWith(fill func(add func(TableEndpoint)) error) error {
+	m := map[string]*tableEntry{}
+	if err := fill(func(te TableEndpoint) { m[te.Name] = &tableEntry{te: te} }); err != nil {
+		return err
 	}
 	subs := newSubIndex()
 	for _, e := range m {
@@ -110,6 +143,7 @@ func (t *EndpointTable) Replace(eps []TableEndpoint) {
 	t.mu.Lock()
 	t.eps, t.subs = m, subs
 	t.mu.Unlock()
+	return nil
 }
 
 // Get returns the row applied for name.
@@ -190,6 +224,10 @@ func (c *Config) tableEndpoint(name string) (Endpoint, bool) {
 	e.cache.Store(&tableResolved{cfg: c, ep: ep})
 	return ep, true
 }
+
+// ResolveTableEndpoint resolves te under c as Endpoint would, without
+// keeping the resolution.
+func (c *Config) ResolveTableEndpoint(te TableEndpoint) Endpoint { return c.resolveTable(te) }
 
 // ReservedHeaders are the headers postbox sets itself: a row of
 // postbox.endpoints that sets one is invalid (the file's endpoints keep

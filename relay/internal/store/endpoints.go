@@ -175,7 +175,7 @@ func (s *Store) EndpointsSeeded(ctx context.Context) (seeded, reconcile bool, er
 // and the rows applied at or after $2: those of the same position are
 // read again, harmlessly, rather than one written at it missed.
 const readEndpointStateSQL = `
-SELECT c.lsn::text, s.name, s.row::text, s.revision, s.lsn::text
+SELECT c.lsn::text, s.name, jsonb_strip_nulls(s.row)::text, s.revision, s.lsn::text
 FROM (SELECT lsn FROM postbox.checkpoints WHERE slot = $1) c
 LEFT JOIN postbox.endpoint_state s ON s.lsn >= $2::pg_lsn AND ($3 OR jsonb_typeof(s.row) = 'object')`
 
@@ -183,40 +183,58 @@ LEFT JOIN postbox.endpoint_state s ON s.lsn >= $2::pg_lsn AND ($3 OR jsonb_typeo
 // endpoint_state applied at or after since; all (tombstones left out)
 // when all is set.
 func (s *Store) ReadEndpointState(ctx context.Context, since pglogrepl.LSN, all bool) (pglogrepl.LSN, []EndpointState, error) {
+	var out []EndpointState
+	at, err := s.ScanEndpointState(ctx, since, all, func(st EndpointState) error {
+		out = append(out, st)
+		return nil
+	})
+	return at, out, err
+}
+
+// ScanEndpointState is ReadEndpointState calling each with every row as
+// it is read, rather than holding them all: 100,000 rows decoded at once
+// held 200 MB at start-up, where each parsed alone is garbage at once.
+// Columns that are NULL are left out of a row, as the parser reads a
+// missing column as NULL.
+func (s *Store) ScanEndpointState(ctx context.Context, since pglogrepl.LSN, all bool, each func(EndpointState) error) (pglogrepl.LSN, error) {
 	if all {
 		since = 0
 	}
 	rows, err := s.Pool.Query(ctx, readEndpointStateSQL, s.Slot, since.String(), !all)
 	if err != nil {
-		return 0, nil, fmt.Errorf("read endpoint_state: %w", err)
+		return 0, fmt.Errorf("read endpoint_state: %w", err)
 	}
 	defer rows.Close()
 	var at pglogrepl.LSN
-	var out []EndpointState
+	var cp, name, lsn string
+	var row []byte
+	var rev *int64
+	var nameP, lsnP *string
 	for rows.Next() {
-		var cp string
-		var name, row, lsn *string
-		var rev *int64
-		if err := rows.Scan(&cp, &name, &row, &rev, &lsn); err != nil {
-			return 0, nil, fmt.Errorf("read endpoint_state: %w", err)
+		row = row[:0]
+		if err := rows.Scan(&cp, &nameP, &row, &rev, &lsnP); err != nil {
+			return 0, fmt.Errorf("read endpoint_state: %w", err)
 		}
 		if at, err = pglogrepl.ParseLSN(cp); err != nil {
-			return 0, nil, err
+			return 0, err
 		}
-		if name == nil {
+		if nameP == nil {
 			continue
 		}
-		st := EndpointState{Name: *name, Revision: *rev}
-		if st.LSN, err = pglogrepl.ParseLSN(*lsn); err != nil {
-			return 0, nil, err
+		name, lsn = *nameP, *lsnP
+		st := EndpointState{Name: name, Revision: *rev}
+		if st.LSN, err = pglogrepl.ParseLSN(lsn); err != nil {
+			return 0, err
 		}
-		if err := json.Unmarshal([]byte(*row), &st.Row); err != nil {
-			return 0, nil, fmt.Errorf("endpoint_state row of %s: %w", st.Name, err)
+		if err := json.Unmarshal(row, &st.Row); err != nil {
+			return 0, fmt.Errorf("endpoint_state row of %s: %w", st.Name, err)
 		}
-		out = append(out, st)
+		if err := each(st); err != nil {
+			return 0, err
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return 0, nil, fmt.Errorf("read endpoint_state: %w", err)
+		return 0, fmt.Errorf("read endpoint_state: %w", err)
 	}
-	return at, out, nil
+	return at, nil
 }

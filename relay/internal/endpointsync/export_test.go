@@ -1,0 +1,5 @@
+package endpointsync
+
+// HeldResolutions is how many table endpoints were resolved to know
+// whether they are held.
+func HeldResolutions() int64 { return heldResolutions.Load() }

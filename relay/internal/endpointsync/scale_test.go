@@ -2,6 +2,7 @@ package endpointsync_test
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -75,4 +76,28 @@ func BenchmarkApplyOneChangeAmong100k(b *testing.B) {
 		s.Apply(partner(i%n, int64(n+1+i), "true"))
 		s.Held()
 	}
+}
+
+// TestTableKeepsRowsSmall: the rows applied are kept as their text, a
+// few hundred bytes each, and read back as parsed.
+func TestTableKeepsRowsSmall(t *testing.T) {
+	// Not parallel: it measures the heap.
+	const n = 20000
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := memSyncer(t, n)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perRow := float64(after.HeapAlloc-before.HeapAlloc) / n
+	t.Logf("%.0f bytes a row", perRow)
+	require.Less(t, perRow, 400.0, "bytes of heap per row applied (parsed and kept whole, a row took 850)")
+
+	te, ok := s.Table().Get("p-42")
+	require.True(t, ok)
+	require.Equal(t, "https://partner-42.example/postback/v43", *te.Settings.URL)
+	require.Equal(t, map[string]string{"X-Partner": "42"}, te.Settings.Headers)
+	require.Equal(t, int64(43), te.Revision)
+	require.True(t, te.Enabled)
+	runtime.KeepAlive(s)
 }

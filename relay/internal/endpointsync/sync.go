@@ -9,6 +9,7 @@ package endpointsync
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -80,7 +81,32 @@ func New(env *service.Env, table *config.EndpointTable, changed func()) *Syncer 
 	s := &Syncer{env: env, log: env.Logger("endpoints"), table: table, changed: changed,
 		rows: map[string]endpoints.Row{}, gone: map[string]int64{}}
 	table.KeepInvalid(s.Invalid)
+	table.ParseRowsWith(parseRow)
 	return s
+}
+
+// parseRow parses a row kept as the JSON of its columns' text.
+func parseRow(text []byte) config.TableEndpoint {
+	var row endpoints.Row
+	if err := json.Unmarshal(text, &row); err != nil {
+		// Not reached: the table keeps only what rowText wrote.
+		return config.TableEndpoint{Invalid: "row: " + err.Error()}
+	}
+	return endpoints.Parse(row)
+}
+
+// rowText is row as the table keeps it: the JSON of its columns' text,
+// NULL columns and the times postbox does not read left out.
+func rowText(name string, row endpoints.Row) []byte {
+	kept := make(endpoints.Row, len(row))
+	for k, v := range row {
+		if v != nil && k != "created_at" && k != "updated_at" {
+			kept[k] = v
+		}
+	}
+	kept["name"] = &name
+	b, _ := json.Marshal(kept) // a map of strings always encodes
+	return b
 }
 
 // GateOnly makes Start run neither the LISTEN nor the poll: the table
@@ -125,13 +151,13 @@ func (s *Syncer) Reload(ctx context.Context) error {
 	rows := map[string]endpoints.Row{}
 	since := pglogrepl.LSN(0)
 	var at pglogrepl.LSN
-	err := s.table.ReplaceWith(func(add func(config.TableEndpoint)) error {
+	err := s.table.ReplaceWith(func(add func(config.TableEndpoint, []byte)) error {
 		var err error
 		at, err = s.env.Store.ScanEndpointState(ctx, 0, true, func(st store.EndpointState) error {
 			if mayToast(st.Row) {
 				rows[st.Name] = st.Row
 			}
-			add(endpoints.Parse(st.Row))
+			add(endpoints.Parse(st.Row), st.Text)
 			since = max(since, st.LSN)
 			return nil
 		})
@@ -168,8 +194,8 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 		// Rows of the read's position are read again, and the stream may
 		// be ahead: apply only what is news. A delete keeps its row's
 		// revision.
-		cur, ok := s.table.Get(st.Name)
-		if st.Row == nil && (!ok || cur.Revision > st.Revision) || st.Row != nil && (ok && cur.Revision >= st.Revision || s.gone[st.Name] >= st.Revision) {
+		ok, rev := s.table.Has(st.Name), s.table.Revision(st.Name)
+		if st.Row == nil && (!ok || rev > st.Revision) || st.Row != nil && (ok && rev >= st.Revision || s.gone[st.Name] >= st.Revision) {
 			continue
 		}
 		s.applyLocked(st.Name, st.Row, st.Revision, true)
@@ -233,7 +259,7 @@ func (s *Syncer) Decoded(commit pglogrepl.LSN) { s.advance(commit) }
 func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, whole bool) {
 	if row == nil {
 		s.table.Remove(name, revision)
-		if _, ok := s.table.Get(name); !ok {
+		if !s.table.Has(name) {
 			delete(s.rows, name)
 		}
 		s.gone[name] = max(s.gone[name], revision)
@@ -254,7 +280,7 @@ func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, who
 	}
 	te := endpoints.Parse(row)
 	te.Name = name
-	s.table.Apply(te)
+	s.table.ApplyRow(te, rowText(name, row))
 	if s.table.Revision(name) == te.Revision {
 		if mayToast(row) {
 			s.rows[name] = row

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -36,8 +37,10 @@ type EndpointWrite struct {
 // endpoint (a tombstone, kept so that instances reading what changed
 // since a position learn of deletes too).
 type EndpointState struct {
-	Name     string
-	Row      map[string]*string
+	Name string
+	Row  map[string]*string
+	// Text is Row as read, its JSON (ScanEndpointState; nil for a delete).
+	Text     []byte
 	Revision int64
 	LSN      pglogrepl.LSN
 }
@@ -175,7 +178,9 @@ func (s *Store) EndpointsSeeded(ctx context.Context) (seeded, reconcile bool, er
 // and the rows applied at or after $2: those of the same position are
 // read again, harmlessly, rather than one written at it missed.
 const readEndpointStateSQL = `
-SELECT c.lsn::text, s.name, jsonb_strip_nulls(s.row)::text, s.revision, s.lsn::text
+SELECT c.lsn::text, s.name,
+       CASE WHEN jsonb_typeof(s.row) = 'object' THEN jsonb_strip_nulls(s.row) - 'created_at' - 'updated_at' ELSE s.row END::text,
+       s.revision, s.lsn::text
 FROM (SELECT lsn FROM postbox.checkpoints WHERE slot = $1) c
 LEFT JOIN postbox.endpoint_state s ON s.lsn >= $2::pg_lsn AND ($3 OR jsonb_typeof(s.row) = 'object')`
 
@@ -195,7 +200,8 @@ func (s *Store) ReadEndpointState(ctx context.Context, since pglogrepl.LSN, all 
 // it is read, rather than holding them all: 100,000 rows decoded at once
 // held 200 MB at start-up, where each parsed alone is garbage at once.
 // Columns that are NULL are left out of a row, as the parser reads a
-// missing column as NULL.
+// missing column as NULL, and so are created_at and updated_at, which no
+// instance reads.
 func (s *Store) ScanEndpointState(ctx context.Context, since pglogrepl.LSN, all bool, each func(EndpointState) error) (pglogrepl.LSN, error) {
 	if all {
 		since = 0
@@ -228,6 +234,9 @@ func (s *Store) ScanEndpointState(ctx context.Context, since pglogrepl.LSN, all 
 		}
 		if err := json.Unmarshal(row, &st.Row); err != nil {
 			return 0, fmt.Errorf("endpoint_state row of %s: %w", st.Name, err)
+		}
+		if st.Row != nil {
+			st.Text = slices.Clone(row)
 		}
 		if err := each(st); err != nil {
 			return 0, err

@@ -27,7 +27,7 @@ const (
 	// partnersFollowRate is the events a second written for the followed
 	// endpoint while its url changes: each is answered 503 when the
 	// streaming instance sends it, so the second instance delivers it.
-	partnersFollowRate = 100
+	partnersFollowRate = 50
 	// partnersChangeWithin is how long a change may take to show at the
 	// receiver before it counts as missed.
 	partnersChangeWithin = 10 * time.Second
@@ -72,10 +72,11 @@ type FollowResult struct {
 	Maxms   float64 `json:"max_ms"`
 	// Delivered is the requests the second instance answered 204 to;
 	// Refused those of the streaming instance answered 503.
-	Delivered   int     `json:"second_instance_deliveries"`
-	Refused     int     `json:"streaming_instance_refused"`
-	SteadyRSSMB float64 `json:"second_instance_rss_mb"`
-	PeakRSSMB   float64 `json:"second_instance_peak_rss_mb"`
+	Delivered    int     `json:"second_instance_deliveries"`
+	Refused      int     `json:"streaming_instance_refused"`
+	RefusedFirst int     `json:"second_instance_first_attempts_refused"`
+	SteadyRSSMB  float64 `json:"second_instance_rss_mb"`
+	PeakRSSMB    float64 `json:"second_instance_peak_rss_mb"`
 }
 
 // partnersConfig is the relays' configuration beside the rows: no
@@ -202,8 +203,10 @@ func (e *env) writeEndpoints(ctx context.Context, n int) (float64, error) {
 // receiver tells the instances apart by the process that holds the
 // request's socket (socketPID), and answers the streaming instance's
 // requests 503: its first attempt, which it starts itself as it decodes
-// the event, fails, and the retry that follows a millisecond later is
-// claimed by whichever instance claims first, until the second one does.
+// the event, fails, and the retries that follow milliseconds later are
+// attempted by whichever instance claims them, until the second one
+// does. The second instance's first attempt of each event is answered
+// 503 too (see follower.serve), so that it keeps claiming.
 func (e *env) follow(ctx context.Context, cfgPath string) (*FollowResult, error) {
 	if err := e.startRelay(ctx); err != nil {
 		return nil, err
@@ -228,7 +231,7 @@ func (e *env) follow(ctx context.Context, cfgPath string) (*FollowResult, error)
 			<-done
 		}
 	}()
-	f := &follower{leader: e.relay.Process.Pid, second: cmd.Process.Pid, port: e.recv.port(), seen: map[string]time.Time{}}
+	f := &follower{leader: e.relay.Process.Pid, second: cmd.Process.Pid, port: e.recv.port(), seen: map[string]time.Time{}, tried: map[string]struct{}{}}
 	e.recv.setFollow(f.serve)
 	defer e.recv.setFollow(nil)
 
@@ -270,7 +273,7 @@ func (e *env) follow(ctx context.Context, cfgPath string) (*FollowResult, error)
 	}
 	slices.Sort(lat)
 	res.P50ms, res.P99ms, res.Maxms = quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
-	res.Delivered, res.Refused = f.counts()
+	res.Delivered, res.Refused, res.RefusedFirst = f.counts()
 	return res, nil
 }
 
@@ -281,11 +284,14 @@ type follower struct {
 	leader, second, port int
 	mu                   sync.Mutex
 	seen                 map[string]time.Time
+	tried                map[string]struct{} // events the second instance attempted
 	delivered, refused   int
+	refused2             int // the second instance's first attempts
 }
 
 func (f *follower) serve(w http.ResponseWriter, r *http.Request, now time.Time) {
 	pid := socketPID(r, f.port, f.leader, f.second)
+	id := r.Header.Get(outbox.HeaderID)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if pid != f.second {
@@ -293,17 +299,29 @@ func (f *follower) serve(w http.ResponseWriter, r *http.Request, now time.Time) 
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
-	f.delivered++
 	if _, ok := f.seen[r.URL.Path]; !ok {
 		f.seen[r.URL.Path] = now
 	}
+	if _, ok := f.tried[id]; !ok {
+		// The second instance's first attempt of each event fails too:
+		// it then retries the event itself, a few milliseconds later,
+		// and its claim, woken by that retry, takes the other retries
+		// due, so it keeps attempting (an instance takes the retries
+		// other instances scheduled only when its own fall due, an
+		// endpoint change was applied, or at its sweep).
+		f.tried[id] = struct{}{}
+		f.refused2++
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	f.delivered++
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (f *follower) counts() (delivered, refused int) {
+func (f *follower) counts() (delivered, refused, refused2 int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.delivered, f.refused
+	return f.delivered, f.refused, f.refused2
 }
 
 // wait returns when the second instance first reached path, if it did
@@ -402,8 +420,8 @@ func (p *PartnersResult) print(w io.Writer) {
 	}
 	if f := p.Follow; f != nil {
 		fmt.Fprintf(w, "  a second, non-streaming instance: %d changes of one row's url, each timed from before its UPDATE until the receiver's first request from that instance at the new url\n", f.Changes)
-		fmt.Fprintf(w, "  (%d events/s for the row; the receiver tells the instances apart by the process holding the request's socket, and answers the streaming instance 503, so the retries a millisecond later are the second instance's to deliver):\n", partnersFollowRate)
-		fmt.Fprintf(w, "    p50 %.0f ms   p99 %.0f ms   max %.0f ms   missed (none within %s) %d; second instance delivered %d, streaming instance refused %d; second instance RSS %.0f MB, peak %.0f MB\n",
-			f.P50ms, f.P99ms, f.Maxms, partnersChangeWithin, f.Missed, f.Delivered, f.Refused, f.SteadyRSSMB, f.PeakRSSMB)
+		fmt.Fprintf(w, "  (%d events/s for the row; the receiver tells the instances apart by the process holding the request's socket, answers the streaming instance 503, so the retries milliseconds later are the second instance's to deliver, and the second instance's first attempt of each event 503, so it keeps claiming):\n", partnersFollowRate)
+		fmt.Fprintf(w, "    p50 %.0f ms   p99 %.0f ms   max %.0f ms   missed (none within %s) %d; second instance delivered %d (first attempts refused %d), streaming instance refused %d; second instance RSS %.0f MB, peak %.0f MB\n",
+			f.P50ms, f.P99ms, f.Maxms, partnersChangeWithin, f.Missed, f.Delivered, f.RefusedFirst, f.Refused, f.SteadyRSSMB, f.PeakRSSMB)
 	}
 }

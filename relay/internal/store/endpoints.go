@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -95,6 +96,47 @@ func queueApplyEndpoint(b *pgx.Batch, w EndpointWrite, replace bool) {
 	b.Queue(applyEndpointSQL, w.Name, string(row), w.Revision, w.LSN.String(), replace, w.From)
 }
 
+// SeedChunkDefault is the rows of postbox.endpoints SeedEndpoints reads
+// and writes at a time.
+const SeedChunkDefault = 1000
+
+// seedChunk reads the seed cursor's next rows in their text format, as
+// the stream sends them.
+func seedChunk(ctx context.Context, tx pgx.Tx, lsn pglogrepl.LSN) ([]EndpointWrite, error) {
+	rows, err := tx.Query(ctx, `FETCH `+strconv.Itoa(SeedChunkDefault)+` FROM postbox_seed`, pgx.QueryResultFormats{pgx.TextFormatCode})
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ws []EndpointWrite
+	for rows.Next() {
+		fields := rows.FieldDescriptions()
+		row := make(map[string]*string, len(fields))
+		for i, v := range rows.RawValues() {
+			if v == nil {
+				row[fields[i].Name] = nil
+				continue
+			}
+			t := string(v)
+			row[fields[i].Name] = &t
+		}
+		w := EndpointWrite{LSN: lsn}
+		if v := row["name"]; v != nil {
+			w.Name = *v
+		}
+		if v := row["revision"]; v != nil {
+			if _, err := fmt.Sscan(*v, &w.Revision); err != nil {
+				return nil, fmt.Errorf("revision of %s: %w", w.Name, err)
+			}
+		}
+		if w.Row, err = json.Marshal(row); err != nil {
+			return nil, err
+		}
+		ws = append(ws, w)
+	}
+	return ws, rows.Err()
+}
+
 // SeedEndpoints copies postbox.endpoints whole into endpoint_state (rows
 // gone from the table become tombstones) at position lsn, in one
 // transaction, and marks the slot's copy seeded. The stream's changes
@@ -103,54 +145,37 @@ func queueApplyEndpoint(b *pgx.Batch, w EndpointWrite, replace bool) {
 func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT * FROM postbox.endpoints`, pgx.QueryResultFormats{pgx.TextFormatCode})
-		if err != nil {
+		// Read through a cursor SeedChunkDefault rows at a time, each
+		// chunk written before the next is read: 100,000 rows read and
+		// queued at once held hundreds of MB.
+		if _, err := tx.Exec(ctx, `DECLARE postbox_seed NO SCROLL CURSOR FOR SELECT * FROM postbox.endpoints`); err != nil {
 			return err
 		}
-		var ws []EndpointWrite
 		names := []string{} // not NULL: ANY(NULL) would tombstone nothing
-		for rows.Next() {
-			fields := rows.FieldDescriptions()
-			row := make(map[string]*string, len(fields))
-			for i, v := range rows.RawValues() {
-				if v == nil {
-					row[fields[i].Name] = nil
-					continue
-				}
-				t := string(v)
-				row[fields[i].Name] = &t
-			}
-			w := EndpointWrite{LSN: lsn}
-			if v := row["name"]; v != nil {
-				w.Name = *v
-			}
-			if v := row["revision"]; v != nil {
-				if _, err := fmt.Sscan(*v, &w.Revision); err != nil {
-					rows.Close()
-					return fmt.Errorf("revision of %s: %w", w.Name, err)
-				}
-			}
-			if w.Row, err = json.Marshal(row); err != nil {
-				rows.Close()
+		for {
+			ws, err := seedChunk(ctx, tx, lsn)
+			if err != nil {
 				return err
 			}
-			ws = append(ws, w)
-			names = append(names, w.Name)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
+			if len(ws) == 0 {
+				break
+			}
+			b := &pgx.Batch{}
+			for _, w := range ws {
+				queueApplyEndpoint(b, w, true)
+				names = append(names, w.Name)
+			}
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			n += len(ws)
 		}
 		b := &pgx.Batch{}
-		for _, w := range ws {
-			queueApplyEndpoint(b, w, true)
-		}
 		b.Queue(`UPDATE postbox.endpoint_state SET row = 'null', lsn = $2::pg_lsn
 			WHERE jsonb_typeof(row) = 'object' AND NOT (name = ANY($1::text[]))`, names, lsn.String())
 		b.Queue(`UPDATE postbox.checkpoints SET endpoints_seeded = true, endpoints_lsn = greatest(endpoints_lsn, $2::pg_lsn)
 			WHERE slot = $1`, s.Slot, lsn.String())
 		b.Queue(`SELECT pg_notify($1, '')`, EndpointsChannel)
-		n = len(ws)
 		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {

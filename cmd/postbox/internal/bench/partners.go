@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,14 +25,18 @@ import (
 const (
 	TableEndpointsDefault = 100000
 	PartnersChanges       = 100
-	// partnersFollowRate is the events a second written for the followed
-	// endpoint while its url changes: each is answered 503 when the
-	// streaming instance sends it, so the second instance delivers it.
-	partnersFollowRate = 50
+	// partnersFollowEvents are the followed endpoint's events: every
+	// attempt is answered 503, so each is retried every 20–40 ms for the
+	// whole run, by whichever instance claimed it last.
+	partnersFollowEvents = 8
 	// partnersChangeWithin is how long a change may take to show at the
 	// receiver before it counts as missed.
 	partnersChangeWithin = 10 * time.Second
 	partnersFollowed     = "followed"
+	// partnersShortSweep is the second instance's sweep_interval in the
+	// second run of follow: how often it claims the retries another
+	// instance scheduled, when none of its own falls due.
+	partnersShortSweep = 250 * time.Millisecond
 )
 
 // PartnersResult is the partners scenario's: endpoints as rows of
@@ -50,6 +55,11 @@ type PartnersResult struct {
 	FirstStartSeconds []float64 `json:"first_start_seconds"`
 	CaughtUpSeconds   []float64 `json:"first_caught_up_seconds"`
 	StartSeconds      []float64 `json:"restart_seconds"`
+	// SeedSeconds is from spawning to streaming with a seed owed (the
+	// rows copied whole into endpoint_state first, as at the first start
+	// beside a table already written), SeedPeakRSSMB that relay's peak.
+	SeedSeconds   []float64 `json:"seed_start_seconds"`
+	SeedPeakRSSMB []float64 `json:"seed_peak_rss_mb"`
 	// SteadyRSSMB is the streaming instance's RSS at the end of a latency
 	// run beside the rows, PeakRSSMB its high-water mark.
 	SteadyRSSMB []float64 `json:"steady_rss_mb"`
@@ -58,25 +68,28 @@ type PartnersResult struct {
 	// no rows, Beside the same over as many of the rows; run alternately.
 	Alone  []*LatencyResult `json:"latency_file_endpoints"`
 	Beside []*LatencyResult `json:"latency_table_endpoints"`
-	Follow *FollowResult    `json:"second_instance"`
+	// Follow is the second instance's application of changes, with its
+	// sweep_interval as configured by default, then shorter.
+	Follow []*FollowResult `json:"second_instance"`
 }
 
 // FollowResult is the second, non-streaming instance's application of
 // changes: for each, from before its UPDATE was sent until the receiver
 // got the first request from that instance at the new url.
 type FollowResult struct {
-	Changes int     `json:"changes"`
-	Missed  int     `json:"missed"`
-	P50ms   float64 `json:"p50_ms"`
-	P99ms   float64 `json:"p99_ms"`
-	Maxms   float64 `json:"max_ms"`
-	// Delivered is the requests the second instance answered 204 to;
-	// Refused those of the streaming instance answered 503.
-	Delivered    int     `json:"second_instance_deliveries"`
-	Refused      int     `json:"streaming_instance_refused"`
-	RefusedFirst int     `json:"second_instance_first_attempts_refused"`
-	SteadyRSSMB  float64 `json:"second_instance_rss_mb"`
-	PeakRSSMB    float64 `json:"second_instance_peak_rss_mb"`
+	// SweepInterval is the second instance's sweep_interval ("" for the
+	// default).
+	SweepInterval string  `json:"second_instance_sweep_interval,omitempty"`
+	Changes       int     `json:"changes"`
+	Missed        int     `json:"missed"`
+	P50ms         float64 `json:"p50_ms"`
+	P99ms         float64 `json:"p99_ms"`
+	Maxms         float64 `json:"max_ms"`
+	// The requests of each instance to the followed endpoint.
+	StreamingRequests int     `json:"streaming_instance_requests"`
+	SecondRequests    int     `json:"second_instance_requests"`
+	SteadyRSSMB       float64 `json:"second_instance_rss_mb"`
+	PeakRSSMB         float64 `json:"second_instance_peak_rss_mb"`
 }
 
 // partnersConfig is the relays' configuration beside the rows: no
@@ -144,6 +157,14 @@ func (e *env) partners(ctx context.Context, o Options) (*PartnersResult, error) 
 		}
 		fmt.Fprintf(e.log, "bench: partners, streaming %.1f s after the start, caught up with the rows %.1f s after\n",
 			res.FirstStartSeconds[round], res.CaughtUpSeconds[round])
+		if _, err := e.pool.Exec(ctx, `UPDATE postbox.checkpoints SET endpoints_seeded = false`); err != nil {
+			return nil, err
+		}
+		if err := e.startRelay(ctx); err != nil {
+			return nil, err
+		}
+		res.SeedSeconds = append(res.SeedSeconds, e.startedIn.Seconds())
+		res.SeedPeakRSSMB = append(res.SeedPeakRSSMB, e.stopRelay())
 		beside, err := e.latency(ctx, o, false)
 		if err != nil {
 			return nil, err
@@ -153,8 +174,13 @@ func (e *env) partners(ctx context.Context, o Options) (*PartnersResult, error) 
 		res.SteadyRSSMB = append(res.SteadyRSSMB, e.stoppedRSS)
 		res.PeakRSSMB = append(res.PeakRSSMB, beside.RSSMB)
 	}
-	if res.Follow, err = e.follow(ctx, tableCfg); err != nil {
-		return nil, err
+	for run, sweep := range []time.Duration{0, partnersShortSweep} {
+		f, err := e.follow(ctx, tableCfg, run, sweep)
+		if err != nil {
+			return nil, err
+		}
+		res.Follow = append(res.Follow, f)
+		e.truncate(ctx, true)
 	}
 	e.cfgPath = fileCfg
 	if err := e.clearEndpoints(ctx); err != nil {
@@ -188,8 +214,8 @@ func (e *env) writeEndpoints(ctx context.Context, n int) (float64, error) {
 	if err == nil {
 		_, err = e.pool.Exec(ctx, `
 			INSERT INTO postbox.endpoints (name, url, max_attempts, backoff_base, backoff_cap, failure_threshold)
-			VALUES ($1, $2, 100000, interval '1 millisecond', interval '5 milliseconds', 1000000)`,
-			partnersFollowed, e.recv.URL+"/follow/v0")
+			VALUES ($1, $2, 1000000, interval '20 milliseconds', interval '40 milliseconds', 1000000)`,
+			partnersFollowed, e.recv.URL+"/follow/r0/v0")
 	}
 	if err != nil {
 		return 0, fmt.Errorf("write postbox.endpoints: %w", err)
@@ -202,25 +228,37 @@ func (e *env) writeEndpoints(ctx context.Context, n int) (float64, error) {
 // until the second instance's first request at the new url. The
 // receiver tells the instances apart by the process that holds the
 // request's socket (socketPID), and answers the streaming instance's
-// requests 503: its first attempt, which it starts itself as it decodes
-// the event, fails, and the retries that follow milliseconds later are
-// attempted by whichever instance claims them, until the second one
-// does. The second instance's first attempt of each event is answered
-// 503 too (see follower.serve), so that it keeps claiming.
-func (e *env) follow(ctx context.Context, cfgPath string) (*FollowResult, error) {
+// a few events of the followed endpoint are answered 503 whoever sends
+// them, so they are retried for the whole run, every 20–40 ms, by the
+// instance that claimed them last: each attempt resolves the endpoint as
+// that instance applied it, and the second instance's first request at a
+// url is the first it sent after applying the change that set it (an
+// event delivered would leave the second instance with no work of its
+// own, and it takes others' retries only when one of its own falls due,
+// a change was applied, or at its sweep).
+func (e *env) follow(ctx context.Context, cfgPath string, run int, sweep time.Duration) (*FollowResult, error) {
+	at := func(i int) string { return fmt.Sprintf("/follow/r%d/v%d", run, i) }
+	if _, err := e.pool.Exec(ctx, `UPDATE postbox.endpoints SET url = $1 WHERE name = $2`, e.recv.URL+at(0), partnersFollowed); err != nil {
+		return nil, err
+	}
 	if err := e.startRelay(ctx); err != nil {
 		return nil, err
 	}
 	defer e.stopRelay()
 	second := filepath.Join(filepath.Dir(cfgPath), "second.yaml")
-	if err := os.WriteFile(second, []byte(e.partnersConfig("127.0.0.1:0")), 0o600); err != nil {
+	cfg := e.partnersConfig("127.0.0.1:0")
+	res := &FollowResult{Changes: PartnersChanges}
+	if sweep > 0 {
+		cfg += fmt.Sprintf("sweep_interval: %s\n", sweep)
+		res.SweepInterval = sweep.String()
+	}
+	if err := os.WriteFile(second, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
 	cmd, done, err := e.spawnRelay(second)
 	if err != nil {
 		return nil, err
 	}
-	res := &FollowResult{Changes: PartnersChanges}
 	defer func() {
 		res.SteadyRSSMB, res.PeakRSSMB = statusMB(cmd.Process.Pid, "VmRSS:"), PeakRSS(cmd.Process.Pid)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
@@ -231,35 +269,25 @@ func (e *env) follow(ctx context.Context, cfgPath string) (*FollowResult, error)
 			<-done
 		}
 	}()
-	f := &follower{leader: e.relay.Process.Pid, second: cmd.Process.Pid, port: e.recv.port(), seen: map[string]time.Time{}, tried: map[string]struct{}{}}
+	f := &follower{leader: e.relay.Process.Pid, second: cmd.Process.Pid, port: e.recv.port(), seen: map[string]time.Time{}}
 	e.recv.setFollow(f.serve)
 	defer e.recv.setFollow(nil)
 
-	produceCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		t := time.NewTicker(time.Second / partnersFollowRate)
-		defer t.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-produceCtx.Done():
-				return
-			case <-t.C:
-				_, _ = e.pool.Exec(produceCtx, `INSERT INTO postbox.outbox`+insertSQL, outbox.NewEventID(), partnersFollowed, payload(i))
-			}
+	for i := range partnersFollowEvents {
+		if _, err := e.pool.Exec(ctx, `INSERT INTO postbox.outbox`+insertSQL, outbox.NewEventID(), partnersFollowed, payload(i)); err != nil {
+			return nil, fmt.Errorf("write the followed endpoint's events: %w", err)
 		}
-	})
-	defer func() { stop(); wg.Wait() }()
-
-	// The second instance is up once it has delivered at the first url.
-	fmt.Fprintln(e.log, "bench: partners, waiting for the second instance's first delivery")
-	if _, ok := f.wait(ctx, "/follow/v0", time.Now(), time.Minute); !ok {
-		return nil, errors.New("the second instance delivered nothing within a minute")
 	}
-	fmt.Fprintf(e.log, "bench: partners, %d changes of the followed endpoint's url\n", PartnersChanges)
+
+	// The second instance is up once it has sent to the first url.
+	fmt.Fprintln(e.log, "bench: partners, waiting for the second instance's first attempt")
+	if _, ok := f.wait(ctx, at(0), time.Time{}, time.Minute); !ok {
+		return nil, errors.New("the second instance sent nothing within a minute")
+	}
+	fmt.Fprintf(e.log, "bench: partners, %d changes of the followed endpoint's url (the second instance's sweep_interval %s)\n", PartnersChanges, cmp.Or(res.SweepInterval, "by default"))
 	var lat []float64
 	for i := 1; i <= PartnersChanges; i++ {
-		path := fmt.Sprintf("/follow/v%d", i)
+		path := at(i)
 		sent := time.Now()
 		if _, err := e.pool.Exec(ctx, `UPDATE postbox.endpoints SET url = $1 WHERE name = $2`, e.recv.URL+path, partnersFollowed); err != nil {
 			return nil, fmt.Errorf("change the followed endpoint: %w", err)
@@ -273,7 +301,7 @@ func (e *env) follow(ctx context.Context, cfgPath string) (*FollowResult, error)
 	}
 	slices.Sort(lat)
 	res.P50ms, res.P99ms, res.Maxms = quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
-	res.Delivered, res.Refused, res.RefusedFirst = f.counts()
+	res.StreamingRequests, res.SecondRequests = f.counts()
 	return res, nil
 }
 
@@ -284,44 +312,28 @@ type follower struct {
 	leader, second, port int
 	mu                   sync.Mutex
 	seen                 map[string]time.Time
-	tried                map[string]struct{} // events the second instance attempted
-	delivered, refused   int
-	refused2             int // the second instance's first attempts
+	first, second2       int // the requests of each instance
 }
 
 func (f *follower) serve(w http.ResponseWriter, r *http.Request, now time.Time) {
 	pid := socketPID(r, f.port, f.leader, f.second)
-	id := r.Header.Get(outbox.HeaderID)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if pid != f.second {
-		f.refused++
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return
+	if pid == f.second {
+		f.second2++
+		if _, ok := f.seen[r.URL.Path]; !ok {
+			f.seen[r.URL.Path] = now
+		}
+	} else {
+		f.first++
 	}
-	if _, ok := f.seen[r.URL.Path]; !ok {
-		f.seen[r.URL.Path] = now
-	}
-	if _, ok := f.tried[id]; !ok {
-		// The second instance's first attempt of each event fails too:
-		// it then retries the event itself, a few milliseconds later,
-		// and its claim, woken by that retry, takes the other retries
-		// due, so it keeps attempting (an instance takes the retries
-		// other instances scheduled only when its own fall due, an
-		// endpoint change was applied, or at its sweep).
-		f.tried[id] = struct{}{}
-		f.refused2++
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return
-	}
-	f.delivered++
-	w.WriteHeader(http.StatusNoContent)
+	w.WriteHeader(http.StatusServiceUnavailable)
 }
 
-func (f *follower) counts() (delivered, refused, refused2 int) {
+func (f *follower) counts() (streaming, second int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.delivered, f.refused, f.refused2
+	return f.first, f.second2
 }
 
 // wait returns when the second instance first reached path, if it did
@@ -407,8 +419,10 @@ func (p *PartnersResult) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\npartners: %d rows of postbox.endpoints (url, a header, a timeout each), written by one INSERT … generate_series in %.1f s\n", p.Rows, p.InsertSeconds)
 	for i := range p.Beside {
-		fmt.Fprintf(w, "  run %d: start with the rows inserted while down: streaming after %.2f s, every row applied after %.2f s; restart with them applied: streaming after %.2f s; RSS %.0f MB at the end of the latency run, peak %.0f MB\n",
-			i+1, p.FirstStartSeconds[i], p.CaughtUpSeconds[i], p.StartSeconds[i], p.SteadyRSSMB[i], p.PeakRSSMB[i])
+		fmt.Fprintf(w, "  run %d: start with the rows inserted while down: streaming after %.2f s, every row applied after %.2f s; with a seed owed (endpoint_state copied whole first): streaming after %.2f s, peak RSS %.0f MB\n",
+			i+1, p.FirstStartSeconds[i], p.CaughtUpSeconds[i], p.SeedSeconds[i], p.SeedPeakRSSMB[i])
+		fmt.Fprintf(w, "         restart with the rows applied: streaming after %.2f s; RSS %.0f MB at the end of the latency run over ten of them, peak %.0f MB\n",
+			p.StartSeconds[i], p.SteadyRSSMB[i], p.PeakRSSMB[i])
 	}
 	fmt.Fprintf(w, "  commit → receiver latency, runs alternating, endpoints in the file (no rows) / the same number of the rows:\n")
 	for i := range p.Alone {
@@ -418,10 +432,10 @@ func (p *PartnersResult) print(w io.Writer) {
 				what, l.Rate, l.Endpoints, l.P50ms, l.P90ms, l.P99ms, l.Maxms, l.Measured, l.Received, l.Lost, l.Dups, anomalies(l.Unacknowledged, l.BadSignatures))
 		}
 	}
-	if f := p.Follow; f != nil {
-		fmt.Fprintf(w, "  a second, non-streaming instance: %d changes of one row's url, each timed from before its UPDATE until the receiver's first request from that instance at the new url\n", f.Changes)
-		fmt.Fprintf(w, "  (%d events/s for the row; the receiver tells the instances apart by the process holding the request's socket, answers the streaming instance 503, so the retries milliseconds later are the second instance's to deliver, and the second instance's first attempt of each event 503, so it keeps claiming):\n", partnersFollowRate)
-		fmt.Fprintf(w, "    p50 %.0f ms   p99 %.0f ms   max %.0f ms   missed (none within %s) %d; second instance delivered %d (first attempts refused %d), streaming instance refused %d; second instance RSS %.0f MB, peak %.0f MB\n",
-			f.P50ms, f.P99ms, f.Maxms, partnersChangeWithin, f.Missed, f.Delivered, f.RefusedFirst, f.Refused, f.SteadyRSSMB, f.PeakRSSMB)
+	for _, f := range p.Follow {
+		fmt.Fprintf(w, "  a second, non-streaming instance (sweep_interval %s): %d changes of one row's url, each timed from before its UPDATE until the receiver's first request from that instance at the new url\n", cmp.Or(f.SweepInterval, "5s, the default"), f.Changes)
+		fmt.Fprintf(w, "  (%d events of the row answered 503 whoever sends them, so each is retried every 20-40 ms by the instance that claimed it last; the receiver tells the instances apart by the process holding the request's socket):\n", partnersFollowEvents)
+		fmt.Fprintf(w, "    p50 %.0f ms   p99 %.0f ms   max %.0f ms   missed (none within %s) %d; requests: second instance %d, streaming instance %d; second instance RSS %.0f MB, peak %.0f MB\n",
+			f.P50ms, f.P99ms, f.Maxms, partnersChangeWithin, f.Missed, f.SecondRequests, f.StreamingRequests, f.SteadyRSSMB, f.PeakRSSMB)
 	}
 }

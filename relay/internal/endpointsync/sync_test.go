@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -216,4 +217,29 @@ func TestDeleteDecodedStaysDeletedWhileTheIngestCatchesUp(t *testing.T) {
 	require.NoError(t, s.Refresh(ctx))
 	_, ok = table.Get("d")
 	require.False(t, ok, "not brought back by the row read again")
+}
+
+// TestRefreshStartsAtTheIngestPosition: rows written at one position (a
+// seed writes every row at its own) are read once; the reads after start
+// at the ingest's position, past them.
+func TestRefreshStartsAtTheIngestPosition(t *testing.T) {
+	// Not parallel: it counts the package's rows read.
+	tb := setup(t)
+	ctx := context.Background()
+	table := tb.env.Config().EndpointTable
+	s := endpointsync.New(tb.env, table, nil)
+	require.NoError(t, s.Reload(ctx))
+	var ws []store.EndpointWrite
+	for i := range 50 {
+		name := "p-" + strconv.Itoa(i)
+		ws = append(ws, store.EndpointWrite{Name: name, Revision: int64(i + 1), LSN: 0x100,
+			Row: row(t, name, int64(i+1), map[string]string{"url": "http://a.example/" + name})})
+	}
+	tb.ingest(t, 0x200, ws, slices.Repeat([]bool{true}, len(ws))...)
+	before := endpointsync.RowsRead()
+	require.NoError(t, s.Refresh(ctx))
+	require.Equal(t, 50, table.Len())
+	require.NoError(t, s.Refresh(ctx))
+	require.NoError(t, s.Refresh(ctx))
+	require.Equal(t, int64(50), endpointsync.RowsRead()-before, "the rows at 0x100 are read once")
 }

@@ -149,12 +149,21 @@ func seedChunk(ctx context.Context, tx pgx.Tx, lsn pglogrepl.LSN) ([]EndpointWri
 }
 
 // SeedEndpoints copies postbox.endpoints whole into endpoint_state (rows
-// gone from the table become tombstones) at position lsn, in one
+// gone from the table become tombstones) as of position lsn, in one
 // transaction, and marks the slot's copy seeded. The stream's changes
 // committed around it come again; their revisions make that harmless.
 // Run by the leader before it streams, so no ingest runs beside it.
 func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, error) {
 	n := 0
+	// The rows are written just below lsn, the checkpoint's position: a
+	// read of endpoint_state takes rows at or after the ingest position it
+	// last read (rows at it may be followed by more), and rows at it would
+	// be read again, every one, until the checkpoint moves. Below it, they
+	// are what every change committed before it left.
+	rowsAt := lsn
+	if rowsAt > 0 {
+		rowsAt--
+	}
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
 		// Read through a cursor SeedChunkDefault rows at a time, each
 		// chunk written before the next is read: 100,000 rows read and
@@ -177,7 +186,7 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 			for i, w := range ws {
 				chunk[i], texts[i], revisions[i] = w.Name, string(w.Row), w.Revision
 			}
-			if _, err := tx.Exec(ctx, seedEndpointsSQL, chunk, texts, revisions, lsn.String()); err != nil {
+			if _, err := tx.Exec(ctx, seedEndpointsSQL, chunk, texts, revisions, rowsAt.String()); err != nil {
 				return err
 			}
 			names = append(names, chunk...)
@@ -185,7 +194,7 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 		}
 		b := &pgx.Batch{}
 		b.Queue(`UPDATE postbox.endpoint_state SET row = 'null', lsn = $2::pg_lsn
-			WHERE jsonb_typeof(row) = 'object' AND NOT (name = ANY($1::text[]))`, names, lsn.String())
+			WHERE jsonb_typeof(row) = 'object' AND NOT (name = ANY($1::text[]))`, names, rowsAt.String())
 		b.Queue(`UPDATE postbox.checkpoints SET endpoints_seeded = true, endpoints_lsn = greatest(endpoints_lsn, $2::pg_lsn)
 			WHERE slot = $1`, s.Slot, lsn.String())
 		b.Queue(`SELECT pg_notify($1, '')`, EndpointsChannel)

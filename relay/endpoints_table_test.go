@@ -17,6 +17,7 @@ import (
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
+	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
@@ -73,6 +74,32 @@ func TestEndpointRowsSeededBeforeFirstStart(t *testing.T) {
 	var rows int
 	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.endpoint_state WHERE jsonb_typeof(row) = 'object'`).Scan(&rows))
 	require.Equal(t, 1, rows, "the deleted row is not applied")
+}
+
+// TestEndpointRowsSeededInChunks: a seed reads the table a chunk at a
+// time (store.SeedChunkDefault); every row of every chunk is applied,
+// the last one's included.
+func TestEndpointRowsSeededInChunks(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	rc := newReceiver(t, nil)
+	ctx := context.Background()
+	_, err := relay.Migrate(ctx, tb.pool, tb.resolved(t))
+	require.NoError(t, err)
+	n := 2*store.SeedChunkDefault + 1
+	tb.exec(t, `INSERT INTO postbox.endpoints (name, url, headers)
+		SELECT 'p-' || i, $1 || '/p-' || i, jsonb_build_object('X-Partner', i::text) FROM generate_series(1, $2) i`, rc.URL, n)
+
+	tb.start(t, relay.Options{})
+	last := fmt.Sprintf("p-%d", n)
+	tb.insert(t, outbox.Event{Endpoint: last, Payload: json.RawMessage(`{"n":1}`)})
+	waitUntil(t, 10*time.Second, "the event delivered", func() bool { return rc.count() == 1 })
+	got := rc.requests()[0]
+	require.Equal(t, "/"+last, got.Path)
+	require.Equal(t, strconv.Itoa(n), got.Header.Get("X-Partner"))
+	var rows int
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.endpoint_state WHERE jsonb_typeof(row) = 'object'`).Scan(&rows))
+	require.Equal(t, n, rows)
 }
 
 // TestEndpointChangesApplyInOrderOnTwoInstances changes an endpoint's url,

@@ -25,7 +25,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	var asJSON bool
 	fs := flag.NewFlagSet("postbox bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, floor, hanging, failing, catchup, catchup-bulk, load, load-floor, chaos, soak, dead, scale, storm")
+	fs.StringVar(&o.Scenarios, "scenario", bench.ScenariosDefault, "comma-separated: latency, floor, hanging, failing, catchup, catchup-bulk, load, load-floor, chaos, soak, dead, scale, storm, partners")
 	fs.IntVar(&o.Rate, "rate", 0, fmt.Sprintf("latency, chaos, soak: events per second (default %d, chaos %d)", bench.RateDefault, bench.ChaosRateDefault))
 	fs.IntVar(&o.Endpoints, "endpoints", bench.EndpointsDefault, "number of endpoints")
 	fs.DurationVar(&o.Duration, "duration", bench.DurationDefault, "latency, load, load-floor, chaos, soak: how long to produce")
@@ -39,6 +39,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.Storm, "storm", bench.StormDefault, "storm: endpoints whose targets refuse connections, an event each before the run, beside the healthy ones")
 	fs.IntVar(&o.StormRate, "storm-rate", bench.StormRateDefault, "storm: fresh events a second for the failing endpoints during the run")
 	fs.IntVar(&o.Instances, "instances", bench.InstancesDefault, "scale: run 1, 2, … up to this many relays against the one database")
+	fs.IntVar(&o.TableEndpoints, "table-endpoints", bench.TableEndpointsDefault, "partners: rows of postbox.endpoints to write, --endpoints of them receiving the latency run's events")
 	fs.BoolVar(&o.Emit, "emit", false, "latency, catchup, load, scale: write events with outbox.Emit (WAL messages) instead of outbox rows")
 	fs.IntVar(&o.WalsenderNice, "walsender-nice", 0, "load, load-floor: give the walsender streaming the events this nice value, -20 to 19 (default: leave it); it must run on this machine")
 	fs.StringVar(&o.CPUScheduling, "cpu-scheduling", "batch", "the relay's cpu_scheduling, batch or normal, and the floor's bare client's in its own process")

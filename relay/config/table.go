@@ -51,11 +51,41 @@ type EndpointTable struct {
 	mu   sync.RWMutex
 	eps  map[string]*tableEntry
 	subs subIndex // the enabled endpoints' subscriptions (Subscribers)
+	// parse parses a row kept as text (ParseRowsWith).
+	parse func(row []byte) TableEndpoint
+	// invalid, when set, names the invalid endpoints as whoever keeps
+	// the table computes them (KeepInvalid).
+	invalid atomic.Pointer[func() []string]
 }
 
+// KeepInvalid has Invalid answer with f: the keeper of the table knows
+// its invalid rows as changes are applied, where computing them afresh
+// resolves every row.
+func (t *EndpointTable) KeepInvalid(f func() []string) { t.invalid.Store(&f) }
+
+// Invalid names the table's invalid endpoints as its keeper computes
+// them, sorted, and whether it has a keeper.
+func (t *EndpointTable) Invalid() ([]string, bool) {
+	if t == nil {
+		return nil, false
+	}
+	f := t.invalid.Load()
+	if f == nil {
+		return nil, false
+	}
+	return (*f)(), true
+}
+
+// tableEntry is one row applied. A row given as its columns' text
+// (ApplyRow, ReplaceWith) is kept so, about 150 bytes, and parsed again
+// when asked for (its resolution is kept once its events are attempted):
+// 100,000 rows kept parsed took 85 MB, a heap the collector marks again
+// and again. A row given parsed (Apply) is kept parsed.
 type tableEntry struct {
-	te    TableEndpoint
-	cache atomic.Pointer[tableResolved]
+	revision int64
+	te       *TableEndpoint
+	row      []byte
+	cache    atomic.Pointer[tableResolved]
 }
 
 // tableResolved is an entry resolved under one configuration: reloading
@@ -70,20 +100,53 @@ func NewEndpointTable() *EndpointTable {
 	return &EndpointTable{eps: map[string]*tableEntry{}, subs: newSubIndex()}
 }
 
+// ParseRowsWith has the table keep the rows given as text (ApplyRow,
+// ReplaceWith) as text, parsed by parse when asked for; without it they
+// are kept parsed.
+func (t *EndpointTable) ParseRowsWith(parse func(row []byte) TableEndpoint) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.parse = parse
+}
+
+// newEntry keeps te, or row when it is given and the table can parse it.
+func (t *EndpointTable) newEntry(te TableEndpoint, row []byte) *tableEntry {
+	e := &tableEntry{revision: te.Revision}
+	if row != nil && t.parse != nil {
+		e.row = row
+	} else {
+		e.te = &te
+	}
+	return e
+}
+
+// tableEndpoint is the row e keeps, parsed.
+func (t *EndpointTable) tableEndpoint(e *tableEntry) TableEndpoint {
+	if e.te != nil {
+		return *e.te
+	}
+	return t.parse(e.row)
+}
+
 // Apply puts te in, unless the table holds a later revision of it.
-func (t *EndpointTable) Apply(te TableEndpoint) {
+func (t *EndpointTable) Apply(te TableEndpoint) { t.ApplyRow(te, nil) }
+
+// ApplyRow is Apply of te parsed from row, the row's columns as text,
+// which the table keeps instead of te when it can parse it again
+// (ParseRowsWith).
+func (t *EndpointTable) ApplyRow(te TableEndpoint, row []byte) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cur, ok := t.eps[te.Name]
-	if ok && cur.te.Revision > te.Revision {
+	if ok && cur.revision > te.Revision {
 		return
 	}
 	if ok {
-		t.subs.remove(&cur.te)
+		old := t.tableEndpoint(cur)
+		t.subs.remove(&old)
 	}
-	e := &tableEntry{te: te}
-	t.eps[te.Name] = e
-	t.subs.add(&e.te)
+	t.eps[te.Name] = t.newEntry(te, row)
+	t.subs.add(&te)
 }
 
 // Remove takes name out, unless the table holds a revision of it later
@@ -91,25 +154,45 @@ func (t *EndpointTable) Apply(te TableEndpoint) {
 func (t *EndpointTable) Remove(name string, revision int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if cur, ok := t.eps[name]; ok && cur.te.Revision <= revision {
-		t.subs.remove(&cur.te)
+	if cur, ok := t.eps[name]; ok && cur.revision <= revision {
+		old := t.tableEndpoint(cur)
+		t.subs.remove(&old)
 		delete(t.eps, name)
 	}
 }
 
 // Replace makes the table hold exactly eps (a whole copy read afresh).
 func (t *EndpointTable) Replace(eps []TableEndpoint) {
-	m := make(map[string]*tableEntry, len(eps))
-	for _, te := range eps {
-		m[te.Name] = &tableEntry{te: te}
-	}
+	_ = t.ReplaceWith(func(add func(TableEndpoint, []byte)) error {
+		for _, te := range eps {
+			add(te, nil)
+		}
+		return nil
+	})
+}
+
+// ReplaceWith makes the table hold exactly what fill adds (as ApplyRow
+// takes it; row may be nil), unless fill fails: the rows are parsed one
+// at a time as they are read, never all held in a slice beside the
+// table.
+func (t *EndpointTable) ReplaceWith(fill func(add func(te TableEndpoint, row []byte)) error) error {
+	m := map[string]*tableEntry{}
 	subs := newSubIndex()
-	for _, e := range m {
-		subs.add(&e.te)
+	err := fill(func(te TableEndpoint, row []byte) {
+		if cur, ok := m[te.Name]; ok {
+			old := t.tableEndpoint(cur)
+			subs.remove(&old)
+		}
+		m[te.Name] = t.newEntry(te, row)
+		subs.add(&te)
+	})
+	if err != nil {
+		return err
 	}
 	t.mu.Lock()
 	t.eps, t.subs = m, subs
 	t.mu.Unlock()
+	return nil
 }
 
 // Get returns the row applied for name.
@@ -118,13 +201,16 @@ func (t *EndpointTable) Get(name string) (TableEndpoint, bool) {
 	if e == nil {
 		return TableEndpoint{}, false
 	}
-	return e.te, true
+	return t.tableEndpoint(e), true
 }
+
+// Has reports whether the table holds name.
+func (t *EndpointTable) Has(name string) bool { return t.entry(name) != nil }
 
 // Revision is the revision applied for name (0 when there is none).
 func (t *EndpointTable) Revision(name string) int64 {
 	if e := t.entry(name); e != nil {
-		return e.te.Revision
+		return e.revision
 	}
 	return 0
 }
@@ -172,7 +258,7 @@ func (t *EndpointTable) Each(f func(TableEndpoint)) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	for _, e := range t.eps {
-		f(e.te)
+		f(t.tableEndpoint(e))
 	}
 }
 
@@ -186,10 +272,14 @@ func (c *Config) tableEndpoint(name string) (Endpoint, bool) {
 	if r := e.cache.Load(); r != nil && r.cfg == c {
 		return r.ep, true
 	}
-	ep := c.resolveTable(e.te)
+	ep := c.resolveTable(c.EndpointTable.tableEndpoint(e))
 	e.cache.Store(&tableResolved{cfg: c, ep: ep})
 	return ep, true
 }
+
+// ResolveTableEndpoint resolves te under c as Endpoint would, without
+// keeping the resolution.
+func (c *Config) ResolveTableEndpoint(te TableEndpoint) Endpoint { return c.resolveTable(te) }
 
 // ReservedHeaders are the headers postbox sets itself: a row of
 // postbox.endpoints that sets one is invalid (the file's endpoints keep

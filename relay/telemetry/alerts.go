@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -63,12 +64,19 @@ func LoadInvalidEndpoints(ctx context.Context, q Querier, cfg *config.Config) ([
 // InvalidEndpoints names the endpoints of cfg's table (postbox.endpoints
 // as the instance applied it) that are invalid, sorted.
 func InvalidEndpoints(cfg *config.Config) []string {
-	var out []string
-	for _, name := range cfg.EndpointTable.Names() {
-		if ep := cfg.Endpoint(name); ep.Source == config.SourceTable && ep.Invalid != "" {
-			out = append(out, name)
-		}
+	if names, ok := cfg.EndpointTable.Invalid(); ok {
+		return names // as the instance keeps them, change by change
 	}
+	var out []string
+	cfg.EndpointTable.Each(func(te config.TableEndpoint) {
+		if _, ok := cfg.Endpoints[te.Name]; ok {
+			return
+		}
+		if ep := cfg.ResolveTableEndpoint(te); ep.Invalid != "" {
+			out = append(out, te.Name)
+		}
+	})
+	slices.Sort(out)
 	return out
 }
 

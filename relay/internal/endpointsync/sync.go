@@ -9,8 +9,10 @@ package endpointsync
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,7 +48,6 @@ type Syncer struct {
 	// in table (the ingest's checkpoint read with the rows, or the
 	// stream's decoded commit).
 	applied atomic.Uint64
-	version atomic.Int64 // counts changes to table, for held's cache
 
 	mu sync.Mutex // one read or stream apply at a time; rows, gone and since
 	// rows are the applied rows an update may leave columns out of (see
@@ -64,11 +65,17 @@ type Syncer struct {
 	conflictsMu sync.Mutex
 	conflicts   map[string]bool
 
-	heldMu      sync.Mutex
-	heldCfg     *config.Config
-	heldVersion int64
-	held        []string
-	invalid     []string
+	// heldBy is why each held endpoint of the table waits (execute.Held
+	// under heldCfg): computed whole when the configuration changes or the
+	// table is read whole, else kept name by name as changes are applied,
+	// so that one change resolves its own endpoint and none of the others.
+	heldMu  sync.Mutex
+	heldCfg *config.Config // nil: heldBy is to be computed whole
+	heldBy  map[string]string
+	// held and invalid are heldBy's names, sorted; nil until asked for
+	// after a change.
+	held, invalid []string
+	listed        bool
 }
 
 // New returns a Syncer keeping table; changed is called after a change
@@ -77,8 +84,35 @@ func New(env *service.Env, table *config.EndpointTable, changed func()) *Syncer 
 	if changed == nil {
 		changed = func() {}
 	}
-	return &Syncer{env: env, log: env.Logger("endpoints"), table: table, changed: changed,
+	s := &Syncer{env: env, log: env.Logger("endpoints"), table: table, changed: changed,
 		rows: map[string]endpoints.Row{}, gone: map[string]int64{}}
+	table.KeepInvalid(s.Invalid)
+	table.ParseRowsWith(parseRow)
+	return s
+}
+
+// parseRow parses a row kept as the JSON of its columns' text.
+func parseRow(text []byte) config.TableEndpoint {
+	var row endpoints.Row
+	if err := json.Unmarshal(text, &row); err != nil {
+		// Not reached: the table keeps only what rowText wrote.
+		return config.TableEndpoint{Invalid: "row: " + err.Error()}
+	}
+	return endpoints.Parse(row)
+}
+
+// rowText is row as the table keeps it: the JSON of its columns' text,
+// NULL columns and the times postbox does not read left out.
+func rowText(name string, row endpoints.Row) []byte {
+	kept := make(endpoints.Row, len(row))
+	for k, v := range row {
+		if v != nil && k != "created_at" && k != "updated_at" {
+			kept[k] = v
+		}
+	}
+	kept["name"] = &name
+	b, _ := json.Marshal(kept) // a map of strings always encodes
+	return b
 }
 
 // GateOnly makes Start run neither the LISTEN nor the poll: the table
@@ -120,23 +154,28 @@ func (s *Syncer) advance(lsn pglogrepl.LSN) {
 func (s *Syncer) Reload(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	at, states, err := s.env.Store.ReadEndpointState(ctx, 0, true)
+	rows := map[string]endpoints.Row{}
+	since := pglogrepl.LSN(0)
+	var at pglogrepl.LSN
+	err := s.table.ReplaceWith(func(add func(config.TableEndpoint, []byte)) error {
+		var err error
+		at, err = s.env.Store.ScanEndpointState(ctx, 0, true, func(st store.EndpointState) error {
+			if mayToast(st.Row) {
+				rows[st.Name] = st.Row
+			}
+			add(endpoints.Parse(st.Row), st.Text)
+			since = max(since, st.LSN)
+			return nil
+		})
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	rows := map[string]endpoints.Row{}
-	tes := make([]config.TableEndpoint, 0, len(states))
-	since := pglogrepl.LSN(0)
-	for _, st := range states {
-		if mayToast(st.Row) {
-			rows[st.Name] = st.Row
-		}
-		tes = append(tes, endpoints.Parse(st.Row))
-		since = max(since, st.LSN)
-	}
-	s.table.Replace(tes)
-	s.rows, s.since = rows, since
-	s.version.Add(1)
+	s.rows, s.since = rows, max(since, at)
+	s.heldMu.Lock()
+	s.heldCfg = nil
+	s.heldMu.Unlock()
 	s.advance(at)
 	s.changed()
 	s.warnConflicts()
@@ -196,18 +235,23 @@ func (s *Syncer) refreshLocked(ctx context.Context) error {
 		return err
 	}
 	var applied []string
+	rowsRead.Add(int64(len(states)))
 	for _, st := range states {
 		s.since = max(s.since, st.LSN)
 		// Rows of the read's position are read again, and the stream may
 		// be ahead: apply only what is news. A delete keeps its row's
 		// revision.
-		cur, ok := s.table.Get(st.Name)
-		if st.Row == nil && (!ok || cur.Revision > st.Revision) || st.Row != nil && (ok && cur.Revision >= st.Revision || s.gone[st.Name] >= st.Revision) {
+		ok, rev := s.table.Has(st.Name), s.table.Revision(st.Name)
+		if st.Row == nil && (!ok || rev > st.Revision) || st.Row != nil && (ok && rev >= st.Revision || s.gone[st.Name] >= st.Revision) {
 			continue
 		}
 		s.applyLocked(st.Name, st.Row, st.Revision, true)
 		applied = append(applied, st.Name)
 	}
+	// Every change committed before the ingest's position is in what was
+	// read: the next read starts there, not at the last row's position,
+	// which a seed gives every row (100,000 rows read again each second).
+	s.since = max(s.since, at)
 	s.advance(at)
 	if len(applied) > 0 {
 		s.log.Debug().Int("changes", len(applied)).Stringer("applied", s.Applied()).Msg("applied endpoint changes")
@@ -272,11 +316,11 @@ func (s *Syncer) Decoded(commit pglogrepl.LSN) { s.advance(commit) }
 func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, whole bool) {
 	if row == nil {
 		s.table.Remove(name, revision)
-		if _, ok := s.table.Get(name); !ok {
+		if !s.table.Has(name) {
 			delete(s.rows, name)
 		}
 		s.gone[name] = max(s.gone[name], revision)
-		s.version.Add(1)
+		s.heldChanged(name)
 		return
 	}
 	if s.gone[name] >= revision {
@@ -293,7 +337,7 @@ func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, who
 	}
 	te := endpoints.Parse(row)
 	te.Name = name
-	s.table.Apply(te)
+	s.table.ApplyRow(te, rowText(name, row))
 	if s.table.Revision(name) == te.Revision {
 		if mayToast(row) {
 			s.rows[name] = row
@@ -301,7 +345,7 @@ func (s *Syncer) applyLocked(name string, row endpoints.Row, revision int64, who
 			delete(s.rows, name)
 		}
 	}
-	s.version.Add(1)
+	s.heldChanged(name)
 }
 
 // toastThreshold is below PostgreSQL's TOAST_TUPLE_THRESHOLD (about
@@ -340,26 +384,73 @@ func (s *Syncer) Invalid() []string {
 
 func (s *Syncer) heldAndInvalid() ([]string, []string) {
 	cfg := s.env.Config()
-	v := s.version.Load()
 	s.heldMu.Lock()
 	defer s.heldMu.Unlock()
-	if s.heldCfg == cfg && s.heldVersion == v {
-		return s.held, s.invalid
+	if s.heldCfg != cfg {
+		s.heldBy = map[string]string{}
+		s.table.Each(func(te config.TableEndpoint) {
+			if h := heldOf(cfg, te); h != "" {
+				s.heldBy[te.Name] = h
+			}
+		})
+		s.heldCfg, s.listed = cfg, false
 	}
-	var held, invalid []string
-	for _, name := range s.table.Names() {
-		h := execute.Held(cfg.Endpoint(name))
-		if h == "" {
-			continue
+	if !s.listed {
+		s.held, s.invalid = nil, nil
+		for name, h := range s.heldBy {
+			s.held = append(s.held, name)
+			if h != "disabled" {
+				s.invalid = append(s.invalid, name)
+			}
 		}
-		held = append(held, name)
-		if h != "disabled" {
-			invalid = append(invalid, name)
-		}
+		slices.Sort(s.held)
+		slices.Sort(s.invalid)
+		s.listed = true
 	}
-	s.heldCfg, s.heldVersion, s.held, s.invalid = cfg, v, held, invalid
-	return held, invalid
+	return s.held, s.invalid
 }
+
+// heldChanged computes again whether name is held, after a change to its
+// row alone.
+func (s *Syncer) heldChanged(name string) {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	if s.heldCfg == nil {
+		return // computed whole when next asked
+	}
+	h := ""
+	if te, ok := s.table.Get(name); ok {
+		h = heldOf(s.heldCfg, te)
+	}
+	if h != s.heldBy[name] {
+		if h == "" {
+			delete(s.heldBy, name)
+		} else {
+			s.heldBy[name] = h
+		}
+		s.listed = false
+	}
+}
+
+// heldOf is why te's events wait under cfg (execute.Held), "" when they
+// do not or when the file defines the name (the file wins). It resolves
+// te without keeping the resolution: an endpoint's is kept when its
+// events are attempted (Config.Endpoint), not for every row at once.
+func heldOf(cfg *config.Config, te config.TableEndpoint) string {
+	heldResolutions.Add(1)
+	if _, ok := cfg.Endpoints[te.Name]; ok {
+		return ""
+	}
+	return execute.Held(cfg.ResolveTableEndpoint(te))
+}
+
+// rowsRead counts the rows Refresh read (tests: a read starts at the
+// ingest's position).
+var rowsRead atomic.Int64
+
+// heldResolutions counts heldOf's resolutions (tests: a change resolves
+// its own endpoint only).
+var heldResolutions atomic.Int64
 
 // listenLoop reads endpoint_state when the streaming instance NOTIFYs
 // that it applied changes: a LISTEN on its own connection, reconnecting

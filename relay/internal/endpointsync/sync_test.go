@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -304,4 +305,54 @@ func (l *lockedBuffer) string() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestRefreshStartsAtTheIngestPosition: rows written at one position (a
+// seed writes every row at its own) are read once; the reads after start
+// at the ingest's position, past them.
+func TestRefreshStartsAtTheIngestPosition(t *testing.T) {
+	// Not parallel: it counts the package's rows read.
+	tb := setup(t)
+	ctx := context.Background()
+	table := tb.env.Config().EndpointTable
+	s := endpointsync.New(tb.env, table, nil)
+	require.NoError(t, s.Reload(ctx))
+	var ws []store.EndpointWrite
+	for i := range 50 {
+		name := "p-" + strconv.Itoa(i)
+		ws = append(ws, store.EndpointWrite{Name: name, Revision: int64(i + 1), LSN: 0x100,
+			Row: row(t, name, int64(i+1), map[string]string{"url": "http://a.example/" + name})})
+	}
+	tb.ingest(t, 0x200, ws, slices.Repeat([]bool{true}, len(ws))...)
+	before := endpointsync.RowsRead()
+	require.NoError(t, s.Refresh(ctx))
+	require.Equal(t, 50, table.Len())
+	require.NoError(t, s.Refresh(ctx))
+	require.NoError(t, s.Refresh(ctx))
+	require.Equal(t, int64(50), endpointsync.RowsRead()-before, "the rows at 0x100 are read once")
+}
+
+// TestSeededRowsReadOnce: a seed's rows, written as of the checkpoint's
+// position, are read by the read of the whole table and by no read after
+// it while the checkpoint stays where it was (an instance with nothing
+// to ingest).
+func TestSeededRowsReadOnce(t *testing.T) {
+	// Not parallel: it counts the package's rows read.
+	tb := setup(t)
+	ctx := context.Background()
+	tb.ingest(t, 0x200, nil)
+	_, err := tb.st.Pool.Exec(ctx, `INSERT INTO postbox.endpoints (name, url) SELECT 'p-' || i, 'http://a.example/' || i FROM generate_series(1, 50) i`)
+	require.NoError(t, err)
+	_, err = tb.st.SeedEndpoints(ctx, 0x200)
+	require.NoError(t, err)
+	table := tb.env.Config().EndpointTable
+	s := endpointsync.New(tb.env, table, nil)
+	require.NoError(t, s.Reload(ctx))
+	require.Equal(t, 50, table.Len())
+	before := endpointsync.RowsRead()
+	for range 3 {
+		require.NoError(t, s.Refresh(ctx))
+	}
+	require.Zero(t, endpointsync.RowsRead()-before, "the seeded rows are not read again")
+	require.Equal(t, 50, table.Len())
 }

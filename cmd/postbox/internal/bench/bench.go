@@ -35,7 +35,7 @@ const (
 )
 
 // scenarios are the names Options.Scenarios may list.
-var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "catchup-bulk", "load", "load-floor", "chaos", "soak", "dead", "scale", "storm"}
+var scenarios = []string{"latency", "floor", "hanging", "failing", "catchup", "catchup-bulk", "load", "load-floor", "chaos", "soak", "dead", "scale", "storm", "partners"}
 
 // ErrBadSignatures is returned by Run, with the figures, when a delivery
 // failed outbox.Verify.
@@ -105,6 +105,9 @@ type Options struct {
 	// Instances is how many relays the scale scenario runs at most
 	// (InstancesDefault when zero): it runs 1, 2, … up to Instances.
 	Instances int
+	// TableEndpoints is how many rows of postbox.endpoints the partners
+	// scenario writes (TableEndpointsDefault when zero).
+	TableEndpoints int
 	// Emit has the producers write events with outbox.Emit (WAL messages)
 	// instead of outbox rows: latency, catchup, load and scale.
 	Emit bool
@@ -155,6 +158,7 @@ func (o Options) WithDefaults() Options {
 	o.Relays = cmp.Or(o.Relays, ChaosRelays)
 	o.Dead = cmp.Or(o.Dead, DeadDefault)
 	o.Instances = cmp.Or(o.Instances, InstancesDefault)
+	o.TableEndpoints = cmp.Or(o.TableEndpoints, TableEndpointsDefault)
 	o.Storm, o.StormRate = cmp.Or(o.Storm, StormDefault), cmp.Or(o.StormRate, StormRateDefault)
 	return o
 }
@@ -194,6 +198,10 @@ func (o Options) validate() ([]string, error) {
 		return nil, fmt.Errorf("endpoints: chaos wants at least 2 (one of them flaps), got %d", o.Endpoints)
 	case (slices.Contains(names, "floor") || slices.Contains(names, "load-floor")) && o.Emit:
 		return nil, errors.New("floor, load-floor: the bare client reads outbox rows only, not outbox.Emit's messages")
+	case o.TableEndpoints < 0 || slices.Contains(names, "partners") && o.TableEndpoints < o.Endpoints:
+		return nil, fmt.Errorf("table-endpoints: want at least --endpoints (%d), got %d", o.Endpoints, o.TableEndpoints)
+	case slices.Contains(names, "partners") && o.Emit:
+		return nil, errors.New("partners: the second instance's events are outbox rows; leave out --emit")
 	case o.Relays < 0 || o.Relays > 16:
 		return nil, fmt.Errorf("relays: want 1 to 16, got %d", o.Relays)
 	case o.CPUScheduling != "" && o.CPUScheduling != "batch" && o.CPUScheduling != "normal":
@@ -227,6 +235,8 @@ type Result struct {
 	Dead      *DeadResult  `json:"dead_endpoints,omitempty"`
 	Scale     *ScaleResult `json:"scale,omitempty"`
 	Storm     *StormResult `json:"storm,omitempty"`
+	// Partners is endpoints as rows of postbox.endpoints at scale.
+	Partners *PartnersResult `json:"partners,omitempty"`
 	// Emit says the events were written with outbox.Emit, not as rows.
 	Emit bool `json:"emit,omitempty"`
 	// CPUScheduling is the relay's cpu_scheduling (Options.CPUScheduling).
@@ -539,6 +549,8 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 			res.Scale, err = env.scale(ctx, opts)
 		case "storm":
 			res.Storm, err = env.storm(ctx, opts)
+		case "partners":
+			res.Partners, err = env.partners(ctx, opts)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s, err)
@@ -576,6 +588,14 @@ func (r *Result) check() error {
 	}
 	if r.Storm != nil {
 		latency["storm, alone"], latency["storm, beside the storm"] = r.Storm.Alone, r.Storm.Beside
+	}
+	if p := r.Partners; p != nil {
+		for i := range p.Alone {
+			latency[fmt.Sprintf("partners, file endpoints, run %d", i+1)] = p.Alone[i]
+		}
+		for i := range p.Beside {
+			latency[fmt.Sprintf("partners, table endpoints, run %d", i+1)] = p.Beside[i]
+		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(latency)) {
 		if l := latency[name]; l != nil {
@@ -672,6 +692,11 @@ func (r *Result) lost() int {
 	if r.Scale != nil {
 		for _, run := range r.Scale.Runs {
 			n += run.Lost
+		}
+	}
+	if p := r.Partners; p != nil {
+		for _, l := range append(slices.Clip(p.Alone), p.Beside...) {
+			n += l.Lost
 		}
 	}
 	return n + r.Storm.lost()

@@ -44,8 +44,12 @@ type env struct {
 	emit           bool         // events are written with outbox.Emit: the relays need outbox_messages
 	relay          *exec.Cmd
 	done           chan struct{}
-	log            io.Writer
-	watch          *hostWatch // the machine's pauses, while the bench runs
+	// startedIn is how long the last relay started took to stream, and
+	// stoppedRSS its RSS when it was last told to stop.
+	startedIn  time.Duration
+	stoppedRSS float64
+	log        io.Writer
+	watch      *hostWatch // the machine's pauses, while the bench runs
 }
 
 // writeConfigHead writes what every relay configuration the bench writes
@@ -87,6 +91,7 @@ func (e *env) startRelay(ctx context.Context) error { return e.startRelayWith(ct
 
 // startRelayWith is startRelay with the configuration file cfgPath.
 func (e *env) startRelayWith(ctx context.Context, cfgPath string) error {
+	spawned := time.Now()
 	cmd, done, err := e.spawnRelay(cfgPath)
 	if err != nil {
 		return err
@@ -101,6 +106,7 @@ func (e *env) startRelayWith(ctx context.Context, cfgPath string) error {
 		var active bool
 		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(active AND confirmed_flush_lsn IS NOT NULL), false) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&active)
 		if err == nil && active {
+			e.startedIn = time.Since(spawned)
 			return nil
 		}
 		select {
@@ -174,6 +180,7 @@ func (e *env) waitCaughtUp(ctx context.Context) error {
 // stopRelay sends SIGTERM and returns the relay's peak RSS in MB.
 func (e *env) stopRelay() float64 {
 	rss := PeakRSS(e.relay.Process.Pid)
+	e.stoppedRSS = statusMB(e.relay.Process.Pid, "VmRSS:")
 	_ = e.relay.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-e.done:

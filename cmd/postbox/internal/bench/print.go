@@ -141,6 +141,7 @@ func (r *Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "  sent %d (%d inserts failed or skipped), lost %d, duplicates %d, bad signatures %d\n", s.Sent, s.FailedInserts, s.Lost, s.Dups, s.BadSignatures)
 	}
 	r.Storm.print(w)
+	r.Partners.print(w)
 }
 
 // anomalies are the figures that should be zero: bad signatures always,

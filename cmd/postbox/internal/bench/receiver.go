@@ -1,9 +1,12 @@
 package bench
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -187,6 +190,8 @@ type receiver struct {
 
 	failed atomic.Int64 // requests to /fail
 	start  time.Time    // the flapping endpoints' cycle starts here
+	// follow answers the requests to /follow/ (setFollow).
+	follow func(http.ResponseWriter, *http.Request, time.Time)
 }
 
 // The endpoints under /flap/ cycle through healthy, answering 500 and
@@ -207,15 +212,41 @@ func flapPhase(d time.Duration) int { return int(d/flapPeriod) % 3 }
 
 func newReceiver(secret string) *receiver {
 	rv := &receiver{secrets: []string{secret}, hang: make(chan struct{}), ledger: newLedger(), start: time.Now()}
-	rv.Server = httptest.NewServer(http.HandlerFunc(rv.serve))
+	rv.Server = httptest.NewUnstartedServer(http.HandlerFunc(rv.serve))
+	// Each connection's process is found once (socketPID).
+	rv.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, &connPID{})
+	}
+	rv.Start()
 	return rv
 }
+
+// addSecrets has the receiver accept signatures by secrets too.
+func (rv *receiver) addSecrets(secrets ...string) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	rv.secrets = append(slices.Clip(rv.secrets), secrets...)
+}
+
+// setFollow has f answer the requests to /follow/ (the partners
+// scenario's), or no one when nil.
+func (rv *receiver) setFollow(f func(http.ResponseWriter, *http.Request, time.Time)) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	rv.follow = f
+}
+
+// port is the port the receiver listens on.
+func (rv *receiver) port() int { return rv.Listener.Addr().(*net.TCPAddr).Port }
 
 func (rv *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	rv.mu.Lock()
+	secrets, follow := rv.secrets, rv.follow
+	rv.mu.Unlock()
 	if err == nil {
-		err = outbox.Verify(rv.secrets, r.Header, body, now)
+		err = outbox.Verify(secrets, r.Header, body, now)
 	}
 	rv.mu.Lock()
 	if err != nil {
@@ -237,6 +268,10 @@ func (rv *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	case "/fail":
 		rv.failed.Add(1)
 		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	if strings.HasPrefix(r.URL.Path, "/follow/") && follow != nil {
+		follow(w, r, now)
 		return
 	}
 	if strings.HasPrefix(r.URL.Path, "/slow/") {

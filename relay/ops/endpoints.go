@@ -356,22 +356,7 @@ func readRows(ctx context.Context, q queryer, names ...string) ([]endpoints.Row,
 	if err != nil {
 		return nil, fmt.Errorf("endpoints: read postbox.endpoints: %w", err)
 	}
-	defer rows.Close()
-	var out []endpoints.Row
-	for rows.Next() {
-		row := endpoints.Row{}
-		for i, f := range rows.FieldDescriptions() {
-			if v := rows.RawValues()[i]; v != nil {
-				s := string(v)
-				row[f.Name] = &s
-			}
-		}
-		out = append(out, row)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("endpoints: read postbox.endpoints: %w", err)
-	}
-	return out, nil
+	return endpoints.CollectRows(rows)
 }
 
 // TableEndpoints reads postbox.endpoints (one row, or all when name is

@@ -69,22 +69,7 @@ func readEndpointRows(ctx context.Context, q querier, sql string, args ...any) (
 	if err != nil {
 		return nil, fmt.Errorf("read postbox.endpoints: %w", err)
 	}
-	defer rows.Close()
-	var out []endpoints.Row
-	for rows.Next() {
-		row := endpoints.Row{}
-		for i, f := range rows.FieldDescriptions() {
-			if v := rows.RawValues()[i]; v != nil {
-				s := string(v)
-				row[f.Name] = &s
-			}
-		}
-		out = append(out, row)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read postbox.endpoints: %w", err)
-	}
-	return out, nil
+	return endpoints.CollectRows(rows)
 }
 
 // readEndpointRow reads name's row; nil when there is none.

@@ -22,17 +22,10 @@ func textRow(t *testing.T, conn *pgx.Conn, name string) endpoints.Row {
 	rows, err := conn.Query(context.Background(), `SELECT * FROM postbox.endpoints WHERE name = $1`,
 		pgx.QueryResultFormats{pgx.TextFormatCode}, name)
 	require.NoError(t, err)
-	defer rows.Close()
-	require.True(t, rows.Next())
-	row := endpoints.Row{}
-	for i, f := range rows.FieldDescriptions() {
-		if v := rows.RawValues()[i]; v != nil {
-			s := string(v)
-			row[f.Name] = &s
-		}
-	}
-	require.NoError(t, rows.Err())
-	return row
+	got, err := endpoints.CollectRows(rows)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	return got[0]
 }
 
 // TestParseReadsEveryColumnAsTheFileWouldWriteIt: a row setting every

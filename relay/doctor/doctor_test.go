@@ -89,6 +89,9 @@ func TestDoctorMeasuresTheSlotsWalsender(t *testing.T) {
 		}
 	}
 	require.NotNil(t, found, "a walsender check beside the slot's: %+v", checks)
-	require.Equal(t, OK, found.Severity, found.Detail)
+	// A busy machine may make the walsender wait for a CPU, and then a
+	// warning is the right answer; what must hold is that it was found
+	// and measured, never that the machine was idle.
+	require.Contains(t, []Severity{OK, Warn}, found.Severity, found.Detail)
 	require.Contains(t, found.Detail, "on this machine, nice 0: in 1s it ran")
 }

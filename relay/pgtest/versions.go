@@ -164,3 +164,14 @@ func versionOf(bindir string) float64 {
 	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(bindir)), 64)
 	return v
 }
+
+// ServerMajor is the major version Start would run with Options.Major
+// unset, without starting it: for a test to skip what does not apply.
+func ServerMajor() (int, error) {
+	want, err := EnvMajor()
+	if err != nil {
+		return 0, err
+	}
+	_, major, err := findServer(want)
+	return major, err
+}

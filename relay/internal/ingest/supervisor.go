@@ -323,7 +323,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 		}
 	}()
 
-	cp, err := s.prepareSlot(ctx)
+	cp, slot, err := s.prepareSlot(ctx)
 	if err != nil {
 		return err
 	}
@@ -364,8 +364,18 @@ func (s *Supervisor) session(ctx context.Context) error {
 			if err := s.markReconcilePending(ctx); err != nil {
 				return 0, 0, err
 			}
+		case cp.Timeline != 0 && cp.Timeline != ss.Timeline && slotCameAlong(slot, cp):
+			// A failover slot synchronised to the promoted standby
+			// (PostgreSQL 17+): it confirms nothing past the checkpoint
+			// this server holds, so from there it brings every change
+			// committed after it, and nothing in between was skipped.
+			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
+				Stringer("slot_confirmed", slot.ConfirmedFlush).Stringer("checkpoint", cp.LSN).
+				Msg("the database server's timeline changed (failover) and the replication slot came along (a synchronised failover slot): streaming on from the checkpoint")
 		case cp.Timeline != 0 && cp.Timeline != ss.Timeline:
-			// A failover or promotion: the slot is the new primary's.
+			// A failover or promotion: the slot is the new primary's, or
+			// confirms what this server's checkpoint lacks (an ingest
+			// committed on the old primary only).
 			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
 				Msg("the database server's timeline changed (failover): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
@@ -422,45 +432,54 @@ func (s *Supervisor) leaderGone(ctx context.Context, leader string) bool {
 	return err == nil && ok && proc.Gone(p)
 }
 
+// slotCameAlong reports whether a slot found on a server of a new
+// timeline can be trusted from the checkpoint on: it existed before this
+// session (not recreated) and confirms no position past the checkpoint,
+// which is this server's own, replicated with its data.
+func slotCameAlong(slot wal.SlotState, cp store.Checkpoint) bool {
+	return slot.Exists && slot.ConfirmedFlush != 0 && slot.ConfirmedFlush <= cp.LSN
+}
+
 // prepareSlot makes sure the publication and a usable slot exist (taking
 // the slot over from a walsender whose leader lost the lease) and returns
-// the checkpoint to stream from.
-func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) {
+// the checkpoint to stream from, and the slot as found (Exists false when
+// it was made now).
+func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, wal.SlotState, error) {
 	cfg := s.env.Config()
 	if err := wal.EnsurePublication(ctx, s.env.Pool(), cfg.Publication, cfg.Table); err != nil {
-		return store.Checkpoint{}, err
+		return store.Checkpoint{}, wal.SlotState{}, err
 	}
 	if err := wal.EnsureEndpointsPublication(ctx, s.env.Pool(), cfg.Publication); err != nil {
-		return store.Checkpoint{}, err
+		return store.Checkpoint{}, wal.SlotState{}, err
 	}
 	slot, err := wal.Slot(ctx, s.env.Pool(), cfg.Slot)
 	if err != nil {
-		return store.Checkpoint{}, err
+		return store.Checkpoint{}, wal.SlotState{}, err
 	}
 	switch {
 	case slot.Exists && slot.Database != s.env.DBName:
-		return store.Checkpoint{}, &wal.SlotElsewhereError{Slot: cfg.Slot, SlotDatabase: slot.Database, Database: s.env.DBName}
+		return store.Checkpoint{}, slot, &wal.SlotElsewhereError{Slot: cfg.Slot, SlotDatabase: slot.Database, Database: s.env.DBName}
 	case slot.Exists && slot.Plugin != "pgoutput":
-		return store.Checkpoint{}, fmt.Errorf("replication slot %s uses plugin %s, not pgoutput: drop it or choose another slot name", cfg.Slot, slot.Plugin)
+		return store.Checkpoint{}, slot, fmt.Errorf("replication slot %s uses plugin %s, not pgoutput: drop it or choose another slot name", cfg.Slot, slot.Plugin)
 	case slot.Exists && slot.WALStatus == "lost":
-		return store.Checkpoint{}, fmt.Errorf("%w: wal_status is lost", wal.ErrSlotInvalidated)
+		return store.Checkpoint{}, slot, fmt.Errorf("%w: wal_status is lost", wal.ErrSlotInvalidated)
 	case slot.Exists && slot.Active:
 		// We hold the lease, so whoever is attached lost it: a leader that
 		// died without closing its connection, or froze.
 		s.log.Warn().Int("pid", slot.ActivePID).Msg("taking the slot over from a walsender whose leader's lease expired")
 		if err := s.detachSlot(ctx); err != nil {
-			return store.Checkpoint{}, err
+			return store.Checkpoint{}, wal.SlotState{}, err
 		}
 	}
 	cp, err := s.env.Store.Checkpoint(ctx)
 	if err != nil {
-		return cp, err
+		return cp, slot, err
 	}
 	// The checkpoint may be an ingest's that the server has not flushed
 	// (the last session could not flush it at its end): a crash would
 	// undo it, and the session must not confirm it to the slot before.
 	if _, err := s.env.Store.FlushWAL(ctx); err != nil {
-		return cp, err
+		return cp, slot, err
 	}
 	if cp.ReconcilePending {
 		// Owed by a leader that did not finish it (it died, or lost the
@@ -468,7 +487,7 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 		s.reconciled.Store(false)
 	}
 	if slot.Exists {
-		return cp, nil
+		return cp, slot, nil
 	}
 	// Rows written while there was no slot reach postbox only by
 	// reconciling the table. The debt is recorded before the slot is made:
@@ -476,11 +495,11 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 	// a slot and no debt, and those rows in the table for good. A debt
 	// recorded for a slot then not made is paid all the same, harmlessly.
 	if err := s.markReconcilePending(ctx); err != nil {
-		return cp, fmt.Errorf("before creating the slot: %w", err)
+		return cp, slot, fmt.Errorf("before creating the slot: %w", err)
 	}
 	created, err := wal.CreateSlot(ctx, cfg.DatabaseURL, cfg.Slot)
 	if err != nil {
-		return cp, err
+		return cp, slot, err
 	}
 	if created {
 		if cp.LSN != 0 {
@@ -493,7 +512,7 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, error) 
 			s.log.Info().Str("slot", cfg.Slot).Msg("created replication slot")
 		}
 	}
-	return cp, nil
+	return cp, slot, nil
 }
 
 // seedEndpoints copies postbox.endpoints whole into endpoint_state, at

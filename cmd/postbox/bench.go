@@ -45,6 +45,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&o.CPUScheduling, "cpu-scheduling", "batch", "the relay's cpu_scheduling, batch or normal, and the floor's bare client's in its own process")
 	fs.BoolVar(&o.FloorInProcess, "floor-in-process", false, "floor, load-floor: run the bare client in the bench's process, beside the receiver (a floor a little under any relay's; as before)")
 	fs.StringVar(&o.RelayBinary, "relay-binary", "", "run this postbox binary as the relay (default this one): another build, measured by the same bench")
+	fs.IntVar(&o.PG, "pg", 0, "run PostgreSQL of this major version, 14 to 18 (default: $POSTBOX_TEST_PG, or the system's); .ci/pg-install installs those the system lacks")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON document")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage

@@ -401,7 +401,15 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 
 	// The calls themselves, on one connection whose statistics are
 	// flushed before they are read: no row of deliveries is read but
-	// through the primary key.
+	// through the primary key. PostgreSQL 14's statistics reach the
+	// views some time later, by the collector, with no flush to wait on:
+	// there the plans above are the proof.
+	var version int
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version))
+	if version < 150000 {
+		t.Logf("PostgreSQL %d: no pg_stat_force_next_flush; the calls' reads are not counted", version/10000)
+		return
+	}
 	one, err := store.Open(ctx, s.Pool.Config().ConnString(), 1)
 	require.NoError(t, err)
 	defer one.Close()

@@ -141,6 +141,10 @@ type Options struct {
 	// superuser) used instead of starting PostgreSQL with fsync on; the
 	// slot then gets a unique name, as the server may be shared.
 	DatabaseURL string
+	// PG is the major version of the PostgreSQL the bench starts (14 to
+	// 18, pgtest finds its binaries); 0 means POSTBOX_TEST_PG's, or the
+	// system's.
+	PG int
 }
 
 // WithDefaults returns o with its zero values replaced by the defaults.
@@ -467,7 +471,7 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		// track_commit_timestamp: an event reconciled from the outbox table
 		// has no committed_at, and its row's commit time stands in for it
 		// (env.commitTimes).
-		popts := pgtest.Options{Fsync: true, Settings: map[string]string{"track_commit_timestamp": "on"}}
+		popts := pgtest.Options{Fsync: true, Major: opts.PG, Settings: map[string]string{"track_commit_timestamp": "on"}}
 		if statementsFile != "" {
 			popts.Settings["shared_preload_libraries"] = "pg_stat_statements"
 			popts.Settings["pg_stat_statements.track"] = "all"
@@ -520,7 +524,11 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Result, error)
 		return nil, fmt.Errorf("write the relay's config: %w", err)
 	}
 
-	res := &Result{Machine: machineDescription(opts.DatabaseURL == ""), Emit: opts.Emit, CPUScheduling: env.cpuScheduling}
+	var version string
+	if err := env.pool.QueryRow(ctx, `SHOW server_version`).Scan(&version); err != nil {
+		return nil, fmt.Errorf("read the server's version: %w", err)
+	}
+	res := &Result{Machine: machineDescription(opts.DatabaseURL == "") + ", PostgreSQL " + strings.Fields(version)[0], Emit: opts.Emit, CPUScheduling: env.cpuScheduling}
 	for _, s := range names {
 		switch s {
 		case "latency":

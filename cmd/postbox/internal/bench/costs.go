@@ -115,10 +115,17 @@ func (e *env) relayProcess() *os.Process {
 // Backends report both at the end of a busy second or when they exit.
 func (e *env) written(ctx context.Context) written {
 	var w written
+	// PostgreSQL 18 moved the WAL's fsync count from pg_stat_wal
+	// (wal_sync) to pg_stat_io (fsyncs of the object wal).
+	syncs := `(SELECT wal_sync FROM pg_stat_wal)`
+	var version int
+	if err := e.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err == nil && version >= 180000 {
+		syncs = `(SELECT coalesce(sum(fsyncs), 0)::int8 FROM pg_stat_io WHERE object = 'wal')`
+	}
 	_ = e.pool.QueryRow(ctx, `
 		SELECT (SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del - CASE WHEN relname = 'outbox' THEN n_tup_ins ELSE 0 END), 0)::int8
 		        FROM pg_stat_user_tables WHERE schemaname = 'postbox'),
-		       (SELECT wal_records FROM pg_stat_wal), (SELECT wal_sync FROM pg_stat_wal)`).Scan(&w.rows, &w.walRecords, &w.walSyncs)
+		       (SELECT wal_records FROM pg_stat_wal), `+syncs).Scan(&w.rows, &w.walRecords, &w.walSyncs)
 	return w
 }
 

@@ -72,7 +72,12 @@ func Run(ctx context.Context, q telemetry.Querier, cfg *config.Config, now func(
 	if s.versionNum < store.MinServerVersion {
 		add("server_version", Error, "PostgreSQL "+s.version, "postbox needs PostgreSQL 14 or newer: upgrade the server")
 	} else {
-		add("server_version", OK, "PostgreSQL "+s.version, "")
+		add("server_version", OK, "PostgreSQL "+s.version+"; "+versionApplies(s.versionNum), "")
+		fc, err := failoverSlotCheck(ctx, q, s.versionNum, cfg.Slot)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fc)
 	}
 	if s.walLevel != "logical" {
 		add("wal_level", Error, "wal_level is "+s.walLevel, "ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL")

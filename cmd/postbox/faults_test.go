@@ -774,6 +774,9 @@ func failOver(t *testing.T, primary, standby *pgtest.Cluster) (string, tally) {
 	prod := produce(t, pool, "p", 10*time.Millisecond)
 	time.Sleep(2 * time.Second)
 	if primary.Major() >= 17 {
+		var failover bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_type = 'logical'`).Scan(&failover))
+		require.True(t, failover, "postbox made its slot a failover slot")
 		// The slot is synchronised some time after it is made: a crash
 		// before would leave the standby without it, as before 17.
 		sb, err := pgx.Connect(ctx, standby.URL("postgres"))

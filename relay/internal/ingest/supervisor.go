@@ -377,6 +377,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 			// confirms what this server's checkpoint lacks (an ingest
 			// committed on the old primary only).
 			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
+				Bool("slot_found", slot.Exists).Stringer("slot_confirmed", slot.ConfirmedFlush).Stringer("checkpoint", cp.LSN).
 				Msg("the database server's timeline changed (failover): not trusting the checkpoint; reconciling the outbox table")
 			start = 0
 			if err := s.markReconcilePending(ctx); err != nil {

@@ -141,10 +141,13 @@ func (ing *ingester) run(ctx context.Context) {
 		ing.finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
 	}
 	ing.keep(false)
-	if ing.gate.pending() {
+	if ing.gate.pending() && !ing.s.guarded.Load() {
 		// So the stream's final status confirms all that was ingested.
 		// Should this fail, the next session starts from the checkpoint
-		// all the same, and confirms it then.
+		// all the same, and confirms it then. Not on a guarded server
+		// (synchronized_standby_slots): the local flush says nothing of
+		// what its standbys have, and the slot they copy must not be
+		// confirmed past an ingest they lack (slotCameAlong).
 		if flushed, err := ing.s.env.Store.FlushWAL(ctx); err != nil {
 			ing.s.log.Debug().Err(err).Msg("could not flush the last ingest at the session's end")
 		} else {

@@ -117,6 +117,9 @@ type Supervisor struct {
 	streamingSince atomic.Int64                  // Unix ns when the session began streaming; 0 while it does not
 	walsender      atomic.Pointer[wal.Walsender] // the streaming session's; nil while none streams
 	reconciled     atomic.Bool
+	// guarded: the last session's server held its failover slot's changes
+	// back until its standbys had them (synchronized_standby_slots).
+	guarded atomic.Bool
 	reconMu        sync.Mutex
 	lease          *leaseClock // the lead the current session streams under
 }
@@ -327,6 +330,10 @@ func (s *Supervisor) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	standbySlots, err := wal.SynchronizedStandbySlots(ctx, s.env.Pool())
+	if err != nil {
+		return err
+	}
 	queue := wal.NewQueue[prepared](QueueRowsDefault, QueueBytesDefault)
 	ing := newIngester(s, queue, lead, cancel)
 	flushed := watermark.New[pglogrepl.LSN](0)
@@ -364,11 +371,11 @@ func (s *Supervisor) session(ctx context.Context) error {
 			if err := s.markReconcilePending(ctx); err != nil {
 				return 0, 0, err
 			}
-		case cp.Timeline != 0 && cp.Timeline != ss.Timeline && slotCameAlong(slot, cp):
+		case cp.Timeline != 0 && cp.Timeline != ss.Timeline && slotCameAlong(slot, cp, s.guarded.Load()):
 			// A failover slot synchronised to the promoted standby
-			// (PostgreSQL 17+): it confirms nothing past the checkpoint
-			// this server holds, so from there it brings every change
-			// committed after it, and nothing in between was skipped.
+			// (PostgreSQL 17+), that skipped no change this server's
+			// checkpoint lacks: from the checkpoint it brings every
+			// change committed after it.
 			s.log.Warn().Int32("was", cp.Timeline).Int32("now", ss.Timeline).
 				Stringer("slot_confirmed", slot.ConfirmedFlush).Stringer("checkpoint", cp.LSN).
 				Msg("the database server's timeline changed (failover) and the replication slot came along (a synchronised failover slot): streaming on from the checkpoint")
@@ -384,6 +391,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 				return 0, 0, err
 			}
 		}
+		s.guarded.Store(standbySlots != "")
 		s.durable.Reset(start)
 		if err := s.seedEndpoints(ctx, cp.LSN); err != nil {
 			return 0, 0, err
@@ -434,11 +442,17 @@ func (s *Supervisor) leaderGone(ctx context.Context, leader string) bool {
 }
 
 // slotCameAlong reports whether a slot found on a server of a new
-// timeline can be trusted from the checkpoint on: it existed before this
-// session (not recreated) and confirms no position past the checkpoint,
-// which is this server's own, replicated with its data.
-func slotCameAlong(slot wal.SlotState, cp store.Checkpoint) bool {
-	return slot.Exists && slot.ConfirmedFlush != 0 && slot.ConfirmedFlush <= cp.LSN
+// timeline can be trusted from the checkpoint on. It must have existed
+// before this session (not recreated), and either confirm no position
+// past the checkpoint, which is this server's own, replicated with its
+// data; or come from a primary that was guarded (synchronized_standby_slots):
+// there the walsender reports only positions its standbys have, so the
+// slot was confirmed past an ingested transaction only once the standby
+// had the ingest's commit, and past the checkpoint only over WAL that
+// held nothing of the outbox (the stream idle, confirming the server's
+// position).
+func slotCameAlong(slot wal.SlotState, cp store.Checkpoint, guarded bool) bool {
+	return slot.Exists && slot.ConfirmedFlush != 0 && (slot.ConfirmedFlush <= cp.LSN || guarded)
 }
 
 // prepareSlot makes sure the publication and a usable slot exist (taking

@@ -232,6 +232,18 @@ func CreateSlot(ctx context.Context, connString, slot string) (created bool, err
 	return true, nil
 }
 
+// SynchronizedStandbySlots is the server's synchronized_standby_slots
+// (PostgreSQL 17+; "" before, or unset): the physical slots whose
+// standbys must have the WAL before a failover slot's walsender sends it.
+func SynchronizedStandbySlots(ctx context.Context, q store.Querier) (string, error) {
+	var v string
+	err := q.QueryRow(ctx, `SELECT coalesce(current_setting('synchronized_standby_slots', true), '')`).Scan(&v)
+	if err != nil {
+		return "", fmt.Errorf("read synchronized_standby_slots: %w", err)
+	}
+	return v, nil
+}
+
 // serverMajor is the server's major version from the connection's
 // parameters (0 when unknown).
 func serverMajor(conn *pgconn.PgConn) int {

@@ -141,7 +141,7 @@ func (ing *ingester) run(ctx context.Context) {
 		ing.finish(errors.New("ingest abandoned: the stream stopped mid-transaction"))
 	}
 	ing.keep(false)
-	if ing.gate.pending() && !ing.s.guarded.Load() {
+	if ing.gate.pending() && !ing.s.guards.was(ing.timeline) {
 		// So the stream's final status confirms all that was ingested.
 		// Should this fail, the next session starts from the checkpoint
 		// all the same, and confirms it then. Not on a guarded server

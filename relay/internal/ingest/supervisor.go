@@ -117,9 +117,7 @@ type Supervisor struct {
 	streamingSince atomic.Int64                  // Unix ns when the session began streaming; 0 while it does not
 	walsender      atomic.Pointer[wal.Walsender] // the streaming session's; nil while none streams
 	reconciled     atomic.Bool
-	// guarded: the last session's server held its failover slot's changes
-	// back until its standbys had them (synchronized_standby_slots).
-	guarded atomic.Bool
+	guards         guards
 	reconMu        sync.Mutex
 	lease          *leaseClock // the lead the current session streams under
 }
@@ -291,6 +289,12 @@ func (s *Supervisor) detachSlot(ctx context.Context) error {
 // goroutines are joined before it returns.
 func (s *Supervisor) session(ctx context.Context) error {
 	cfg := s.env.Config()
+	// Every instance, leading or not, notes whether the primary is
+	// guarded: after a failover, the one that leads on the promoted
+	// standby needs to know it of the old primary (slotCameAlong).
+	if tl, slots, err := wal.SynchronizedStandbySlots(ctx, s.env.Pool()); err == nil {
+		s.guards.note(tl, slots != "")
+	}
 	sent := time.Now()
 	lead, ok, leader, err := s.env.Store.AcquireLeadership(ctx, s.env.Owner, cfg.LeaderLease)
 	if err == nil && !ok && leader != "" && s.leaderGone(ctx, leader) {
@@ -327,10 +331,6 @@ func (s *Supervisor) session(ctx context.Context) error {
 	}()
 
 	cp, slot, err := s.prepareSlot(ctx)
-	if err != nil {
-		return err
-	}
-	standbySlots, err := wal.SynchronizedStandbySlots(ctx, s.env.Pool())
 	if err != nil {
 		return err
 	}
@@ -371,7 +371,7 @@ func (s *Supervisor) session(ctx context.Context) error {
 			if err := s.markReconcilePending(ctx); err != nil {
 				return 0, 0, err
 			}
-		case cp.Timeline != 0 && cp.Timeline != ss.Timeline && slotCameAlong(slot, cp, s.guarded.Load()):
+		case cp.Timeline != 0 && cp.Timeline != ss.Timeline && slotCameAlong(slot, cp, s.guards.was(cp.Timeline)):
 			// A failover slot synchronised to the promoted standby
 			// (PostgreSQL 17+), that skipped no change this server's
 			// checkpoint lacks: from the checkpoint it brings every
@@ -391,7 +391,6 @@ func (s *Supervisor) session(ctx context.Context) error {
 				return 0, 0, err
 			}
 		}
-		s.guarded.Store(standbySlots != "")
 		s.durable.Reset(start)
 		if err := s.seedEndpoints(ctx, cp.LSN); err != nil {
 			return 0, 0, err
@@ -453,6 +452,31 @@ func (s *Supervisor) leaderGone(ctx context.Context, leader string) bool {
 // position).
 func slotCameAlong(slot wal.SlotState, cp store.Checkpoint, guarded bool) bool {
 	return slot.Exists && slot.ConfirmedFlush != 0 && (slot.ConfirmedFlush <= cp.LSN || guarded)
+}
+
+// guards records, by timeline, whether the primary was seen guarded:
+// its synchronized_standby_slots set, so the walsender of a failover slot
+// reports only positions its standbys have.
+type guards struct {
+	mu sync.Mutex
+	by map[int32]bool
+}
+
+func (g *guards) note(timeline int32, guarded bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.by == nil {
+		g.by = map[int32]bool{}
+	}
+	g.by[timeline] = guarded
+}
+
+// was reports whether the primary of timeline was seen guarded, the last
+// time this process looked (false when it never did).
+func (g *guards) was(timeline int32) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.by[timeline]
 }
 
 // prepareSlot makes sure the publication and a usable slot exist (taking

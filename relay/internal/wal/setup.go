@@ -232,16 +232,18 @@ func CreateSlot(ctx context.Context, connString, slot string) (created bool, err
 	return true, nil
 }
 
-// SynchronizedStandbySlots is the server's synchronized_standby_slots
-// (PostgreSQL 17+; "" before, or unset): the physical slots whose
-// standbys must have the WAL before a failover slot's walsender sends it.
-func SynchronizedStandbySlots(ctx context.Context, q store.Querier) (string, error) {
-	var v string
-	err := q.QueryRow(ctx, `SELECT coalesce(current_setting('synchronized_standby_slots', true), '')`).Scan(&v)
+// SynchronizedStandbySlots reads, on a primary, its timeline and its
+// synchronized_standby_slots (PostgreSQL 17+; "" before, or unset): the
+// physical slots whose standbys must have the WAL before a failover
+// slot's walsender sends it. The timeline is the current WAL file's.
+func SynchronizedStandbySlots(ctx context.Context, q store.Querier) (timeline int32, slots string, err error) {
+	err = q.QueryRow(ctx, `
+		SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int,
+		       coalesce(current_setting('synchronized_standby_slots', true), '')`).Scan(&timeline, &slots)
 	if err != nil {
-		return "", fmt.Errorf("read synchronized_standby_slots: %w", err)
+		return 0, "", fmt.Errorf("read synchronized_standby_slots: %w", err)
 	}
-	return v, nil
+	return timeline, slots, nil
 }
 
 // serverMajor is the server's major version from the connection's

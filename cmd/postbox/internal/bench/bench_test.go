@@ -285,8 +285,12 @@ func TestRun(t *testing.T) {
 	// Every event was written at least as an event row and a delivery row
 	// (the statistics are the whole server's: other tests only add).
 	require.NotNil(t, c.Costs)
-	require.GreaterOrEqual(t, c.Costs.WALRecordsPerEvent, 2.0)
-	require.GreaterOrEqual(t, c.Costs.RowsPerEvent, 2.0)
+	// PostgreSQL 14 has no pg_walinspect, and its statistics collector
+	// may report the run's records and rows after the run.
+	if !strings.Contains(res.Machine, "PostgreSQL 14.") {
+		require.GreaterOrEqual(t, c.Costs.WALRecordsPerEvent, 2.0)
+		require.GreaterOrEqual(t, c.Costs.RowsPerEvent, 2.0)
+	}
 	// The relay's threads were woken, each wake-up some time runnable
 	// before it ran; a given database's walsender is not the bench's to
 	// read.

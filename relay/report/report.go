@@ -35,13 +35,19 @@ type Querier interface {
 // DeadLettered + Pending. Sums holds the report_sum payload fields summed
 // over the committed events (fields that no event carried are absent).
 type Day struct {
-	Day          string // YYYY-MM-DD in the time zone asked for
-	EventType    string
-	Committed    int64
-	Delivered    int64
-	DeadLettered int64
-	Pending      int64
-	Sums         map[string]float64
+	Day          string             `json:"day"` // YYYY-MM-DD in the time zone asked for
+	EventType    string             `json:"event_type"`
+	Committed    int64              `json:"committed"`
+	Delivered    int64              `json:"delivered"`
+	DeadLettered int64              `json:"dead_lettered"`
+	Pending      int64              `json:"pending"`
+	Sums         map[string]float64 `json:"sums,omitempty"`
+}
+
+// EndpointDay is a Day of one endpoint, for reports of all endpoints.
+type EndpointDay struct {
+	Endpoint string `json:"endpoint"`
+	Day
 }
 
 // Bucket is the rollups' granularity: every offset of a zone in use is a
@@ -87,6 +93,29 @@ func dayStart(t time.Time) time.Time {
 // start of a day), days in order and event types by name within a day;
 // a day without events has no rows.
 func Daily(ctx context.Context, q Querier, endpoint string, from, to time.Time, tz *time.Location) ([]Day, error) {
+	days, err := daily(ctx, q, true, endpoint, from, to, tz)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Day, len(days))
+	for i, d := range days {
+		out[i] = d.Day
+	}
+	return out, nil
+}
+
+// DailyAll is Daily for every endpoint with events in the period, ordered
+// by endpoint, then day and event type.
+func DailyAll(ctx context.Context, q Querier, from, to time.Time, tz *time.Location) ([]EndpointDay, error) {
+	return daily(ctx, q, false, "", from, to, tz)
+}
+
+// daily adds up the quarter hours of each local day. The rows of one
+// endpoint over a month are a few thousand at most, read by primary key;
+// all endpoints' are summed per UTC hour first (every offset that is not
+// a whole hour is rare, and this keeps the rows sent down 4 times fewer)
+// unless the zone needs the quarter hours.
+func daily(ctx context.Context, q Querier, one bool, endpoint string, from, to time.Time, tz *time.Location) ([]EndpointDay, error) {
 	if tz == nil {
 		tz = time.UTC
 	}
@@ -94,29 +123,47 @@ func Daily(ctx context.Context, q Querier, endpoint string, from, to time.Time, 
 	if err != nil {
 		return nil, err
 	}
-	rows, err := q.Query(ctx, `
-		SELECT bucket, event_type, committed, delivered, dead_lettered, sums
-		FROM postbox.report_buckets
-		WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3`,
-		endpoint, days[0], days[len(days)-1])
+	var rows pgx.Rows
+	if one {
+		rows, err = q.Query(ctx, `
+			SELECT endpoint, bucket, event_type, committed, delivered, dead_lettered, sums
+			FROM postbox.report_buckets
+			WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3`,
+			endpoint, days[0], days[len(days)-1])
+	} else {
+		grain := "hour"
+		for _, d := range days {
+			if _, off := d.Zone(); off%3600 != 0 {
+				grain = "minute" // date_trunc to the minute: the quarter hours as they are
+			}
+		}
+		rows, err = q.Query(ctx, `
+			SELECT endpoint, date_trunc('`+grain+`', bucket), event_type, sum(committed)::int8, sum(delivered)::int8, sum(dead_lettered)::int8,
+			       (SELECT jsonb_object_agg(k, v) FROM (SELECT s.key AS k, sum(s.value::numeric) AS v
+			                                            FROM unnest(array_agg(sums)) AS u(j), jsonb_each_text(u.j) AS s GROUP BY s.key) x)
+			FROM postbox.report_buckets
+			WHERE bucket >= $1 AND bucket < $2
+			GROUP BY 1, 2, 3`,
+			days[0], days[len(days)-1])
+	}
 	if err != nil {
 		return nil, fmt.Errorf("report: %w", err)
 	}
 	defer rows.Close()
-	type key struct{ day, typ string }
-	acc := map[key]*Day{}
+	type key struct{ endpoint, day, typ string }
+	acc := map[key]*EndpointDay{}
 	for rows.Next() {
+		var ep, typ string
 		var bucket time.Time
-		var typ string
 		var c, d, dl int64
 		var sums []byte
-		if err := rows.Scan(&bucket, &typ, &c, &d, &dl, &sums); err != nil {
+		if err := rows.Scan(&ep, &bucket, &typ, &c, &d, &dl, &sums); err != nil {
 			return nil, fmt.Errorf("report: %w", err)
 		}
-		k := key{bucket.In(tz).Format(time.DateOnly), typ}
+		k := key{ep, bucket.In(tz).Format(time.DateOnly), typ}
 		a := acc[k]
 		if a == nil {
-			a = &Day{Day: k.day, EventType: typ, Sums: map[string]float64{}}
+			a = &EndpointDay{Endpoint: ep, Day: Day{Day: k.day, EventType: typ, Sums: map[string]float64{}}}
 			acc[k] = a
 		}
 		a.Committed += c
@@ -139,16 +186,20 @@ func Daily(ctx context.Context, q Querier, endpoint string, from, to time.Time, 
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("report: %w", err)
 	}
-	out := make([]Day, 0, len(acc))
+	out := make([]EndpointDay, 0, len(acc))
 	for _, a := range acc {
 		a.Pending = a.Committed - a.Delivered - a.DeadLettered
 		out = append(out, *a)
 	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].Day != out[j].Day {
-			return out[i].Day < out[j].Day
+		a, b := out[i], out[j]
+		if a.Endpoint != b.Endpoint {
+			return a.Endpoint < b.Endpoint
 		}
-		return out[i].EventType < out[j].EventType
+		if a.Day.Day != b.Day.Day {
+			return a.Day.Day < b.Day.Day
+		}
+		return a.EventType < b.EventType
 	})
 	return out, nil
 }

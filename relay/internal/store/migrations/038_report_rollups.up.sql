@@ -54,7 +54,7 @@ RETURN CASE WHEN a IS NULL THEN b WHEN b IS NULL THEN a ELSE (
 
 -- Committed events and their sums, per statement of the ingest.
 CREATE FUNCTION postbox.report_events_add() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = on AS $$
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = off AS $$
 BEGIN
   INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, committed, sums)
   SELECT g.endpoint, g.bucket, g.event_type, g.n, s.sums
@@ -77,29 +77,35 @@ CREATE TRIGGER report_events_add AFTER INSERT ON postbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION postbox.report_events_add();
 
 -- Outcomes: each delivery whose status changed (old_status NULL for a
--- row inserted), as changes to its event's counts. The ingest plans with
--- nested loops off (store.IngestConn); these lookups by key want them.
+-- row inserted), as changes to its event's counts. The lookups are by
+-- key, row by row for the small statements of live traffic: the trigger
+-- functions allow nested loops whatever the session set (the ingest
+-- turns them off, store.IngestConn), and no scan of a whole table.
 CREATE FUNCTION postbox.report_deliveries_insert() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = on AS $$
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = off AS $$
 BEGIN
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
-  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
-         sum(c.delivered), sum(c.dead)
-  FROM (
+  WITH x AS MATERIALIZED (
+      SELECT n.id, n.event_pk, NULL::text AS old_status, n.status
+      FROM new_deliveries n
+      WHERE n.status IN ('delivered', 'dead_letter')
+  ),
+  c AS (
     SELECT x.event_pk,
            CASE WHEN x.status = 'delivered' AND NOT o.other_delivered THEN 1 ELSE 0 END AS delivered,
            CASE WHEN o.other_delivered THEN 0
                 WHEN x.status = 'dead_letter' THEN 1
                 WHEN x.old_status = 'dead_letter' THEN -1 ELSE 0 END AS dead
-    FROM (
-      SELECT n.id, n.event_pk, NULL::text AS old_status, n.status
-      FROM new_deliveries n
-      WHERE n.status IN ('delivered', 'dead_letter')
-    ) x
-    CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM postbox.deliveries d
-                                       WHERE d.event_pk = x.event_pk AND d.id <> x.id AND d.status = 'delivered')) AS o(other_delivered)
-  ) c
-  JOIN postbox.events e ON e.id = c.event_pk
+    FROM x CROSS JOIN LATERAL (
+      -- By the event's deliveries (deliveries_event), never by the
+      -- partial index of all delivered ones, whatever the planner guesses.
+      SELECT coalesce(bool_or(d.status = 'delivered'), false) AS other_delivered
+      FROM postbox.deliveries d WHERE d.event_pk = x.event_pk AND d.id <> x.id
+      OFFSET 0) o
+  )
+  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
+  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
+         sum(c.delivered), sum(c.dead)
+  FROM c JOIN postbox.events e ON e.id = c.event_pk
   GROUP BY 1, 2, 3
   HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0
   ORDER BY 1, 2, 3
@@ -112,27 +118,31 @@ CREATE TRIGGER report_deliveries_insert AFTER INSERT ON postbox.deliveries
   FOR EACH STATEMENT EXECUTE FUNCTION postbox.report_deliveries_insert();
 
 CREATE FUNCTION postbox.report_deliveries_update() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = on AS $$
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = off AS $$
 BEGIN
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
-  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
-         sum(c.delivered), sum(c.dead)
-  FROM (
+  WITH x AS MATERIALIZED (
+      SELECT n.id, n.event_pk, o.status AS old_status, n.status
+      FROM new_deliveries n JOIN old_deliveries o USING (id)
+      WHERE n.status IS DISTINCT FROM o.status
+        AND (n.status IN ('delivered', 'dead_letter') OR o.status = 'dead_letter')
+  ),
+  c AS (
     SELECT x.event_pk,
            CASE WHEN x.status = 'delivered' AND NOT o.other_delivered THEN 1 ELSE 0 END AS delivered,
            CASE WHEN o.other_delivered THEN 0
                 WHEN x.status = 'dead_letter' THEN 1
                 WHEN x.old_status = 'dead_letter' THEN -1 ELSE 0 END AS dead
-    FROM (
-      SELECT n.id, n.event_pk, o.status AS old_status, n.status
-      FROM new_deliveries n JOIN old_deliveries o USING (id)
-      WHERE n.status IS DISTINCT FROM o.status
-        AND (n.status IN ('delivered', 'dead_letter') OR o.status = 'dead_letter')
-    ) x
-    CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM postbox.deliveries d
-                                       WHERE d.event_pk = x.event_pk AND d.id <> x.id AND d.status = 'delivered')) AS o(other_delivered)
-  ) c
-  JOIN postbox.events e ON e.id = c.event_pk
+    FROM x CROSS JOIN LATERAL (
+      -- By the event's deliveries (deliveries_event), never by the
+      -- partial index of all delivered ones, whatever the planner guesses.
+      SELECT coalesce(bool_or(d.status = 'delivered'), false) AS other_delivered
+      FROM postbox.deliveries d WHERE d.event_pk = x.event_pk AND d.id <> x.id
+      OFFSET 0) o
+  )
+  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
+  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
+         sum(c.delivered), sum(c.dead)
+  FROM c JOIN postbox.events e ON e.id = c.event_pk
   GROUP BY 1, 2, 3
   HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0
   ORDER BY 1, 2, 3

@@ -213,11 +213,25 @@ var CSVHeader = []string{"event_id", "event_type", "search_keys", "committed_at"
 // attempt a delivery keeps on its own row); the final status and the last
 // status code those of its latest delivery, or in_flight while an
 // instance holds it in memory (under way, no row yet).
+//
+// No index serves "an endpoint's events by commit time": one more index
+// on events would cost every ingest. An event is ingested after it
+// commits, so the day's events are among those ingested since the day
+// began (events_ingested_at, in ingest order), and the rollups know how
+// many there are ($4): the scan stops at the last of them, normally a
+// day's traffic of every endpoint later.
 const dayCSV = `
 SELECT e.event_id::text, e.event_type, coalesce(e.search::text, ''), coalesce(e.committed_at, e.ingested_at),
        least(d.kept_first, (SELECT min(a.started_at) FROM postbox.attempts a WHERE a.delivery_id = d.first_id)),
        d.delivered_at, coalesce(d.attempts, 0), coalesce(d.status, 'in_flight'), d.code
-FROM postbox.events e
+FROM (
+  SELECT e.id, e.event_id, e.event_type, e.search, e.committed_at, e.ingested_at
+  FROM postbox.events e
+  WHERE e.ingested_at >= $2 AND e.endpoint = $1
+    AND coalesce(e.committed_at, e.ingested_at) >= $2 AND coalesce(e.committed_at, e.ingested_at) < $3
+  ORDER BY e.ingested_at
+  LIMIT $4
+) e
 LEFT JOIN LATERAL (
   SELECT sum(x.attempt_count) AS attempts,
          min(x.delivered_at) FILTER (WHERE x.status = 'delivered') AS delivered_at,
@@ -227,8 +241,13 @@ LEFT JOIN LATERAL (
          min(x.delivered_at - x.last_response_ms * interval '1 millisecond') FILTER (WHERE x.attempted_by IS NOT NULL) AS kept_first
   FROM postbox.deliveries x WHERE x.event_pk = e.id
 ) d ON true
-WHERE e.endpoint = $1 AND coalesce(e.committed_at, e.ingested_at) >= $2 AND coalesce(e.committed_at, e.ingested_at) < $3
 ORDER BY coalesce(e.committed_at, e.ingested_at), e.id`
+
+// dayCount is how many events of endpoint $1 committed in [$2, $3). A day
+// event_retention has begun to purge holds fewer: its scan reads to the
+// newest event, and writes those still kept.
+const dayCount = `
+SELECT coalesce(sum(committed), 0)::int8 FROM postbox.report_buckets WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3`
 
 // csvFlushRows is how many lines are buffered before they are written
 // through: a client sees the file coming, and memory stays flat.
@@ -236,8 +255,8 @@ const csvFlushRows = 1000
 
 // WriteDayCSV writes the deliveries of endpoint's events committed on day
 // (YYYY-MM-DD in tz) as CSV (CSVHeader, times RFC 3339 in UTC with
-// milliseconds), row by row as the database sends them. Events past
-// event_retention are not there any more: Daily still counts them.
+// milliseconds), row by row as the database sends them. It covers the
+// events still kept (event_retention); Daily counts them after that.
 func WriteDayCSV(ctx context.Context, q Querier, w io.Writer, endpoint string, day string, tz *time.Location) error {
 	if tz == nil {
 		tz = time.UTC
@@ -250,7 +269,11 @@ func WriteDayCSV(ctx context.Context, q Querier, w io.Writer, endpoint string, d
 	if err != nil {
 		return err
 	}
-	rows, err := q.Query(ctx, dayCSV, endpoint, days[0], days[1])
+	var count int64
+	if err := q.QueryRow(ctx, dayCount, endpoint, days[0], days[1]).Scan(&count); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	rows, err := q.Query(ctx, dayCSV, endpoint, days[0], days[1], count)
 	if err != nil {
 		return fmt.Errorf("report: %w", err)
 	}

@@ -162,7 +162,3 @@ FROM postbox.events e
 LEFT JOIN LATERAL (SELECT bool_or(status = 'delivered') AS delivered, (array_agg(status ORDER BY id DESC))[1] AS last_status
                    FROM postbox.deliveries WHERE event_pk = e.id) d ON true
 GROUP BY 1, 2, 3;
-
--- A day's deliveries of an endpoint (the CSV of postbox report, the
--- portal's lists) by the time reports give an event.
-CREATE INDEX events_endpoint_committed ON postbox.events (endpoint, (coalesce(committed_at, ingested_at)), id);

@@ -26,10 +26,11 @@ type partnerBooks struct {
 	accepted map[string]map[string]bool // event type → webhook-ids
 	refused  map[string]map[string]bool
 	late     int
+	tries    map[string]int // per webhook-id, for flaky events
 }
 
 func newPartnerBooks(t *testing.T) *partnerBooks {
-	tl := &partnerBooks{accepted: map[string]map[string]bool{}, refused: map[string]map[string]bool{}}
+	tl := &partnerBooks{accepted: map[string]map[string]bool{}, refused: map[string]map[string]bool{}, tries: map[string]int{}}
 	tl.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var p struct {
@@ -40,6 +41,12 @@ func newPartnerBooks(t *testing.T) *partnerBooks {
 		tl.mu.Lock()
 		defer tl.mu.Unlock()
 		book := tl.accepted
+		id := r.Header.Get("webhook-id")
+		if tl.tries[id]++; p.Answer == -1 && tl.tries[id] == 1 {
+			p.Answer = http.StatusServiceUnavailable // flaky: once, then fine
+		} else if p.Answer == -1 {
+			p.Answer = 0
+		}
 		switch p.Answer {
 		case http.StatusServiceUnavailable:
 			tl.late++
@@ -51,7 +58,7 @@ func newPartnerBooks(t *testing.T) *partnerBooks {
 		if book[p.Kind] == nil {
 			book[p.Kind] = map[string]bool{}
 		}
-		book[p.Kind][r.Header.Get("webhook-id")] = true
+		book[p.Kind][id] = true
 		if p.Answer != 0 {
 			w.WriteHeader(p.Answer)
 		}
@@ -109,11 +116,17 @@ func TestReportMatchesTheReceiversCount(t *testing.T) {
 		      UNION ALL SELECT 'refund', i, 503 FROM generate_series(1, 4) i) v`)
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `INSERT INTO postbox.outbox (endpoint, event_type, payload)
-		SELECT 'other', 'ftd', jsonb_build_object('kind', 'ftd', 'payout', 1000) FROM generate_series(1, 7)`)
+		SELECT 'other', 'ftd', jsonb_build_object('kind', 'ftd', 'payout', 1000, 'answer', CASE WHEN i <= 2 THEN -1 ELSE 0 END) FROM generate_series(1, 7) i`)
 	require.NoError(t, err)
 	waitForT(t, 60*time.Second, "every event answered", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status IN ('delivered', 'dead_letter', 'failed') AND attempt_count > 0`) == 76
 	})
+	waitForT(t, 30*time.Second, "the other partner's flaky events delivered at their second attempt", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'other' AND status = 'delivered'`) == 7
+	})
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'other' AND attempt_count = 2`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered' AND last_error IS NOT NULL`),
+		"a delivery's last error is cleared when it succeeds")
 	accepted, refused := tl.count(tl.accepted), tl.count(tl.refused)
 	require.Equal(t, map[string]int{"ftd": 35, "click": 20}, accepted)
 	require.Equal(t, map[string]int{"ftd": 5, "click": 3}, refused)

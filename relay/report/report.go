@@ -222,8 +222,10 @@ var CSVHeader = []string{"event_id", "event_type", "search_keys", "committed_at"
 // day's traffic of every endpoint later.
 const dayCSV = `
 SELECT e.event_id::text, e.event_type, coalesce(e.search::text, ''), coalesce(e.committed_at, e.ingested_at),
-       least(d.kept_first, (SELECT min(a.started_at) FROM postbox.attempts a WHERE a.delivery_id = d.first_id)),
-       d.delivered_at, coalesce(d.attempts, 0), coalesce(d.status, 'in_flight'), d.code
+       CASE WHEN d.first_kept THEN d.kept_first
+            ELSE least(d.kept_first, (SELECT min(a.started_at) FROM postbox.attempts a WHERE a.delivery_id = d.first_id)) END,
+       d.delivered_at, coalesce(d.attempts, 0),
+       coalesce(('{pending,in_flight,failed,delivered,dead_letter,replayed}'::text[])[d.status], 'in_flight'), d.code::int4
 FROM (
   SELECT e.id, e.event_id, e.event_type, e.search, e.committed_at, e.ingested_at
   FROM postbox.events e
@@ -232,16 +234,30 @@ FROM (
   ORDER BY e.ingested_at
   LIMIT $4
 ) e
+-- Per event, over its deliveries, without a sort per event: the latest
+-- delivery's status and code ride on its id in max(ARRAY[id, …]), the
+-- first's "attempt kept on the row" mark in min(ARRAY[id, …]).
 LEFT JOIN LATERAL (
   SELECT sum(x.attempt_count) AS attempts,
          min(x.delivered_at) FILTER (WHERE x.status = 'delivered') AS delivered_at,
-         (array_agg(x.status ORDER BY x.id DESC))[1] AS status,
-         (array_agg(x.last_status_code ORDER BY x.id DESC))[1] AS code,
+         (max(ARRAY[x.id, array_position('{pending,in_flight,failed,delivered,dead_letter,replayed}'::text[], x.status)]))[2] AS status,
+         nullif((max(ARRAY[x.id, coalesce(x.last_status_code, 0)]))[2], 0) AS code,
          min(x.id) AS first_id,
+         (min(ARRAY[x.id, (x.attempted_by IS NOT NULL)::int]))[2] = 1 AS first_kept,
          min(x.delivered_at - x.last_response_ms * interval '1 millisecond') FILTER (WHERE x.attempted_by IS NOT NULL) AS kept_first
   FROM postbox.deliveries x WHERE x.event_pk = e.id
 ) d ON true
 ORDER BY coalesce(e.committed_at, e.ingested_at), e.id`
+
+// beginner is a pool or a connection: one that can open the transaction
+// the CSV reads in, with the memory to sort a day in (work_mem).
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// csvWorkMem is the CSV statement's work_mem: a day of 100,000 events
+// sorts in memory, not in temporary files.
+const csvWorkMem = "64MB"
 
 // dayCount is how many events of endpoint $1 committed in [$2, $3). A day
 // event_retention has begun to purge holds fewer: its scan reads to the
@@ -272,6 +288,17 @@ func WriteDayCSV(ctx context.Context, q Querier, w io.Writer, endpoint string, d
 	var count int64
 	if err := q.QueryRow(ctx, dayCount, endpoint, days[0], days[1]).Scan(&count); err != nil {
 		return fmt.Errorf("report: %w", err)
+	}
+	if b, ok := q.(beginner); ok {
+		tx, err := b.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("report: %w", err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }() // it only reads
+		if _, err := tx.Exec(ctx, `SELECT set_config('work_mem', $1, true)`, csvWorkMem); err != nil {
+			return fmt.Errorf("report: %w", err)
+		}
+		q = tx
 	}
 	rows, err := q.Query(ctx, dayCSV, endpoint, days[0], days[1], count)
 	if err != nil {

@@ -196,3 +196,64 @@ func TestReportMatchesTheReceiversCount(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsByTypeAndPages: `postbox events --type` finds one type only,
+// and --after pages on past the 1,000 a page holds, newest first, each
+// event once.
+func TestEventsByTypeAndPages(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	cfg := writeConfig(t, dbURL, "")
+	code, _, errOut := postbox(t, "migrate", "--config", cfg)
+	require.Equal(t, exitOK, code, errOut)
+	// 2,500 events, a few in the same millisecond, of two types.
+	_, err := pool.Exec(t.Context(), `
+		INSERT INTO postbox.events (event_id, endpoint, event_type, payload, created_at, committed_at)
+		SELECT gen_random_uuid(), 'archive', CASE WHEN i % 5 = 0 THEN 'ftd' ELSE 'click' END, '{}', now(),
+		       now() - (i / 3) * interval '1 millisecond'
+		FROM generate_series(1, 2500) i`)
+	require.NoError(t, err)
+
+	pages := func(args ...string) (all eventsJSON, n int) {
+		after := ""
+		for {
+			a := append([]string{"events", "--config", cfg, "--json"}, args...)
+			if after != "" {
+				a = append(a, "--after", after)
+			}
+			code, out, errOut := postbox(t, a...)
+			require.Equal(t, exitOK, code, errOut)
+			var page eventsJSON
+			require.NoError(t, json.Unmarshal([]byte(out), &page), out)
+			all, n = append(all, page...), n+1
+			_, next, ok := strings.Cut(strings.TrimSpace(errOut), "--after ")
+			if !ok {
+				return all, n
+			}
+			after = next
+		}
+	}
+	all, n := pages("--limit", "1000")
+	require.Len(t, all, 2500)
+	require.Equal(t, 3, n)
+	seen := map[string]bool{}
+	for i, e := range all {
+		require.False(t, seen[e.EventID], "each event once")
+		seen[e.EventID] = true
+		if i > 0 {
+			require.False(t, e.CommittedAt.After(*all[i-1].CommittedAt), "newest first")
+		}
+	}
+	ftd, _ := pages("--type", "ftd", "--limit", "150")
+	require.Len(t, ftd, 500)
+	for _, e := range ftd {
+		require.Equal(t, "ftd", e.EventType)
+	}
+	code, out, _ := postbox(t, "events", "--config", cfg, "--type", "ftd", "--limit", "10")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "the next page: --after ")
+	code, _, errOut = postbox(t, "events", "--config", cfg, "--after", "yesterday")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "--after")
+}

@@ -216,6 +216,9 @@ func printStory(w io.Writer, s postboxtype.EventStory) {
 			if a.Error != "" {
 				line += "  " + snippet(a.Error, 200)
 			}
+			if a.StartedAt.Before(s.IngestedAt) {
+				line += "  (started before its ingest committed: sent from memory as the event was written)"
+			}
 			switch {
 			case a.ResponseHidden:
 				line += "  response: hidden: log_payloads is off"

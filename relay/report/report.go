@@ -110,8 +110,9 @@ func DailyAll(ctx context.Context, q Querier, from, to time.Time, tz *time.Locat
 	return daily(ctx, q, false, "", from, to, tz)
 }
 
-// daily adds up the quarter hours of each local day. The rows of one
-// endpoint over a month are a few thousand at most, read by primary key;
+// daily adds up the quarter hours of each local day, from the rollups and
+// the deltas not folded into them yet. The rows of one endpoint over a
+// month are a few thousand at most, read by index;
 // all endpoints' are summed per UTC hour first (every offset that is not
 // a whole hour is rare, and this keeps the rows sent down 4 times fewer)
 // unless the zone needs the quarter hours.
@@ -128,6 +129,10 @@ func daily(ctx context.Context, q Querier, one bool, endpoint string, from, to t
 		rows, err = q.Query(ctx, `
 			SELECT endpoint, bucket, event_type, committed, delivered, dead_lettered, sums
 			FROM postbox.report_buckets
+			WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3
+			UNION ALL
+			SELECT endpoint, bucket, event_type, committed, delivered, dead_lettered, sums
+			FROM postbox.report_deltas
 			WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3`,
 			endpoint, days[0], days[len(days)-1])
 	} else {
@@ -141,8 +146,9 @@ func daily(ctx context.Context, q Querier, one bool, endpoint string, from, to t
 			SELECT endpoint, date_trunc('`+grain+`', bucket), event_type, sum(committed)::int8, sum(delivered)::int8, sum(dead_lettered)::int8,
 			       (SELECT jsonb_object_agg(k, v) FROM (SELECT s.key AS k, sum(s.value::numeric) AS v
 			                                            FROM unnest(array_agg(sums)) AS u(j), jsonb_each_text(u.j) AS s GROUP BY s.key) x)
-			FROM postbox.report_buckets
-			WHERE bucket >= $1 AND bucket < $2
+			FROM (SELECT * FROM postbox.report_buckets WHERE bucket >= $1 AND bucket < $2
+			      UNION ALL
+			      SELECT * FROM postbox.report_deltas WHERE bucket >= $1 AND bucket < $2) b
 			GROUP BY 1, 2, 3`,
 			days[0], days[len(days)-1])
 	}
@@ -263,7 +269,10 @@ const csvWorkMem = "64MB"
 // event_retention has begun to purge holds fewer: its scan reads to the
 // newest event, and writes those still kept.
 const dayCount = `
-SELECT coalesce(sum(committed), 0)::int8 FROM postbox.report_buckets WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3`
+SELECT coalesce(sum(committed), 0)::int8 FROM (
+  SELECT committed FROM postbox.report_buckets WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3
+  UNION ALL
+  SELECT committed FROM postbox.report_deltas WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3) b`
 
 // csvFlushRows is how many lines are buffered before they are written
 // through: a client sees the file coming, and memory stays flat.

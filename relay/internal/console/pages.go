@@ -474,6 +474,11 @@ func (c *Console) event(rq *request) error {
 		sv := storyView{EventStory: st}
 		for _, d := range st.Deliveries {
 			steps := c.steps(rq, d)
+			for i := 1; i < len(steps) && i <= len(d.Attempts); i++ {
+				if steps[i].When.Before(st.IngestedAt) {
+					steps[i].Detail = strings.TrimPrefix(steps[i].Detail+" · started before its ingest committed (sent from memory as the event was written)", " · ")
+				}
+			}
 			from := st.CreatedAt
 			if st.CommittedAt != nil {
 				from = *st.CommittedAt

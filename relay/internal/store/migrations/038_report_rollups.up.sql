@@ -12,6 +12,12 @@
 -- without knowing about it. An event counts once: delivered if any of
 -- its deliveries was delivered, else dead-lettered while its latest
 -- delivery is a dead letter (a replay takes it back to pending).
+--
+-- The triggers only append to report_deltas: were they to update a
+-- bucket's row, the ingest and the recorder (and a reconciliation beside
+-- the stream) would each hold that row's lock until their commit, and
+-- wait for one another. The leader folds the deltas into report_buckets
+-- every minute (store.CompactReport); readers add up both.
 CREATE TABLE postbox.report_buckets (
   endpoint      text        NOT NULL,
   bucket        timestamptz NOT NULL,
@@ -23,6 +29,17 @@ CREATE TABLE postbox.report_buckets (
   PRIMARY KEY (endpoint, bucket, event_type)
 );
 CREATE INDEX report_buckets_bucket ON postbox.report_buckets USING brin (bucket);
+
+CREATE TABLE postbox.report_deltas (
+  endpoint      text        NOT NULL,
+  bucket        timestamptz NOT NULL,
+  event_type    text        NOT NULL,
+  committed     bigint      NOT NULL DEFAULT 0,
+  delivered     bigint      NOT NULL DEFAULT 0,
+  dead_lettered bigint      NOT NULL DEFAULT 0,
+  sums          jsonb
+);
+CREATE INDEX report_deltas_endpoint ON postbox.report_deltas (endpoint, bucket);
 
 -- The payload fields summed (report_sum), written by the relay at start.
 -- A field counts from the events ingested while it is listed.
@@ -56,7 +73,7 @@ RETURN CASE WHEN a IS NULL THEN b WHEN b IS NULL THEN a ELSE (
 CREATE FUNCTION postbox.report_events_add() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = off AS $$
 BEGIN
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, committed, sums)
+  INSERT INTO postbox.report_deltas (endpoint, bucket, event_type, committed, sums)
   SELECT g.endpoint, g.bucket, g.event_type, g.n, s.sums
   FROM (SELECT endpoint, postbox.report_bucket(committed_at, ingested_at) AS bucket, event_type, count(*) AS n
         FROM new_events GROUP BY 1, 2, 3) g
@@ -66,10 +83,7 @@ BEGIN
                    FROM new_events e CROSS JOIN postbox.report_fields f
                    GROUP BY 1, 2, 3, 4) t
              WHERE total IS NOT NULL
-             GROUP BY 1, 2, 3) s USING (endpoint, bucket, event_type)
-  ORDER BY 1, 2, 3
-  ON CONFLICT (endpoint, bucket, event_type) DO UPDATE
-    SET committed = r.committed + excluded.committed, sums = postbox.report_add(r.sums, excluded.sums);
+             GROUP BY 1, 2, 3) s USING (endpoint, bucket, event_type);
   RETURN NULL;
 END $$;
 CREATE TRIGGER report_events_add AFTER INSERT ON postbox.events
@@ -102,15 +116,12 @@ BEGIN
       FROM postbox.deliveries d WHERE d.event_pk = x.event_pk AND d.id <> x.id
       OFFSET 0) o
   )
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
+  INSERT INTO postbox.report_deltas (endpoint, bucket, event_type, delivered, dead_lettered)
   SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
          sum(c.delivered), sum(c.dead)
   FROM c JOIN postbox.events e ON e.id = c.event_pk
   GROUP BY 1, 2, 3
-  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0
-  ORDER BY 1, 2, 3
-  ON CONFLICT (endpoint, bucket, event_type) DO UPDATE
-    SET delivered = r.delivered + excluded.delivered, dead_lettered = r.dead_lettered + excluded.dead_lettered;
+  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0;
   RETURN NULL;
 END $$;
 CREATE TRIGGER report_deliveries_insert AFTER INSERT ON postbox.deliveries
@@ -139,15 +150,12 @@ BEGIN
       FROM postbox.deliveries d WHERE d.event_pk = x.event_pk AND d.id <> x.id
       OFFSET 0) o
   )
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
+  INSERT INTO postbox.report_deltas (endpoint, bucket, event_type, delivered, dead_lettered)
   SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
          sum(c.delivered), sum(c.dead)
   FROM c JOIN postbox.events e ON e.id = c.event_pk
   GROUP BY 1, 2, 3
-  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0
-  ORDER BY 1, 2, 3
-  ON CONFLICT (endpoint, bucket, event_type) DO UPDATE
-    SET delivered = r.delivered + excluded.delivered, dead_lettered = r.dead_lettered + excluded.dead_lettered;
+  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0;
   RETURN NULL;
 END $$;
 CREATE TRIGGER report_deliveries_update AFTER UPDATE ON postbox.deliveries

@@ -131,8 +131,24 @@ func TestReportMatchesTheReceiversCount(t *testing.T) {
 	require.Equal(t, map[string]int{"ftd": 35, "click": 20}, accepted)
 	require.Equal(t, map[string]int{"ftd": 5, "click": 3}, refused)
 
+	// Each attempt recorded its target as sent, query included, beside
+	// the target the log and the pages show.
+	require.Equal(t, queryInt(t, pool, `SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'partner'`),
+		queryInt(t, pool, `SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'partner' AND sent = $1 AND target = $2`,
+			tl.URL+"/pb?aff=7", tl.URL+"/pb"))
+	var oneID string
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT e.event_id::text FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
+		WHERE e.endpoint = 'partner' AND d.status = 'delivered' LIMIT 1`).Scan(&oneID))
+	code, out, errOut := postbox(t, "event", oneID, "--config", cfg)
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, "aff=7", "the query is shown only with log_payloads")
+	withPayloads := writeConfig(t, dbURL, "log_payloads: true\nendpoints:\n  partner:\n    url: "+tl.URL+"/pb\n")
+	code, out, errOut = postbox(t, "event", oneID, "--config", withPayloads)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "sent as "+tl.URL+"/pb?aff=7")
+
 	day := time.Now().UTC().Format(time.DateOnly)
-	code, out, errOut := postbox(t, "report", "--config", cfg, "--endpoint", "partner", "--from", day, "--to", day, "--json")
+	code, out, errOut = postbox(t, "report", "--config", cfg, "--endpoint", "partner", "--from", day, "--to", day, "--json")
 	require.Equal(t, exitOK, code, errOut)
 	var rep reportJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)

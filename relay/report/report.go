@@ -136,14 +136,16 @@ func daily(ctx context.Context, q Querier, one bool, endpoint string, from, to t
 			WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3`,
 			endpoint, days[0], days[len(days)-1])
 	} else {
-		grain := "hour"
+		// Binned from the epoch, not truncated: date_trunc would follow
+		// the session's TimeZone.
+		grain := "1 hour"
 		for _, d := range days {
 			if _, off := d.Zone(); off%3600 != 0 {
-				grain = "minute" // date_trunc to the minute: the quarter hours as they are
+				grain = "15 minutes" // the quarter hours as they are
 			}
 		}
 		rows, err = q.Query(ctx, `
-			SELECT endpoint, date_trunc('`+grain+`', bucket), event_type, sum(committed)::int8, sum(delivered)::int8, sum(dead_lettered)::int8,
+			SELECT endpoint, date_bin('`+grain+`', bucket, timestamptz '2000-01-01 00:00:00+00'), event_type, sum(committed)::int8, sum(delivered)::int8, sum(dead_lettered)::int8,
 			       (SELECT jsonb_object_agg(k, v) FROM (SELECT s.key AS k, sum(s.value::numeric) AS v
 			                                            FROM unnest(array_agg(sums)) AS u(j), jsonb_each_text(u.j) AS s GROUP BY s.key) x)
 			FROM (SELECT * FROM postbox.report_buckets WHERE bucket >= $1 AND bucket < $2

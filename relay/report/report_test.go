@@ -143,6 +143,31 @@ func TestRollupsFollowTheRows(t *testing.T) {
 		{Day: "2026-03-02", EventType: "ftd", Committed: 1, Delivered: 1, Sums: map[string]float64{"payout": 1}},
 	}, days)
 
+	// All endpoints at once: the same rows for "a", whatever the session's
+	// TimeZone, in a whole-hour zone and in a half-hour one.
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET TimeZone = 'Asia/Kathmandu'`)
+	require.NoError(t, err)
+	kolkata, err := time.LoadLocation("Asia/Kolkata")
+	require.NoError(t, err)
+	for _, tz := range []*time.Location{paris, kolkata} {
+		one, err := report.Daily(ctx, pool, "a", from, from.AddDate(0, 0, 2), tz)
+		require.NoError(t, err)
+		all, err := report.DailyAll(ctx, conn, from, from.AddDate(0, 0, 2), tz)
+		require.NoError(t, err)
+		var mine []report.Day
+		for _, d := range all {
+			if d.Endpoint == "a" {
+				mine = append(mine, d.Day)
+			}
+		}
+		require.Equal(t, one, mine, tz.String())
+	}
+	_, err = conn.Exec(ctx, `RESET TimeZone`)
+	require.NoError(t, err)
+
 	// In UTC all of 1 March's events are one day, 2 March's another.
 	days, err = report.Daily(ctx, pool, "a", time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 1, 13, 0, 0, 0, time.UTC), time.UTC)
 	require.NoError(t, err)

@@ -57,7 +57,10 @@ func setupReport(b *testing.B, on bool) *store.Store {
 }
 
 func benchmarkIngest(b *testing.B, n int, keys []string, reportTriggers bool) {
-	s := setupReport(b, reportTriggers)
+	benchIngestOn(b, setupReport(b, reportTriggers), n, keys...)
+}
+
+func benchIngestOn(b *testing.B, s *store.Store, n int, keys ...string) {
 	ctx := context.Background()
 	ic, err := s.AcquireIngest(ctx, "me")
 	if err != nil {

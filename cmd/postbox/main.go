@@ -70,12 +70,18 @@ Commands:
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
                 --since/--until, --from-lsn, --event-id, --limit, --dry-run, --rate);
                 --url URL or --endpoint-url sends them elsewhere than their rows' urls
-  events        search events, newest commit first: --endpoint, --status (of the latest
-                delivery), --since/--until, --payload KEY=VALUE (a search_keys field;
-                repeat), --limit
+  events        search events, newest commit first: --endpoint, --type, --status (of the
+                latest delivery), --since/--until, --payload KEY=VALUE (a search_keys
+                field; repeat), --limit (a page, at most 1000), --after CURSOR (the next
+                page, as a full page prints)
   event ID      one event's story: commit (LSN, time), ingest, every delivery and
                 attempt, replays; --json prints the story, or a list of stories when
                 the id went to several endpoints
+  report        the daily reconciliation report: per day of --tz (UTC unless set) and
+                event type, events committed, delivered, dead-lettered, pending and the
+                report_sum sums; --endpoint NAME or --all, --from/--to (days, both
+                included; the last 7 unless set), --csv; --deliveries DAY prints that
+                day's deliveries of --endpoint as CSV, one line per event
   doctor        check the database for postbox and explain what to fix (exit 1 on errors);
                 --app-role NAME: warn of each privilege that role has beyond INSERT on the outbox
                 (and the endpoints grants docs/integration.md gives)
@@ -91,7 +97,7 @@ Commands:
   a command that reads the database takes its URL from the file or from
   POSTBOX_DATABASE_URL.
 --json (one JSON document): ` + jsonCommands + `.
-status, endpoints, dead-letters, replay, events and event read the database
+status, endpoints, dead-letters, replay, events, event and report read the database
 directly, so they work while no relay runs.
 Run 'postbox <command> -h' for a command's flags.
 `
@@ -101,7 +107,7 @@ Run 'postbox <command> -h' for a command's flags.
 // checks them against the commands' flag sets).
 const (
 	noConfigCommands = "secret new, bench and version"
-	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, doctor and bench"
+	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, report, doctor and bench"
 )
 
 func main() {
@@ -125,6 +131,7 @@ var commands = []command{
 	{"replay", cmdReplay},
 	{"events", cmdEvents},
 	{"event", cmdEvent},
+	{"report", cmdReport},
 	{"doctor", cmdDoctor},
 	{"secret", cmdSecret},
 	{"demo", cmdDemo},

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
 
+	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -43,6 +46,11 @@ var EventStatuses = []string{
 // EventFilter selects events. Zero fields do not filter.
 type EventFilter struct {
 	Endpoint string
+	// Type is the event type ("" for any).
+	Type string
+	// After continues a search past the last event of a previous page:
+	// its NextCursor ("" for the first page).
+	After string
 	// Status is the state of the event's latest delivery (one of
 	// EventStatuses).
 	Status string
@@ -138,7 +146,8 @@ SELECT min(h.t) FROM (
 
 // searchEventsSQL: the bound is the last argument, %[2]s.
 const searchEventsSQL = `
-SELECT e.event_id::text, e.endpoint, e.event_type, coalesce(d.status, 'in_flight'), coalesce(d.attempts, 0), e.committed_at
+SELECT e.event_id::text, e.endpoint, e.event_type, coalesce(d.status, 'in_flight'), coalesce(d.attempts, 0), e.committed_at,
+       ` + eventTimeSQL + `, e.id
 FROM (
   SELECT e.id, e.event_id, e.endpoint, e.event_type, e.committed_at, e.ingested_at FROM postbox.events e
   WHERE e.ingested_at >= %[2]s AND %[1]s
@@ -169,6 +178,17 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 	if f.Endpoint != "" {
 		endpoint = arg(f.Endpoint)
 		conds = append(conds, "e.endpoint = "+endpoint)
+	}
+	if f.Type != "" {
+		conds = append(conds, "e.event_type = "+arg(f.Type))
+	}
+	if f.After != "" {
+		at, id, err := parseCursor(f.After)
+		if err != nil {
+			return "", "", nil, err
+		}
+		// Older than the page's last event, in the list's order.
+		conds = append(conds, "("+eventTimeSQL+", e.id) < ("+arg(at)+"::timestamptz, "+arg(id)+"::int8)")
 	}
 	if f.Status != "" {
 		if !slices.Contains(EventStatuses, f.Status) {
@@ -214,34 +234,70 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 // wrapping ErrUnknownStatus for a status no delivery has; check payload
 // keys against the configuration with CheckSearchKeys first.
 func SearchEvents(ctx context.Context, q Querier, f EventFilter) ([]postboxtype.EventSummary, error) {
+	out, _, err := SearchEventsPage(ctx, q, f)
+	return out, err
+}
+
+// SearchEventsPage is SearchEvents, with the cursor of the page that
+// follows (EventFilter.After) when this one is full ("" when it is the
+// last): paging goes as far back as events are kept, Limit at a time.
+func SearchEventsPage(ctx context.Context, q Querier, f EventFilter) (page []postboxtype.EventSummary, next string, err error) {
 	boundSQL, listSQL, args, err := searchEventsQuery(f)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	out := []postboxtype.EventSummary{}
 	var bound *time.Time
 	if err := q.QueryRow(ctx, boundSQL, args...).Scan(&bound); err != nil {
-		return nil, fmt.Errorf("search events: %w", err)
+		return nil, "", fmt.Errorf("search events: %w", err)
 	}
 	if bound == nil {
-		return out, nil // nothing matches
+		return out, "", nil // nothing matches
 	}
 	rows, err := q.Query(ctx, listSQL, append(args, *bound)...)
 	if err != nil {
-		return nil, fmt.Errorf("search events: %w", err)
+		return nil, "", fmt.Errorf("search events: %w", err)
 	}
 	defer rows.Close()
+	var lastAt time.Time
+	var lastID int64
 	for rows.Next() {
 		var e postboxtype.EventSummary
-		if err := rows.Scan(&e.EventID, &e.Endpoint, &e.EventType, &e.Status, &e.Attempts, &e.CommittedAt); err != nil {
-			return nil, fmt.Errorf("search events: %w", err)
+		if err := rows.Scan(&e.EventID, &e.Endpoint, &e.EventType, &e.Status, &e.Attempts, &e.CommittedAt, &lastAt, &lastID); err != nil {
+			return nil, "", fmt.Errorf("search events: %w", err)
 		}
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("search events: %w", err)
+		return nil, "", fmt.Errorf("search events: %w", err)
 	}
-	return out, nil
+	if len(out) == searchLimit(f) {
+		next = fmt.Sprintf("%d_%d", lastAt.UnixMicro(), lastID)
+	}
+	return out, next, nil
+}
+
+// ErrBadCursor is a search's After that no page gave.
+var ErrBadCursor = errors.New("not a cursor of a previous page")
+
+// parseCursor reads a NextCursor: the last event's time in microseconds
+// and its row id.
+func parseCursor(c string) (time.Time, int64, error) {
+	us, id, ok := strings.Cut(c, "_")
+	t, err1 := strconv.ParseInt(us, 10, 64)
+	n, err2 := strconv.ParseInt(id, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return time.Time{}, 0, fmt.Errorf("%w: %q", ErrBadCursor, printable(c))
+	}
+	return time.UnixMicro(t), n, nil
+}
+
+// searchLimit is the page size f asks for.
+func searchLimit(f EventFilter) int {
+	if f.Limit <= 0 {
+		return EventLimitDefault
+	}
+	return min(f.Limit, EventLimitMax)
 }
 
 // canonicalUUID returns s as PostgreSQL's canonical text of a uuid, or
@@ -402,7 +458,7 @@ func readUnderWay(ctx context.Context, q Querier, pks []int64, byPK map[int64]in
 // attemptTableColumns are postbox.attempts' columns, as attemptsOnDeliveries
 // and postbox.all_attempts name them.
 const attemptTableColumns = `delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
-       error_class, error, response, target, instance`
+       error_class, error, response, target, instance, sent`
 
 // attemptsOnDeliveries selects the first attempts kept on their deliveries
 // (migration 026) with attemptTableColumns: postbox.all_attempts' second
@@ -413,16 +469,67 @@ const attemptsOnDeliveries = `
 SELECT id AS delivery_id, endpoint, 1 AS attempt, delivered_at - last_response_ms * interval '1 millisecond' AS started_at,
        last_response_ms AS duration_ms, last_status_code AS status_code, 'delivered'::text AS outcome,
        NULL::text AS error_class, last_error AS error, last_response AS response, attempt_target AS target,
-       attempted_by AS instance
+       attempted_by AS instance, attempt_sent AS sent
 FROM postbox.deliveries WHERE status = 'delivered' AND attempted_by IS NOT NULL`
 
 // attemptColumns are a postboxtype.AttemptRecord's columns of postbox.attempts a, in
 // attemptScanTargets order.
 const attemptColumns = `a.attempt, a.started_at, a.status_code, a.duration_ms::float8, coalesce(a.error, ''),
-       coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance`
+       coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance, coalesce(a.sent, a.target, '')`
 
 func attemptScanTargets(a *postboxtype.AttemptRecord) []any {
-	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance}
+	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance, &a.Sent}
+}
+
+// ResponseForOperator is an attempt's stored response body as the
+// operator may see it, in the console and the CLI alike: hidden (hidden
+// true) unless log_payloads, a partner's body may echo the payload or a
+// token; with it, secrets removed still.
+func ResponseForOperator(response string, logPayloads bool) (shown string, hidden bool) {
+	switch {
+	case response == "":
+		return "", false
+	case !logPayloads:
+		return "", true
+	}
+	return logsafe.Text(response, true), false
+}
+
+// ForOperator applies to stories what the operator may see of them, the
+// same in the console and the CLI: the response bodies
+// (ResponseForOperator) and the targets as sent (SentForOperator, under
+// each story's endpoint's redact_path).
+func ForOperator(stories []postboxtype.EventStory, cfg *config.Config) {
+	for i := range stories {
+		redact := cfg.Endpoint(stories[i].Endpoint).RedactPath
+		for j := range stories[i].Deliveries {
+			for k := range stories[i].Deliveries[j].Attempts {
+				a := &stories[i].Deliveries[j].Attempts[k]
+				a.Response, a.ResponseHidden = ResponseForOperator(a.Response, cfg.LogPayloads)
+				a.Sent = SentForOperator(a.Sent, redact, cfg.LogPayloads)
+			}
+		}
+	}
+}
+
+// SentForOperator is an attempt's target as sent (AttemptRecord.Sent),
+// as the operator may see it: only with log_payloads (the query is the
+// partner's data, as the payload is), and with the endpoint's
+// redact_path applied. "" when it may not be shown.
+func SentForOperator(sent string, redact config.RedactPath, logPayloads bool) string {
+	if !logPayloads || sent == "" {
+		return ""
+	}
+	if redact == 0 {
+		return sent
+	}
+	u, err := url.Parse(sent)
+	if err != nil {
+		return ""
+	}
+	u.RawPath = redact.Redacted(u.EscapedPath())
+	u.Path, _ = url.PathUnescape(u.RawPath)
+	return u.String()
 }
 
 // recentAttemptsSQL is RecentAttempts' statement: the newest $2 of

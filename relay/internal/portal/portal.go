@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"embed"
 	"errors"
-	"fmt"
 	"html/template"
 	"io/fs"
 	"net"
@@ -147,11 +146,6 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.text }
 
-var errNotFound = &httpError{http.StatusNotFound, "Not found", "There is no such page."}
-
-func badRequest(format string, args ...any) error {
-	return &httpError{http.StatusBadRequest, "Bad request", fmt.Sprintf(format, args...)}
-}
 
 // cookieName is per port, as the console's: two relays on one host keep
 // their sessions apart. It is not the console's name, and the console

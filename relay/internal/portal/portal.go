@@ -146,7 +146,6 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.text }
 
-
 // cookieName is per port, as the console's: two relays on one host keep
 // their sessions apart. It is not the console's name, and the console
 // reads only its own cookie, so a portal session never signs in there.

@@ -450,3 +450,27 @@ func TestOpeningsRateLimited(t *testing.T) {
 	}
 	require.Equal(t, http.StatusTooManyRequests, last)
 }
+
+// TestConsoleButtons: the console's endpoint page makes a link that opens
+// the portal, and its revoke ends it.
+func TestConsoleButtons(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	ids := b.seed(t)
+	admin := func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+adminToken) }
+	page := b.do(t, http.DefaultClient, http.MethodGet, "/endpoints/alpha", nil, admin)
+	require.Contains(t, page.body, `action="/endpoints/alpha/portal-link"`)
+	a := b.do(t, http.DefaultClient, http.MethodPost, "/endpoints/alpha/portal-link", url.Values{"ttl": {"7d"}}, admin)
+	require.Equal(t, http.StatusOK, a.status, a.body)
+	m := regexp.MustCompile(`<pre class="response" id="portal-link">([^<]+)</pre>`).FindStringSubmatch(a.body)
+	require.NotNil(t, m)
+	require.True(t, strings.HasPrefix(m[1], b.server.URL+"/portal/link/pbl1."), m[1])
+	c := client(t)
+	require.Equal(t, http.StatusSeeOther, b.get(t, c, strings.TrimPrefix(m[1], b.server.URL)).status)
+	require.Contains(t, b.get(t, c, "/portal/").body, ids.aDead)
+	require.NotContains(t, b.log.String(), strings.TrimPrefix(m[1], b.server.URL+"/portal/link/"), "the token is never logged")
+
+	a = b.do(t, http.DefaultClient, http.MethodPost, "/endpoints/alpha/portal-revoke", url.Values{}, admin)
+	require.Equal(t, http.StatusOK, a.status, a.body)
+	require.Equal(t, http.StatusGone, b.get(t, c, "/portal/").status)
+}

@@ -304,6 +304,11 @@ func (p *Portal) event(rq *request) error {
 	}
 	for _, d := range dls {
 		first := step{When: d.created, What: "Queued for delivery"}
+		if !d.v.IsReplay && pg.IngestedAt.Before(d.created) {
+			// A first attempt made straight from ingest writes its
+			// delivery when it ends: the event was queued when picked up.
+			first.When = pg.IngestedAt
+		}
 		switch {
 		case d.v.ByPartner:
 			first.What = "Queued again: replayed by partner"

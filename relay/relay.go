@@ -337,6 +337,11 @@ func (r *Relay) boot(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config
 		return nil, err
 	}
 	r.logMissing(ctx, pool, cfg)
+	// The leader's upkeep writes them again each minute (a reload, a
+	// grant given later): a failure here costs sums, not the relay.
+	if err := env.Store.SyncReportFields(ctx, cfg.ReportSum); err != nil {
+		r.log.Warn().Err(err).Msg("report_sum: could not write the summed fields")
+	}
 	if err := env.Store.Heartbeat(ctx, pool, env.Instance(false), cfg.Lease, false); err != nil {
 		return nil, fmt.Errorf("register this instance: %w", err)
 	}

@@ -76,6 +76,11 @@ Commands:
   event ID      one event's story: commit (LSN, time), ingest, every delivery and
                 attempt, replays; --json prints the story, or a list of stories when
                 the id went to several endpoints
+  report        the daily reconciliation report: per day of --tz (UTC unless set) and
+                event type, events committed, delivered, dead-lettered, pending and the
+                report_sum sums; --endpoint NAME or --all, --from/--to (days, both
+                included; the last 7 unless set), --csv; --deliveries DAY prints that
+                day's deliveries of --endpoint as CSV, one line per event
   doctor        check the database for postbox and explain what to fix (exit 1 on errors);
                 --app-role NAME: warn of each privilege that role has beyond INSERT on the outbox
                 (and the endpoints grants docs/integration.md gives)
@@ -95,7 +100,7 @@ Commands:
   a command that reads the database takes its URL from the file or from
   POSTBOX_DATABASE_URL.
 --json (one JSON document): ` + jsonCommands + `.
-status, endpoints, dead-letters, replay, events and event read the database
+status, endpoints, dead-letters, replay, events, event and report read the database
 directly, so they work while no relay runs.
 Run 'postbox <command> -h' for a command's flags.
 `
@@ -105,7 +110,7 @@ Run 'postbox <command> -h' for a command's flags.
 // checks them against the commands' flag sets).
 const (
 	noConfigCommands = "secret new, bench and version"
-	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, doctor, portal link, portal revoke and bench"
+	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, report, doctor, portal link, portal revoke and bench"
 )
 
 func main() {
@@ -129,6 +134,7 @@ var commands = []command{
 	{"replay", cmdReplay},
 	{"events", cmdEvents},
 	{"event", cmdEvent},
+	{"report", cmdReport},
 	{"doctor", cmdDoctor},
 	{"portal", cmdPortal},
 	{"secret", cmdSecret},

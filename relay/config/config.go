@@ -52,14 +52,17 @@ type Config struct {
 	Messages     bool
 	MessageRoles []string
 	// SearchKeys are the payload fields extracted and indexed at ingest.
-	SearchKeys     []string
-	MaxBody        int64
-	ShutdownGrace  time.Duration
-	Lease          time.Duration
-	SweepInterval  time.Duration
-	StatusInterval time.Duration
-	StallTimeout   time.Duration
-	WalsenderNice  int
+	SearchKeys []string
+	// ReportRetention and ReportSum: as File's.
+	ReportRetention time.Duration
+	ReportSum       []string
+	MaxBody         int64
+	ShutdownGrace   time.Duration
+	Lease           time.Duration
+	SweepInterval   time.Duration
+	StatusInterval  time.Duration
+	StallTimeout    time.Duration
+	WalsenderNice   int
 	// CPUBatch: postbox's threads are scheduled as SCHED_BATCH
 	// (cpu_scheduling: batch).
 	CPUBatch       bool
@@ -302,7 +305,7 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 		File: *c, DatabaseURL: c.DatabaseURL, Table: t, Slot: c.Slot, Publication: c.Publication,
 		AdminListen: c.AdminListen, AdminToken: c.AdminToken, LogLevel: c.LogLevel, LogPayloads: c.LogPayloads,
 		OutboxRetention: c.OutboxRetention.D(), EventRetention: c.EventRetention.D(), DeliveryRetention: c.DeliveryRetention.D(),
-		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys, Messages: c.OutboxMessages, MessageRoles: c.OutboxMessageRoles,
+		AttemptRetention: c.AttemptRetention.D(), SearchKeys: c.SearchKeys, ReportRetention: c.ReportRetention.D(), ReportSum: c.ReportSum, Messages: c.OutboxMessages, MessageRoles: c.OutboxMessageRoles,
 		MaxBody: int64(c.MaxBody), ShutdownGrace: c.ShutdownGrace.D(), Lease: c.Lease.D(), SweepInterval: c.SweepInterval.D(),
 		StatusInterval: c.StatusInterval.D(), StallTimeout: c.StallTimeout.D(), WalsenderNice: c.WalsenderNice, CPUBatch: c.CPUScheduling == "batch", LeaderLease: c.LeaderLease.D(), Migrate: c.Migrate,
 		MaxConcurrency: c.MaxConcurrency, MetricsEndpointLabels: c.MetricsEndpointLabels,
@@ -358,6 +361,19 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 			return nil, keyErr(fmt.Sprintf("search_keys[%d]", i), "%q is listed twice", k)
 		}
 		seen[k] = true
+	}
+	clear(seen)
+	for i, k := range c.ReportSum {
+		if !searchKeyRe.MatchString(k) {
+			return nil, keyErr(fmt.Sprintf("report_sum[%d]", i), "%q is not a top-level payload field name (letters, digits, _ and -, at most 64)", k)
+		}
+		if seen[k] {
+			return nil, keyErr(fmt.Sprintf("report_sum[%d]", i), "%q is listed twice", k)
+		}
+		seen[k] = true
+	}
+	if c.ReportRetention.D() < 24*time.Hour {
+		return nil, keyErr("report_retention", "must be at least 24h: the rollups are read by the day")
 	}
 	if c.MaxBody <= 0 {
 		return nil, keyErr("max_body", "must be positive")

@@ -39,6 +39,7 @@ const (
 	EventRetentionDefault        = 168 * time.Hour
 	DeliveryRetentionDefault     = 168 * time.Hour
 	AttemptRetentionDefault      = 168 * time.Hour
+	ReportRetentionDefault       = 400 * 24 * time.Hour
 	MaxBodyDefault               = 1 << 20
 	ShutdownGraceDefault         = 20 * time.Second
 	LeaseDefault                 = 15 * time.Second
@@ -100,7 +101,15 @@ type File struct {
 	// events by (postbox events --payload KEY=VALUE); they are extracted
 	// and indexed at ingest.
 	SearchKeys []string `yaml:"search_keys"`
-	MaxBody    ByteSize `yaml:"max_body"`
+	// ReportRetention is how long the daily report rollups are kept
+	// (postbox report, the partner portal): longer than the events, so a
+	// year's reconciliation outlives them.
+	ReportRetention Duration `yaml:"report_retention"`
+	// ReportSum are the top-level numeric payload fields the daily report
+	// sums per day and event type (payout, amount), from the events
+	// ingested while they are listed.
+	ReportSum []string `yaml:"report_sum"`
+	MaxBody   ByteSize `yaml:"max_body"`
 	// ShutdownGrace bounds how long SIGTERM waits for in-flight attempts.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
 	// Lease is how long an instance's claims outlive its last heartbeat (it
@@ -295,6 +304,7 @@ func Default() *File {
 		EventRetention:        Duration(EventRetentionDefault),
 		DeliveryRetention:     Duration(DeliveryRetentionDefault),
 		AttemptRetention:      Duration(AttemptRetentionDefault),
+		ReportRetention:       Duration(ReportRetentionDefault),
 		MaxBody:               MaxBodyDefault,
 		ShutdownGrace:         Duration(ShutdownGraceDefault),
 		Lease:                 Duration(LeaseDefault),

@@ -34,6 +34,9 @@ func cleanRetention(ctx context.Context, env *service.Env, log zerolog.Logger) e
 		{"latency histograms", func() (int64, error) { return st.PurgeHistograms(ctx, telemetry.Window) }},
 		{"finished deliveries", func() (int64, error) { return st.PurgeDeliveries(ctx, cfg.DeliveryRetention) }},
 		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention) }},
+		{"report rollups", func() (int64, error) { return st.PurgeReport(ctx, cfg.ReportRetention) }},
+		// Not a purge: report_sum as reloaded, for the ingest's trigger.
+		{"report_sum fields", func() (int64, error) { return 0, st.SyncReportFields(ctx, cfg.ReportSum) }},
 	}
 	var errs []error
 	for _, p := range purges {

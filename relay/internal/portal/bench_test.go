@@ -89,6 +89,8 @@ func BenchmarkPortalPages(b *testing.B) {
 		{"event-dead", "/portal/events/" + deadID},
 		{"health", "/portal/health"},
 		{"verify", "/portal/verify"},
+		{"report-30d", "/portal/report"},
+		{"report-30d-tz", "/portal/report?tz=Asia%2FKolkata"},
 	}
 	for _, p := range pages {
 		b.Run(p.name, func(b *testing.B) {

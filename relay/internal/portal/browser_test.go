@@ -59,13 +59,14 @@ func chromiumPath(t *testing.T) string {
 // name a click id in refuse until fixed.
 type partnerReceiver struct {
 	*httptest.Server
-	mu     sync.Mutex
-	ids    []string
-	refuse string
+	mu       sync.Mutex
+	ids      []string
+	accepted map[string]bool // webhook-ids answered 200
+	refuse   string
 }
 
 func newPartner(t *testing.T, refuse string) *partnerReceiver {
-	rc := &partnerReceiver{refuse: refuse}
+	rc := &partnerReceiver{refuse: refuse, accepted: map[string]bool{}}
 	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		rc.mu.Lock()
@@ -77,6 +78,9 @@ func newPartner(t *testing.T, refuse string) *partnerReceiver {
 			_, _ = w.Write([]byte(`{"error":"unknown click"}`))
 			return
 		}
+		rc.mu.Lock()
+		rc.accepted[r.Header.Get(outbox.HeaderID)] = true
+		rc.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 	}))
 	t.Cleanup(rc.Close)
@@ -250,6 +254,7 @@ func TestPortalInBrowser(t *testing.T) {
 	// session or not: a host that publishes the portal asks for it.
 	f.AdminTokenOnLoopback = true
 	f.SearchKeys = []string{"click_id"}
+	f.ReportSum = []string{"payout"}
 	f.Signing.Secrets = []string{outbox.NewSecret()}
 	f.Signing.PerEndpoint = config.PerEndpointDerived
 	f.Portal = config.PortalConfig{AllowReplay: true, ShowResponse: true}
@@ -276,6 +281,7 @@ func TestPortalInBrowser(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	ids := map[string]string{}
+	types := map[string]string{} // event id → type
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for i, e := range []struct{ endpoint, click, typ string }{
 			{"alpha", "clk_A1", "click"}, {"alpha", "clk_A2", "registration"}, {"alpha", "clk_A_dead", "ftd"}, {"alpha", "clk_A3", "ftd"},
@@ -287,6 +293,7 @@ func TestPortalInBrowser(t *testing.T) {
 				return err
 			}
 			ids[e.click] = id
+			types[id] = e.typ
 		}
 		return nil
 	}))
@@ -338,6 +345,24 @@ func TestPortalInBrowser(t *testing.T) {
 		a.visit(t, "/portal/health", http.StatusOK)
 		require.NotEqual(t, "–", a.text(t, "#rate"))
 		a.screenshot(t, "health")
+	})
+	t.Run("report equals what the receiver counted", func(t *testing.T) {
+		a.visit(t, "/portal/report", http.StatusOK)
+		alpha.mu.Lock()
+		got := map[string]int{}
+		for id := range alpha.accepted {
+			got[types[id]]++
+		}
+		alpha.mu.Unlock()
+		day := time.Now().UTC().Format("2006-01-02")
+		for _, typ := range []string{"click", "registration", "ftd"} {
+			row := `tr[data-day="` + day + `"][data-type="` + typ + `"]`
+			require.Equal(t, fmt.Sprint(got[typ]), a.text(t, row+" td.delivered"), typ)
+			require.Equal(t, "0", a.text(t, row+" td.dead"), typ)
+		}
+		require.Equal(t, "4", a.text(t, "#totals th:nth-child(2)"), "committed in all")
+		require.Equal(t, "100", a.text(t, "#totals th:nth-child(6)"), "the payouts of alpha's events: 10+20+30+40")
+		a.screenshot(t, "report")
 	})
 	t.Run("the other partner and the console are out of reach", func(t *testing.T) {
 		a.visit(t, "/portal/events/"+ids["clk_B1"], http.StatusNotFound)

@@ -86,7 +86,7 @@ func New(o Options) *Portal {
 	}
 	p.limits = newLimiter(p.now)
 	p.pages = map[string]*template.Template{}
-	for _, name := range []string{"deliveries", "event", "health", "verify", "message"} {
+	for _, name := range []string{"deliveries", "event", "health", "verify", "report", "message"} {
 		p.pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
 	}
 	static, _ := fs.Sub(staticFS, "static")
@@ -101,6 +101,8 @@ func New(o Options) *Portal {
 	mux.Handle("GET /portal/events/{id}", p.page(p.event))
 	mux.Handle("GET /portal/health", p.page(p.health))
 	mux.Handle("GET /portal/verify", p.page(p.verify))
+	mux.Handle("GET /portal/report", p.page(p.report))
+	mux.Handle("GET /portal/report/day.csv", p.page(p.dayCSV))
 	mux.Handle("POST /portal/replay", p.action(p.replay))
 	mux.Handle("POST /portal/signout", p.action(p.signout))
 	mux.HandleFunc("GET /portal/signed-out", func(w http.ResponseWriter, r *http.Request) {

@@ -474,3 +474,42 @@ func TestConsoleButtons(t *testing.T) {
 	require.Equal(t, http.StatusOK, a.status, a.body)
 	require.Equal(t, http.StatusGone, b.get(t, c, "/portal/").status)
 }
+
+// TestReportAndCSV: the report counts the partner's own events per event
+// type, and its day's CSV lists them; neither reads another endpoint by
+// any parameter, and exports are rate-limited.
+func TestReportAndCSV(t *testing.T) {
+	t.Parallel()
+	b := setup(t, opts{})
+	ids := b.seed(t)
+	c := client(t)
+	b.open(t, c, "alpha")
+	day := time.Now().UTC().Format("2006-01-02")
+	rep := b.get(t, c, "/portal/report?endpoint=beta")
+	require.Equal(t, http.StatusOK, rep.status, rep.body)
+	for _, typ := range []string{"click", "ftd"} {
+		row := regexp.MustCompile(`(?s)<tr data-day="` + day + `" data-type="` + typ + `">(.*?)</tr>`).FindStringSubmatch(rep.body)
+		require.NotNil(t, row, typ)
+		require.Contains(t, row[1], `<td class="num committed">1</td>`, typ)
+	}
+	require.Contains(t, rep.body, `<td class="num dead">1</td>`, "alpha's ftd is a dead letter")
+	require.NotContains(t, rep.body, "beta")
+	require.Equal(t, http.StatusBadRequest, b.get(t, c, "/portal/report?tz=Mars/Olympus").status)
+
+	csv := b.get(t, c, "/portal/report/day.csv?day="+day+"&endpoint=beta")
+	require.Equal(t, http.StatusOK, csv.status)
+	require.Equal(t, "text/csv; charset=utf-8", csv.header.Get("Content-Type"))
+	lines := strings.Split(strings.TrimSpace(csv.body), "\n")
+	require.Len(t, lines, 3, csv.body)
+	require.True(t, strings.HasPrefix(lines[0], "event_id,event_type,search_keys"))
+	require.Contains(t, csv.body, ids.aDelivered)
+	require.Contains(t, csv.body, ids.aDead)
+	require.NotContains(t, csv.body, ids.bDelivered)
+	require.NotContains(t, csv.body, "c_beta")
+	require.Equal(t, http.StatusBadRequest, b.get(t, c, "/portal/report/day.csv?day=../../x").status)
+	var last int
+	for range portal.ExportsPerMinute {
+		last = b.get(t, c, "/portal/report/day.csv?day="+day).status
+	}
+	require.Equal(t, http.StatusTooManyRequests, last, "exports are rate-limited per link")
+}

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/postbox-relay/postbox/relay"
@@ -60,7 +62,7 @@ func cmdPortal(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			printable(*endpoint), v, printable(*endpoint))
 		return exitOK
 	}
-	d, err := config.ParseDuration(*ttl)
+	d, err := parseTTL(*ttl)
 	if err != nil || d <= 0 {
 		fmt.Fprintln(stderr, "postbox: --ttl: want a positive duration such as 30d or 12h")
 		return exitUsage
@@ -93,4 +95,16 @@ func printJSON(w io.Writer, v any) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+// parseTTL reads a link's life: "30d" (days), or a Go duration ("12h").
+func parseTTL(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(strings.TrimSpace(s), "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n <= 0 || n > 3650 {
+			return 0, fmt.Errorf("invalid --ttl %q", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	return config.ParseDuration(s)
 }

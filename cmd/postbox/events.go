@@ -119,9 +119,7 @@ func cmdEvent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure
 	}
-	if !env.cfg.LogPayloads {
-		hideResponses(stories)
-	}
+	telemetry.ForOperator(stories, env.cfg)
 	if env.json {
 		// One event to one endpoint, as almost always: the story itself.
 		// An id that went to several endpoints: a list of their stories.
@@ -215,24 +213,12 @@ func printStory(w io.Writer, s postboxtype.EventStory) {
 				line += "  response: " + snippet(a.Response, 80)
 			}
 			fmt.Fprintln(w, line)
+			if a.Sent != "" && a.Sent != a.Target {
+				fmt.Fprintf(w, "        sent as %s\n", printable(a.Sent))
+			}
 		}
 		if n := len(d.Attempts); n > 0 && d.LastError != "" && d.LastError != d.Attempts[n-1].Error && d.Status != "delivered" {
 			fmt.Fprintf(w, "    last error: %s\n", snippet(d.LastError, 200))
-		}
-	}
-}
-
-// hideResponses blanks the attempts' response bodies: a partner's body may
-// echo the payload or a token, which, as in the log and the console, only
-// log_payloads shows.
-func hideResponses(stories []postboxtype.EventStory) {
-	for i := range stories {
-		for j := range stories[i].Deliveries {
-			for k := range stories[i].Deliveries[j].Attempts {
-				if a := &stories[i].Deliveries[j].Attempts[k]; a.Response != "" {
-					a.Response, a.ResponseHidden = "", true
-				}
-			}
 		}
 	}
 }

@@ -82,6 +82,12 @@ type AttemptRecord struct {
 	// Target is where it went: scheme://host/path, never the query.
 	Target   string `json:"target"`
 	Instance string `json:"instance"`
+	// Sent is the request's target exactly as sent: the query included,
+	// redact_path not applied (Target when they are the same). The
+	// partner's data, like the payload: the CLI and the console show it
+	// only with log_payloads, redact_path applied
+	// (telemetry.SentForOperator), and leave it empty otherwise.
+	Sent string `json:"sent,omitempty"`
 }
 
 // AttemptRow is an attempt with the delivery and event it was made for.

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
 	"unicode"
 
+	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/logsafe"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 )
@@ -402,7 +404,7 @@ func readUnderWay(ctx context.Context, q Querier, pks []int64, byPK map[int64]in
 // attemptTableColumns are postbox.attempts' columns, as attemptsOnDeliveries
 // and postbox.all_attempts name them.
 const attemptTableColumns = `delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
-       error_class, error, response, target, instance`
+       error_class, error, response, target, instance, sent`
 
 // attemptsOnDeliveries selects the first attempts kept on their deliveries
 // (migration 026) with attemptTableColumns: postbox.all_attempts' second
@@ -413,16 +415,67 @@ const attemptsOnDeliveries = `
 SELECT id AS delivery_id, endpoint, 1 AS attempt, delivered_at - last_response_ms * interval '1 millisecond' AS started_at,
        last_response_ms AS duration_ms, last_status_code AS status_code, 'delivered'::text AS outcome,
        NULL::text AS error_class, last_error AS error, last_response AS response, attempt_target AS target,
-       attempted_by AS instance
+       attempted_by AS instance, attempt_sent AS sent
 FROM postbox.deliveries WHERE status = 'delivered' AND attempted_by IS NOT NULL`
 
 // attemptColumns are a postboxtype.AttemptRecord's columns of postbox.attempts a, in
 // attemptScanTargets order.
 const attemptColumns = `a.attempt, a.started_at, a.status_code, a.duration_ms::float8, coalesce(a.error, ''),
-       coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance`
+       coalesce(a.error_class, ''), coalesce(a.response, ''), coalesce(a.target, ''), a.instance, coalesce(a.sent, a.target, '')`
 
 func attemptScanTargets(a *postboxtype.AttemptRecord) []any {
-	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance}
+	return []any{&a.Attempt, &a.StartedAt, &a.StatusCode, &a.DurationMS, &a.Error, &a.ErrorClass, &a.Response, &a.Target, &a.Instance, &a.Sent}
+}
+
+// ResponseForOperator is an attempt's stored response body as the
+// operator may see it, in the console and the CLI alike: hidden (hidden
+// true) unless log_payloads, a partner's body may echo the payload or a
+// token; with it, secrets removed still.
+func ResponseForOperator(response string, logPayloads bool) (shown string, hidden bool) {
+	switch {
+	case response == "":
+		return "", false
+	case !logPayloads:
+		return "", true
+	}
+	return logsafe.Text(response, true), false
+}
+
+// ForOperator applies to stories what the operator may see of them, the
+// same in the console and the CLI: the response bodies
+// (ResponseForOperator) and the targets as sent (SentForOperator, under
+// each story's endpoint's redact_path).
+func ForOperator(stories []postboxtype.EventStory, cfg *config.Config) {
+	for i := range stories {
+		redact := cfg.Endpoint(stories[i].Endpoint).RedactPath
+		for j := range stories[i].Deliveries {
+			for k := range stories[i].Deliveries[j].Attempts {
+				a := &stories[i].Deliveries[j].Attempts[k]
+				a.Response, a.ResponseHidden = ResponseForOperator(a.Response, cfg.LogPayloads)
+				a.Sent = SentForOperator(a.Sent, redact, cfg.LogPayloads)
+			}
+		}
+	}
+}
+
+// SentForOperator is an attempt's target as sent (AttemptRecord.Sent),
+// as the operator may see it: only with log_payloads (the query is the
+// partner's data, as the payload is), and with the endpoint's
+// redact_path applied. "" when it may not be shown.
+func SentForOperator(sent string, redact config.RedactPath, logPayloads bool) string {
+	if !logPayloads || sent == "" {
+		return ""
+	}
+	if redact == 0 {
+		return sent
+	}
+	u, err := url.Parse(sent)
+	if err != nil {
+		return ""
+	}
+	u.RawPath = redact.Redacted(u.EscapedPath())
+	u.Path, _ = url.PathUnescape(u.RawPath)
+	return u.String()
 }
 
 // recentAttemptsSQL is RecentAttempts' statement: the newest $2 of

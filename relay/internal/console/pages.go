@@ -469,6 +469,7 @@ func (c *Console) event(rq *request) error {
 		return err
 	}
 	p := eventPage{ID: id, LogPayloads: rq.cfg.LogPayloads}
+	telemetry.ForOperator(stories, rq.cfg)
 	for _, st := range stories {
 		sv := storyView{EventStory: st}
 		for _, d := range st.Deliveries {
@@ -528,13 +529,14 @@ func (c *Console) steps(rq *request, d postboxtype.DeliveryStory) []step {
 		if a.Target != "" {
 			detail = append(detail, "to "+c.target(rq, a.Target))
 		}
+		if a.Sent != "" && a.Sent != a.Target {
+			detail = append(detail, "sent as "+a.Sent)
+		}
 		if a.Instance != "" {
 			detail = append(detail, "by "+a.Instance)
 		}
 		s.Detail = strings.Join(detail, " · ")
-		if rq.cfg.LogPayloads && a.Response != "" {
-			s.Response = logsafe.Text(a.Response, true)
-		}
+		s.Response = a.Response // telemetry.ForOperator's rule, the CLI's too
 		out = append(out, s)
 	}
 	switch postboxtype.DeliveryState(d.Status) {

@@ -46,8 +46,11 @@ type Target struct {
 	// string, fragment and user info (logsafe.URL), and with the path
 	// segments of the endpoint's redact_path as ***.
 	Recorded string
-	Body     []byte // nil for GET
-	Reason   string // a dead-letter reason, "" when deliverable
+	// Sent is URL as requested (without user info or fragment, which are
+	// not part of the request's target) when it is not Recorded.
+	Sent   string
+	Body   []byte // nil for GET
+	Reason string // a dead-letter reason, "" when deliverable
 	// Held says why the event waits instead (its endpoint is a row of
 	// postbox.endpoints, disabled or invalid): neither attempted nor
 	// dead-lettered, until the row changes.
@@ -163,6 +166,7 @@ func Resolve(cfg *config.Config, ev Event) Target {
 		return fail(policy.ReasonInvalidURL, "%v", target.err)
 	}
 	t.Recorded = target.recorded
+	t.Sent = target.sent
 	if ev.URL != "" && !ep.RowURLHost(target.host) {
 		return fail(policy.ReasonRowURLNotAllowed, "%s is not in %s.row_url_hosts", target.host, settingsKey(ep))
 	}
@@ -224,6 +228,7 @@ type parsedURL struct {
 	host     string
 	addr     netip.Addr // invalid for a host name
 	recorded string
+	sent     string // see Target.Sent
 	err      error
 }
 
@@ -234,7 +239,14 @@ func parseURL(raw string, redact config.RedactPath) parsedURL {
 	}
 	host := u.Hostname()
 	addr, _ := netip.ParseAddr(strings.Trim(host, "[]"))
-	return parsedURL{host: host, addr: addr, recorded: logsafe.Parsed(redactPath(u, redact))}
+	recorded := logsafe.Parsed(redactPath(u, redact))
+	s := *u
+	s.User, s.Fragment, s.RawFragment = nil, "", ""
+	sent := s.String()
+	if sent == recorded {
+		sent = ""
+	}
+	return parsedURL{host: host, addr: addr, recorded: recorded, sent: sent}
 }
 
 // settingsKey is where ep's settings are written: its own section, or
@@ -454,7 +466,7 @@ func (x *Executor) Execute(ctx context.Context, j *dispatch.Job) state.Result {
 		return dispatch.Released(j)
 	}
 	res.Attempted, res.Sampled = true, true
-	res.Attempt, res.Target, res.EndpointRevision = j.Attempt, t.Recorded, ep.Revision
+	res.Attempt, res.Target, res.Sent, res.EndpointRevision = j.Attempt, t.Recorded, t.Sent, ep.Revision
 	res.ResponseMS = millis(resp.Duration)
 	res.StatusCode = resp.StatusCode
 	res.Response = logsafe.Text(responseSnippet(resp.Body), cfg.LogPayloads)

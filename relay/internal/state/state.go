@@ -68,6 +68,10 @@ type Result struct {
 	Attempt int
 	// Target is where the request went, as scheme://host/path.
 	Target string
+	// Sent is the URL as requested, query included and redact_path not
+	// applied, when it is not Target: the partner's data, stored, never
+	// logged.
+	Sent string
 	// EndpointRevision is the revision of the endpoint's row of
 	// postbox.endpoints the attempt was made under (0: an endpoint of the
 	// file or the defaults).

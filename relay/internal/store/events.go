@@ -82,11 +82,11 @@ const insertEventsSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::text[]::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::timestamptz[], $8::int8[], $9::text[], $10::timestamptz[], $11::text[], $12::text[], $14::int4[], $15::text[], $16::bool[], $17::text[]
-                       , $18::timestamptz[], $19::int4[], $20::float4[], $21::text[], $22::float4[], $23::text[], $24::int8[] -- delivered
+                       , $18::timestamptz[], $19::int4[], $20::float4[], $21::text[], $22::float4[], $23::text[], $24::int8[], $25::text[] -- delivered
                        )
     WITH ORDINALITY AS i(event_id, endpoint, url, event_type, payload, headers,
                          created_at, outbox_id, commit_lsn, committed_at, status, last_error, payload_dropped, lane, message, matched,
-                         done_at, status_code, response_ms, response, c2d_ms, target, revision, -- delivered
+                         done_at, status_code, response_ms, response, c2d_ms, target, revision, sent, -- delivered
                          ord)
 ),
 ev AS (
@@ -105,7 +105,7 @@ ev AS (
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
-                                  attempt_target, attempted_by, attempt_revision -- delivered
+                                  attempt_target, attempted_by, attempt_revision, attempt_sent -- delivered
                                   )
   SELECT ev.id, ev.endpoint, i.lane, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END, i.status = 'in_flight',
@@ -113,7 +113,8 @@ dl AS (
          , CASE WHEN i.status = 'delivered' THEN 1 ELSE 0 END, i.done_at, i.status_code, i.response_ms, nullif(i.response, ''), -- delivered
          nullif(i.c2d_ms, -1), coalesce(i.done_at, now()), -- delivered
          CASE WHEN i.status = 'delivered' THEN nullif(i.target, '') END, CASE WHEN i.status = 'delivered' THEN $13 END, -- delivered
-         CASE WHEN i.status = 'delivered' THEN nullif(i.revision, 0) END -- delivered
+         CASE WHEN i.status = 'delivered' THEN nullif(i.revision, 0) END, -- delivered
+         CASE WHEN i.status = 'delivered' THEN nullif(i.sent, '') END -- delivered
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
   ORDER BY i.ord -- delivery ids follow commit order: ordered endpoints rely on it
   RETURNING id, event_pk
@@ -141,7 +142,7 @@ WITH ev AS (
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
-                                  attempt_target, attempted_by, attempt_revision -- delivered
+                                  attempt_target, attempted_by, attempt_revision, attempt_sent -- delivered
                                   )
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END, ($11::text[])[1] = 'in_flight',
@@ -151,7 +152,8 @@ dl AS (
          coalesce(($18::timestamptz[])[1], now()), -- delivered
          CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($23::text[])[1], '') END, -- delivered
          CASE WHEN ($11::text[])[1] = 'delivered' THEN $13 END, -- delivered
-         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($24::int8[])[1], 0) END -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($24::int8[])[1], 0) END, -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($25::text[])[1], '') END -- delivered
   FROM ev
   RETURNING id, event_pk
 )
@@ -188,12 +190,13 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 		codes           []*int32
 		ms, c2d         []*float32
 		bodies, targets []*string
+		sents           []*string
 		revisions       []int64
 	)
 	if done {
 		doneAt, codes = make([]*time.Time, n), make([]*int32, n)
 		ms, c2d, bodies, targets = make([]*float32, n), make([]*float32, n), make([]*string, n), make([]*string, n)
-		revisions = make([]int64, n)
+		revisions, sents = make([]int64, n), make([]*string, n)
 	}
 	for i := range evs {
 		e := &evs[i]
@@ -230,6 +233,9 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 			code, took, c2dMS := int32(r.StatusCode), float32(r.ResponseMS), float32(r.CommitToDeliveryMS)
 			doneAt[i], ms[i], c2d[i] = &at, &took, &c2dMS
 			bodies[i], targets[i], revisions[i] = &r.Response, &r.Target, r.EndpointRevision
+			if r.Sent != "" {
+				sents[i] = &r.Sent
+			}
 			if code != 0 {
 				codes[i] = &code
 			}
@@ -237,7 +243,7 @@ func insertEventsArgs(owner string, evs []NewEvent, done bool) []any {
 	}
 	args := []any{ids, endpoints, urls, types, payloads, headers, created, outboxIDs, lsns, committed, statuses, errs, owner, dropped, lanes, messages, matched}
 	if done {
-		args = append(args, doneAt, codes, ms, bodies, c2d, targets, revisions)
+		args = append(args, doneAt, codes, ms, bodies, c2d, targets, revisions, sents)
 	}
 	return args
 }

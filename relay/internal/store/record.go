@@ -33,12 +33,13 @@ UPDATE postbox.deliveries d SET
   delivered_at = CASE WHEN r.status = 'delivered' THEN r.at ELSE d.delivered_at END,
   commit_to_delivery_ms = CASE WHEN r.status = 'delivered' THEN nullif(r.c2d_ms, -1) ELSE d.commit_to_delivery_ms END,
   attempt_target = CASE WHEN r.inline AND d.attempt_count = 0 THEN nullif(r.target, '') ELSE d.attempt_target END,
+  attempt_sent = CASE WHEN r.inline AND d.attempt_count = 0 THEN nullif(r.sent, '') ELSE d.attempt_sent END,
   attempted_by = CASE WHEN r.inline AND d.attempt_count = 0 THEN $11 ELSE d.attempted_by END,
   attempt_revision = CASE WHEN r.inline AND d.attempt_count = 0 THEN nullif(r.revision, 0) ELSE d.attempt_revision END,
   lease_owner = NULL, updated_at = now()
 FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::float4[], $8::text[], $9::timestamptz[], $10::float4[],
-            $12::bool[], $13::text[], $14::int8[])
-  AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms, inline, target, revision)
+            $12::bool[], $13::text[], $14::int8[], $15::text[])
+  AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms, inline, target, revision, sent)
 WHERE d.id = ANY($1) AND d.id = r.id
   AND d.status IS NOT DISTINCT FROM 'in_flight' AND d.lease_owner IS NOT DISTINCT FROM $11
 RETURNING CASE WHEN r.inline AND d.attempted_by IS NOT NULL THEN d.id END AS inlined
@@ -47,17 +48,18 @@ SELECT inlined FROM u WHERE inlined IS NOT NULL`
 
 const insertAttemptsSQL = `
 INSERT INTO postbox.attempts (delivery_id, endpoint, attempt, started_at, duration_ms, status_code, outcome,
-                              error_class, error, response, target, instance, endpoint_revision)
+                              error_class, error, response, target, instance, endpoint_revision, sent)
 SELECT id, endpoint, attempt, started_at, duration_ms, nullif(status_code, 0), outcome,
-       nullif(error_class, ''), nullif(error, ''), nullif(response, ''), nullif(target, ''), $12, nullif(revision, 0)
+       nullif(error_class, ''), nullif(error, ''), nullif(response, ''), nullif(target, ''), $12, nullif(revision, 0), nullif(sent, '')
 FROM unnest($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::float4[], $6::int4[], $7::text[],
-            $8::text[], $9::text[], $10::text[], $11::text[], $13::int8[])
-  AS a(id, endpoint, attempt, started_at, duration_ms, status_code, outcome, error_class, error, response, target, revision)`
+            $8::text[], $9::text[], $10::text[], $11::text[], $13::int8[], $14::text[])
+  AS a(id, endpoint, attempt, started_at, duration_ms, status_code, outcome, error_class, error, response, target, revision, sent)`
 
 // attemptRows are the columns of the attempts a batch inserts.
 type attemptRows struct {
 	ids                                                 []int64
 	endpoints, outcomes, classes, errs, bodies, targets []string
+	sents                                               []string
 	nums, codes                                         []int32
 	started                                             []time.Time
 	ms                                                  []float32
@@ -69,7 +71,7 @@ func (a *attemptRows) add(r state.Result) {
 	a.started = append(a.started, attemptStart(r))
 	a.ms, a.codes, a.outcomes = append(a.ms, float32(r.ResponseMS)), append(a.codes, int32(r.StatusCode)), append(a.outcomes, string(r.Status))
 	a.classes, a.errs, a.bodies, a.targets = append(a.classes, r.ErrorClass), append(a.errs, r.LastError), append(a.bodies, r.Response), append(a.targets, r.Target)
-	a.revisions = append(a.revisions, r.EndpointRevision)
+	a.revisions, a.sents = append(a.revisions, r.EndpointRevision), append(a.sents, r.Sent)
 }
 
 // attemptStart is when r's request started: its outcome's time less its
@@ -79,7 +81,7 @@ func attemptStart(r state.Result) time.Time {
 }
 
 func (a *attemptRows) args(instance string) []any {
-	return []any{a.ids, a.endpoints, a.nums, a.started, a.ms, a.codes, a.outcomes, a.classes, a.errs, a.bodies, a.targets, instance, a.revisions}
+	return []any{a.ids, a.endpoints, a.nums, a.started, a.ms, a.codes, a.outcomes, a.classes, a.errs, a.bodies, a.targets, instance, a.revisions, a.sents}
 }
 
 // copyAttemptsMin is the number of attempts from which a batch copies
@@ -92,7 +94,7 @@ const copyAttemptsMin = 32
 
 // attemptColumnNames are postbox.attempts' columns in copyRows' order.
 var attemptColumnNames = []string{"delivery_id", "endpoint", "attempt", "started_at", "duration_ms", "status_code",
-	"outcome", "error_class", "error", "response", "target", "instance", "endpoint_revision"}
+	"outcome", "error_class", "error", "response", "target", "instance", "endpoint_revision", "sent"}
 
 // copyRows are the attempts as COPY's rows, with insertAttemptsSQL's NULLs
 // (no status code, no error class, error, response or target).
@@ -107,7 +109,7 @@ func (a *attemptRows) copyRows(instance string) pgx.CopyFromSource {
 			rev = a.revisions[i]
 		}
 		return []any{a.ids[i], a.endpoints[i], a.nums[i], a.started[i], a.ms[i], code,
-			a.outcomes[i], orNull(a.classes[i]), orNull(a.errs[i]), orNull(a.bodies[i]), orNull(a.targets[i]), instance, rev}, nil
+			a.outcomes[i], orNull(a.classes[i]), orNull(a.errs[i]), orNull(a.bodies[i]), orNull(a.targets[i]), instance, rev, orNull(a.sents[i])}, nil
 	})
 }
 
@@ -157,7 +159,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 	ids, statuses, delays := make([]int64, 0, n), make([]string, 0, n), make([]float64, 0, n)
 	attempted, errs, codes := make([]bool, 0, n), make([]string, 0, n), make([]int32, 0, n)
 	ms, bodies, ats, c2d := make([]float32, 0, n), make([]string, 0, n), make([]time.Time, 0, n), make([]float32, 0, n)
-	inlines, targets := make([]bool, 0, n), make([]string, 0, n)
+	inlines, targets, sents := make([]bool, 0, n), make([]string, 0, n), make([]string, 0, n)
 	revisions := make([]int64, 0, n)
 	// attempts are inserted; written, those the ingest wrote (Written),
 	// are only counted into the histograms, and so are inline, first
@@ -183,6 +185,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 		ms, bodies = append(ms, float32(r.ResponseMS)), append(bodies, r.Response)
 		ats, c2d = append(ats, r.At), append(c2d, float32(r.CommitToDeliveryMS))
 		inlines, targets, revisions = append(inlines, in), append(targets, r.Target), append(revisions, r.EndpointRevision)
+		sents = append(sents, r.Sent)
 		switch {
 		case in:
 			inline = append(inline, i)
@@ -255,7 +258,7 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			var onRow map[int64]bool // the inline attempts the update kept
 			if len(ids) > 0 {
 				b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner,
-					inlines, targets, revisions).Query(func(rows pgx.Rows) error {
+					inlines, targets, revisions, sents).Query(func(rows pgx.Rows) error {
 					got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 					onRow = make(map[int64]bool, len(got))
 					for _, id := range got {

@@ -184,7 +184,7 @@ WHERE r.range_id IN (SELECT id FROM mine WHERE owner = $1)
 // underWayColumns are the columns recordUnderWay copies.
 var underWayColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "attempt_count", "next_attempt_at",
 	"last_error", "last_status_code", "last_response_ms", "last_response", "delivered_at", "commit_to_delivery_ms",
-	"attempt_target", "attempted_by", "attempt_revision", "updated_at"}
+	"attempt_target", "attempted_by", "attempt_revision", "updated_at", "attempt_sent"}
 
 // underWayResult is the first outcome of an event under way (its
 // Result's EventPK and Range name it), as recordUnderWay writes it.
@@ -247,7 +247,7 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 			u := &rs[picked[k]]
 			r := u.Result
 			// NULL where recordResultsSQL's update leaves the column so.
-			var lane, lastErr, code, ms, resp, deliveredAt, c2d, target, by any
+			var lane, lastErr, code, ms, resp, deliveredAt, c2d, target, by, sent any
 			if r.Lane != "" {
 				lane = r.Lane
 			}
@@ -271,13 +271,13 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 			}
 			var rev any
 			if u.Inline {
-				target, by = orNull(r.Target), owner
+				target, by, sent = orNull(r.Target), owner, orNull(r.Sent)
 				if r.EndpointRevision != 0 {
 					rev = r.EndpointRevision
 				}
 			}
 			return []any{ids[r.EventPK], r.EventPK, r.Endpoint, lane, status, attempts, due, lastErr, code, ms, resp,
-				deliveredAt, c2d, target, by, rev, now}, nil
+				deliveredAt, c2d, target, by, rev, now, sent}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("record under way: copy: %w", err)

@@ -32,6 +32,7 @@ func (r *Relay) listenPortal(cfg *config.Config) error {
 	}
 	srv := &http.Server{Handler: r.portal(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: time.Minute, IdleTimeout: time.Minute}
+	r.portalAddr.Store(ln.Addr().String())
 	r.portalSrv.Store(srv)
 	r.serve.Add(1)
 	go func() {
@@ -42,6 +43,13 @@ func (r *Relay) listenPortal(cfg *config.Config) error {
 	}()
 	r.log.Info().Str("addr", ln.Addr().String()).Msg("portal listener")
 	return nil
+}
+
+// PortalAddr is the address portal_listen is bound to ("" when none, or
+// before Start has bound it).
+func (r *Relay) PortalAddr() string {
+	a, _ := r.portalAddr.Load().(string)
+	return a
 }
 
 // PortalLinkDefaultTTL is how long a portal link opens the portal.

@@ -93,9 +93,10 @@ type Relay struct {
 	svc   atomic.Pointer[services]
 	admin atomic.Pointer[admin.Server]
 	// portalSrv is the portal's own listener (portal_listen), if any.
-	portalSrv atomic.Pointer[http.Server]
-	portalH   *portal.Portal // one for both listeners: rate limits are shared
-	serve     sync.WaitGroup // the admin listener's Serve
+	portalSrv  atomic.Pointer[http.Server]
+	portalH    *portal.Portal // one for both listeners: rate limits are shared
+	portalAddr atomic.Value   // string: portal_listen's bound address
+	serve      sync.WaitGroup // the admin listener's Serve
 
 	life     sync.Mutex // Start and the first Stop, one at a time
 	started  bool

@@ -14,7 +14,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/telemetry"
 )
 
-// seedSQL writes $1 events spread evenly over the window $3 before now,
+// seedSQL writes $1 events spread evenly over the window $3 before $5,
 // to the endpoints $2 in turn, each with one delivery and its attempts:
 // one in $4 dead-lettered after three attempts, the rest delivered at
 // the first. Event types alternate over four; every event carries a
@@ -25,7 +25,7 @@ WITH ev AS (
   SELECT gen_random_uuid(), ($2::text[])[1 + i % cardinality($2::text[])], (ARRAY['click','registration','ftd','deposit'])[1 + (i / 7) % 4],
          jsonb_build_object('click_id', 'c_' || i, 'payout', 12.5), t, t, t + interval '1 ms',
          jsonb_build_object('click_id', 'c_' || i)
-  FROM (SELECT i, now() - (i::float8 / $1) * $3::interval AS t FROM generate_series(1, $1) i) s
+  FROM (SELECT i, $5::timestamptz - (i::float8 / $1) * $3::interval AS t FROM generate_series(1, $1) i) s
   RETURNING id, endpoint, created_at
 ), d AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, status, attempt_count, created_at, updated_at, delivered_at,
@@ -50,7 +50,8 @@ FROM d, generate_series(1, d.attempt_count) a`
 // 1,000,000 deliveries (events and attempts) over the last 30 days
 // across 1,000 endpoints, one in 97 dead-lettered. Seeding takes a few
 // minutes; then each page is requested through the portal's handler,
-// queries included, by a client holding the partner's session.
+// queries included, by a client holding the partner's session. A day of
+// 100,000 more for that partner is its CSV's.
 //
 //	go test -run '^$' -bench PortalPages -benchtime 5x ./relay/internal/portal
 func BenchmarkPortalPages(b *testing.B) {
@@ -61,14 +62,18 @@ func BenchmarkPortalPages(b *testing.B) {
 	}
 	ctx := context.Background()
 	start := time.Now()
-	_, err := bd.pool.Exec(ctx, seedSQL, 1_000_000, eps, 30*24*time.Hour, 97)
+	_, err := bd.pool.Exec(ctx, seedSQL, 1_000_000, eps, 30*24*time.Hour, 97, time.Now())
+	require.NoError(b, err)
+	// A day of 100,000 more for one partner, for its CSV: yesterday (UTC).
+	const who = "partner-042"
+	yesterday := time.Now().UTC().Truncate(24 * time.Hour).Add(-24 * time.Hour)
+	_, err = bd.pool.Exec(ctx, seedSQL, 100_000, []string{who}, 22*time.Hour, 97, yesterday.Add(23*time.Hour))
 	require.NoError(b, err)
 	_, err = bd.pool.Exec(ctx, `VACUUM ANALYZE postbox.events, postbox.deliveries, postbox.attempts, postbox.latency_histogram`)
 	require.NoError(b, err)
 	require.NoError(b, telemetry.RefreshPercentiles(ctx, bd.pool))
-	b.Logf("seeded 1,000,000 deliveries over 30 days across 1,000 endpoints in %s", time.Since(start).Round(time.Second))
+	b.Logf("seeded 1,100,000 deliveries over 30 days across 1,000 endpoints in %s", time.Since(start).Round(time.Second))
 
-	const who = "partner-042"
 	var eventID, clickID, deadID string
 	require.NoError(b, bd.pool.QueryRow(ctx, `
 		SELECT event_id::text, payload->>'click_id' FROM postbox.events WHERE endpoint = $1 ORDER BY id DESC LIMIT 1 OFFSET 500`, who).
@@ -91,19 +96,24 @@ func BenchmarkPortalPages(b *testing.B) {
 		{"verify", "/portal/verify"},
 		{"report-30d", "/portal/report"},
 		{"report-30d-tz", "/portal/report?tz=Asia%2FKolkata"},
+		{"day-csv-100k", "/portal/report/day.csv?day=" + yesterday.Format("2006-01-02")},
 	}
 	for _, p := range pages {
 		b.Run(p.name, func(b *testing.B) {
 			for b.Loop() {
+				// Exports are limited per minute: each is a minute later.
+				later := bd.now.Load().Add(time.Minute)
+				bd.now.Store(&later)
 				resp, err := c.Get(bd.server.URL + p.path)
 				if err != nil {
 					b.Fatal(err)
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
+				n, _ := io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != http.StatusOK {
 					b.Fatalf("%s: %s", p.path, resp.Status)
 				}
+				b.ReportMetric(float64(n), "bytes")
 			}
 		})
 	}

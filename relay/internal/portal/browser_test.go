@@ -249,6 +249,7 @@ func TestPortalInBrowser(t *testing.T) {
 	f.Slot, f.Publication = pgtest.UniqueName("slot"), pgtest.UniqueName("pub")
 	f.AllowPrivateTargets = true
 	f.AdminListen = "127.0.0.1:0"
+	f.PortalListen = "127.0.0.1:0"
 	f.AdminToken = adminToken
 	// Loopback reads the console without a token otherwise, portal
 	// session or not: a host that publishes the portal asks for it.
@@ -330,7 +331,7 @@ func TestPortalInBrowser(t *testing.T) {
 		a.visit(t, "/portal/events/"+ids["clk_A_dead"], http.StatusOK)
 		main := a.text(t, "main")
 		require.Contains(t, main, "Attempt 1 → HTTP 410")
-		require.Contains(t, main, "/postback", "the target")
+		require.Contains(t, main, "/postback?src=pb", "the target as sent, query included")
 		require.Contains(t, main, "unknown click", "the partner's own response (show_response)")
 		alpha.fix()
 		a.submit(t, chromedp.Click(chromedp.CSS(`form[action="/portal/replay"] button`)))
@@ -339,6 +340,7 @@ func TestPortalInBrowser(t *testing.T) {
 		waitUntil(t, 30*time.Second, "the resend delivered", func() bool { return alpha.received(ids["clk_A_dead"]) == 2 })
 		a.visit(t, "/portal/events/"+ids["clk_A_dead"], http.StatusOK)
 		require.Equal(t, 1, a.count(t, `section.delivery[data-by="partner"][data-status="delivered"]`))
+		require.Contains(t, a.text(t, `section.delivery[data-by="partner"]`), "Attempt 1 → HTTP 200", "a first attempt kept on its delivery's row")
 		a.screenshot(t, "event")
 	})
 	t.Run("health", func(t *testing.T) {
@@ -380,6 +382,19 @@ func TestPortalInBrowser(t *testing.T) {
 		b.visit(t, "/portal/events/"+ids["clk_A_dead"], http.StatusNotFound)
 		b.visit(t, "/portal/", http.StatusOK)
 		b.screenshot(t, "partner-b")
+	})
+	t.Run("portal_listen serves the portal alone", func(t *testing.T) {
+		own := "http://" + r.PortalAddr()
+		for path, want := range map[string]int{"/": http.StatusNotFound, "/metrics": http.StatusNotFound, "/endpoints": http.StatusNotFound,
+			"/login": http.StatusNotFound, "/portal/": http.StatusUnauthorized, link("beta"): http.StatusSeeOther} {
+			c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			resp, err := c.Get(own + path)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, want, resp.StatusCode, path)
+			require.NotContains(t, string(body), "Overview", path)
+		}
 	})
 	t.Run("revoke", func(t *testing.T) {
 		b.visit(t, "/portal/health", http.StatusOK)

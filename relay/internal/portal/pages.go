@@ -254,8 +254,8 @@ func (p *Portal) event(rq *request) error {
 	if len(ids) > 0 {
 		rows, err := rq.pool.Query(rq.ctx, `
 			SELECT delivery_id, attempt, started_at, duration_ms::float8, status_code, coalesce(error_class, ''), coalesce(error, ''),
-			       coalesce(response, ''), coalesce(target, '')
-			FROM postbox.attempts WHERE delivery_id = ANY($1) AND endpoint = $2 ORDER BY delivery_id, attempt, started_at`, ids, rq.endpoint)
+			       coalesce(response, ''), coalesce(sent, '')
+			FROM postbox.all_attempts WHERE delivery_id = ANY($1) AND endpoint = $2 ORDER BY delivery_id, attempt, started_at`, ids, rq.endpoint)
 		if err != nil {
 			return err
 		}
@@ -288,7 +288,9 @@ func (p *Portal) event(rq *request) error {
 				detail = append(detail, logsafe.Text(errText, true))
 			}
 			if target != "" {
-				// The partner's own URL, as the request was sent.
+				// The partner's own URL as the request was sent, query
+				// included: it is its own data (redact_path is for the
+				// operator's pages and the log).
 				detail = append(detail, "to "+target)
 			}
 			s.Detail = strings.Join(detail, " · ")
@@ -385,7 +387,9 @@ type healthPage struct {
 }
 
 // health is the partner's endpoint: success rate and latency over 24
-// hours, breaker state, pause.
+// hours, breaker state, pause. Attempts are counted where they are kept:
+// postbox.attempts, and a first attempt that delivered on its delivery's
+// row (by the indexes of each, not the all_attempts view's union).
 func (p *Portal) health(rq *request) error {
 	pg := healthPage{}
 	eps, err := telemetry.LoadEndpointsRefreshed(rq.ctx, rq.pool, rq.endpoint)
@@ -397,8 +401,12 @@ func (p *Portal) health(rq *request) error {
 		pg.Paused = pg.Stats.PausedUntil != nil && pg.Stats.PausedUntil.After(p.now())
 	}
 	if err := rq.pool.QueryRow(rq.ctx, `
-		SELECT count(*), count(*) FILTER (WHERE outcome = 'delivered') FROM postbox.attempts
-		WHERE endpoint = $1 AND started_at >= now() - interval '24 hours'`, rq.endpoint).Scan(&pg.Attempts, &pg.Successful); err != nil {
+		SELECT (SELECT count(*) FROM postbox.attempts WHERE endpoint = $1 AND started_at >= now() - interval '24 hours')
+		     + (SELECT count(*) FROM postbox.deliveries WHERE endpoint = $1 AND status = 'delivered' AND attempted_by IS NOT NULL
+		          AND delivered_at >= now() - interval '24 hours'),
+		       (SELECT count(*) FROM postbox.attempts WHERE endpoint = $1 AND started_at >= now() - interval '24 hours' AND outcome = 'delivered')
+		     + (SELECT count(*) FROM postbox.deliveries WHERE endpoint = $1 AND status = 'delivered' AND attempted_by IS NOT NULL
+		          AND delivered_at >= now() - interval '24 hours')`, rq.endpoint).Scan(&pg.Attempts, &pg.Successful); err != nil {
 		return err
 	}
 	if pg.Attempts > 0 {

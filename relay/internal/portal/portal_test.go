@@ -3,6 +3,7 @@ package portal_test
 import (
 	"bytes"
 	"context"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -268,10 +269,11 @@ func TestSecretShownOnlyWhenEnabled(t *testing.T) {
 	v := b.do(t, c, http.MethodGet, "/portal/verify", nil, func(r *http.Request) { r.Header.Set("Cookie", ck) })
 	cfg := b.cfg.Load()
 	want := cfg.SigningSecrets(cfg.Endpoint("alpha"))[0].Reveal()
-	require.Contains(t, v.body, want, "the partner's own derived secret")
+	text := html.UnescapeString(v.body)
+	require.Contains(t, text, want, "the partner's own derived secret")
 	other := cfg.SigningSecrets(cfg.Endpoint("beta"))[0].Reveal()
-	require.NotContains(t, v.body, other)
-	require.NotContains(t, v.body, cfg.Secrets[0].Reveal(), "never the master")
+	require.NotContains(t, text, other)
+	require.NotContains(t, text, cfg.Secrets[0].Reveal(), "never the master")
 }
 
 // TestIsolation: a session of alpha never reads anything of beta.
@@ -423,6 +425,10 @@ func TestReplayByPartner(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT link_id FROM postbox.portal_replays WHERE endpoint = 'alpha'`).Scan(&link))
 	require.True(t, strings.HasPrefix(link, "l-"))
 	require.Contains(t, b.log.String(), link, "the resend is logged with the link's id")
+	op := b.do(t, http.DefaultClient, http.MethodGet, "/events/"+ids.aDead, nil, func(r *http.Request) {
+		r.Header.Set("Authorization", "Bearer "+adminToken)
+	})
+	require.Contains(t, op.body, "replayed by partner (portal link "+link+")", "the operator's timeline says so too")
 	// Queued again already: nothing more to resend.
 	a = b.do(t, c, http.MethodPost, "/portal/replay", form)
 	require.Equal(t, "/portal/events/"+ids.aDead+"?done=nothing", a.header.Get("Location"))

@@ -306,10 +306,17 @@ func (p *Portal) event(rq *request) error {
 	}
 	for _, d := range dls {
 		first := step{When: d.created, What: "Queued for delivery"}
-		if !d.v.IsReplay && pg.IngestedAt.Before(d.created) {
-			// A first attempt made straight from ingest writes its
-			// delivery when it ends: the event was queued when picked up.
-			first.When = pg.IngestedAt
+		if !d.v.IsReplay {
+			// A first attempt made straight from the stream starts before
+			// its event's and delivery's rows are written: the event was
+			// queued no later than that attempt.
+			if pg.IngestedAt.Before(first.When) {
+				first.When = pg.IngestedAt
+			}
+			if a := attempts[d.v.ID]; len(a) > 0 && a[0].When.Before(first.When) {
+				first.When = a[0].When
+				first.Detail = "sent straight from the stream, before its records were written"
+			}
 		}
 		switch {
 		case d.v.ByPartner:

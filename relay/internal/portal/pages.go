@@ -47,6 +47,10 @@ type deliveryRow struct {
 // deliveriesSQL lists the partner's events, the newest ingested first,
 // each with its latest delivery's state. Every condition is on e.endpoint
 // = $1 first: the partner's name comes from its session, never the URL.
+// Times are commit times; the index is by ingest, which follows the
+// commit, so a period's start bounds it exactly and its end, with a day's
+// slack, nearly (an event ingested over a day after its commit, by a
+// relay that was down that long, is listed without an end only).
 const deliveriesSQL = `
 SELECT e.event_id::text, e.event_type, e.search, e.committed_at, e.ingested_at,
        coalesce(d.status, 'in_flight'), coalesce(d.attempts, 0), d.code
@@ -57,7 +61,7 @@ LEFT JOIN LATERAL (
   FROM postbox.deliveries WHERE event_pk = e.id
 ) d ON true
 WHERE e.endpoint = $1 AND e.ingested_at >= $2 AND coalesce(e.committed_at, e.ingested_at) >= $2
-  AND ($3::timestamptz IS NULL OR coalesce(e.committed_at, e.ingested_at) < $3)
+  AND ($3::timestamptz IS NULL OR (coalesce(e.committed_at, e.ingested_at) < $3 AND e.ingested_at < $3 + interval '1 day'))
   AND ($4 = '' OR e.event_type = $4)
   AND ($5::jsonb IS NULL OR (e.search IS NOT NULL AND e.search @> $5::jsonb))
   AND ($6 = '' OR coalesce(d.status, 'in_flight') = $6)
@@ -65,10 +69,11 @@ ORDER BY e.ingested_at DESC, e.id DESC
 LIMIT $7`
 
 // typesSQL are the event types the partner received in the period, for
-// the filter's choices (bounded).
+// the filter's choices: from the report's rollups (a few rows an hour),
+// not the events (a busy partner's hundreds of thousands a day).
 const typesSQL = `
-SELECT DISTINCT event_type FROM postbox.events
-WHERE endpoint = $1 AND ingested_at >= $2 AND event_type <> ''
+SELECT DISTINCT event_type FROM postbox.report_buckets
+WHERE endpoint = $1 AND bucket >= $2 AND event_type <> ''
 ORDER BY 1 LIMIT 50`
 
 // deliveries is the partner's deliveries of a period, with filters by

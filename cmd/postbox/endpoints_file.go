@@ -143,6 +143,9 @@ func (e exportedEndpoint) columns() (map[string]ops.Value, error) {
 		if s.Success.BodyContains != "" {
 			sc["body_contains"] = s.Success.BodyContains
 		}
+		if s.Success.BodyMismatch != "" {
+			sc["body_mismatch"] = s.Success.BodyMismatch
+		}
 		jsonText("success", sc)
 	}
 	if s.RetryOn != nil {
@@ -220,6 +223,9 @@ func (e exportedEndpoint) node() (*yaml.Node, error) {
 		}
 		if s.Success.BodyContains != "" {
 			sc["body_contains"] = s.Success.BodyContains
+		}
+		if s.Success.BodyMismatch != "" {
+			sc["body_mismatch"] = s.Success.BodyMismatch
 		}
 		success = sc
 	}

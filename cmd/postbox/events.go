@@ -43,6 +43,8 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var f telemetry.EventFilter
 	payload := payloadPairs{}
 	fs.StringVar(&f.Endpoint, "endpoint", "", "only this endpoint's events")
+	fs.StringVar(&f.Type, "type", "", "only events of this event type")
+	fs.StringVar(&f.After, "after", "", "CURSOR: the next page, older than the last event of the previous one (its cursor is printed when it is full)")
 	fs.StringVar(&f.Status, "status", "", "only events whose latest delivery is in this state ("+strings.Join(telemetry.EventStatuses, ", ")+")")
 	sinceText := fs.String("since", "", "events committed since: a duration (2h, 7d) or a time (RFC 3339)")
 	untilText := fs.String("until", "", "events committed before: a duration ago or a time")
@@ -70,9 +72,13 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitUsage
 	}
 	f.Payload = payload
-	evs, err := telemetry.SearchEvents(ctx, env.pool, f)
+	evs, next, err := telemetry.SearchEventsPage(ctx, env.pool, f)
 	if errors.Is(err, telemetry.ErrUnknownStatus) {
 		fmt.Fprintln(stderr, "postbox: --status:", err)
+		return exitUsage
+	}
+	if errors.Is(err, telemetry.ErrBadCursor) {
+		fmt.Fprintln(stderr, "postbox: --after:", err)
 		return exitUsage
 	}
 	if err != nil {
@@ -81,6 +87,10 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if env.json {
 		env.printJSON(evs)
+		if next != "" {
+			// The JSON stays a list; the way on goes where a person reads.
+			fmt.Fprintf(stderr, "postbox: more events: --after %s\n", next)
+		}
 		return exitOK
 	}
 	if len(evs) == 0 {
@@ -97,8 +107,8 @@ func cmdEvents(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", committed, e.EventID, printable(e.Endpoint), printable(e.EventType), e.Status, e.Attempts)
 	}
 	_ = tw.Flush()
-	if len(evs) == f.Limit {
-		fmt.Fprintf(stdout, "(the newest %d; --limit shows more, --since/--until narrow the time)\n", f.Limit)
+	if next != "" {
+		fmt.Fprintf(stdout, "(%d events; the next page: --after %s, with the same filters)\n", len(evs), next)
 	}
 	return exitOK
 }
@@ -205,6 +215,9 @@ func printStory(w io.Writer, s postboxtype.EventStory) {
 			line := fmt.Sprintf("    #%d  %s  %s  %s", a.Attempt, a.StartedAt.UTC().Format(timeFormat), code, ms(&a.DurationMS))
 			if a.Error != "" {
 				line += "  " + snippet(a.Error, 200)
+			}
+			if a.StartedAt.Before(s.IngestedAt) {
+				line += "  (started before its ingest committed: sent from memory as the event was written)"
 			}
 			switch {
 			case a.ResponseHidden:

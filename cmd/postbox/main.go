@@ -70,9 +70,10 @@ Commands:
   replay        deliver events again, keeping their ids (--dead-letters, --endpoint,
                 --since/--until, --from-lsn, --event-id, --limit, --dry-run, --rate);
                 --url URL or --endpoint-url sends them elsewhere than their rows' urls
-  events        search events, newest commit first: --endpoint, --status (of the latest
-                delivery), --since/--until, --payload KEY=VALUE (a search_keys field;
-                repeat), --limit
+  events        search events, newest commit first: --endpoint, --type, --status (of the
+                latest delivery), --since/--until, --payload KEY=VALUE (a search_keys
+                field; repeat), --limit (a page, at most 1000), --after CURSOR (the next
+                page, as a full page prints)
   event ID      one event's story: commit (LSN, time), ingest, every delivery and
                 attempt, replays; --json prints the story, or a list of stories when
                 the id went to several endpoints

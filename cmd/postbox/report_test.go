@@ -26,10 +26,11 @@ type partnerBooks struct {
 	accepted map[string]map[string]bool // event type → webhook-ids
 	refused  map[string]map[string]bool
 	late     int
+	tries    map[string]int // per webhook-id, for flaky events
 }
 
 func newPartnerBooks(t *testing.T) *partnerBooks {
-	tl := &partnerBooks{accepted: map[string]map[string]bool{}, refused: map[string]map[string]bool{}}
+	tl := &partnerBooks{accepted: map[string]map[string]bool{}, refused: map[string]map[string]bool{}, tries: map[string]int{}}
 	tl.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var p struct {
@@ -40,6 +41,12 @@ func newPartnerBooks(t *testing.T) *partnerBooks {
 		tl.mu.Lock()
 		defer tl.mu.Unlock()
 		book := tl.accepted
+		id := r.Header.Get("webhook-id")
+		if tl.tries[id]++; p.Answer == -1 && tl.tries[id] == 1 {
+			p.Answer = http.StatusServiceUnavailable // flaky: once, then fine
+		} else if p.Answer == -1 {
+			p.Answer = 0
+		}
 		switch p.Answer {
 		case http.StatusServiceUnavailable:
 			tl.late++
@@ -51,7 +58,7 @@ func newPartnerBooks(t *testing.T) *partnerBooks {
 		if book[p.Kind] == nil {
 			book[p.Kind] = map[string]bool{}
 		}
-		book[p.Kind][r.Header.Get("webhook-id")] = true
+		book[p.Kind][id] = true
 		if p.Answer != 0 {
 			w.WriteHeader(p.Answer)
 		}
@@ -109,17 +116,39 @@ func TestReportMatchesTheReceiversCount(t *testing.T) {
 		      UNION ALL SELECT 'refund', i, 503 FROM generate_series(1, 4) i) v`)
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `INSERT INTO postbox.outbox (endpoint, event_type, payload)
-		SELECT 'other', 'ftd', jsonb_build_object('kind', 'ftd', 'payout', 1000) FROM generate_series(1, 7)`)
+		SELECT 'other', 'ftd', jsonb_build_object('kind', 'ftd', 'payout', 1000, 'answer', CASE WHEN i <= 2 THEN -1 ELSE 0 END) FROM generate_series(1, 7) i`)
 	require.NoError(t, err)
 	waitForT(t, 60*time.Second, "every event answered", func() bool {
 		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status IN ('delivered', 'dead_letter', 'failed') AND attempt_count > 0`) == 76
 	})
+	waitForT(t, 30*time.Second, "the other partner's flaky events delivered at their second attempt", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'other' AND status = 'delivered'`) == 7
+	})
+	require.Equal(t, 2, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE endpoint = 'other' AND attempt_count = 2`))
+	require.Zero(t, queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered' AND last_error IS NOT NULL`),
+		"a delivery's last error is cleared when it succeeds")
 	accepted, refused := tl.count(tl.accepted), tl.count(tl.refused)
 	require.Equal(t, map[string]int{"ftd": 35, "click": 20}, accepted)
 	require.Equal(t, map[string]int{"ftd": 5, "click": 3}, refused)
 
+	// Each attempt recorded its target as sent, query included, beside
+	// the target the log and the pages show.
+	require.Equal(t, queryInt(t, pool, `SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'partner'`),
+		queryInt(t, pool, `SELECT count(*) FROM postbox.all_attempts WHERE endpoint = 'partner' AND sent = $1 AND target = $2`,
+			tl.URL+"/pb?aff=7", tl.URL+"/pb"))
+	var oneID string
+	require.NoError(t, pool.QueryRow(t.Context(), `SELECT e.event_id::text FROM postbox.events e JOIN postbox.deliveries d ON d.event_pk = e.id
+		WHERE e.endpoint = 'partner' AND d.status = 'delivered' LIMIT 1`).Scan(&oneID))
+	code, out, errOut := postbox(t, "event", oneID, "--config", cfg)
+	require.Equal(t, exitOK, code, errOut)
+	require.NotContains(t, out, "aff=7", "the query is shown only with log_payloads")
+	withPayloads := writeConfig(t, dbURL, "log_payloads: true\nendpoints:\n  partner:\n    url: "+tl.URL+"/pb\n")
+	code, out, errOut = postbox(t, "event", oneID, "--config", withPayloads)
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "sent as "+tl.URL+"/pb?aff=7")
+
 	day := time.Now().UTC().Format(time.DateOnly)
-	code, out, errOut := postbox(t, "report", "--config", cfg, "--endpoint", "partner", "--from", day, "--to", day, "--json")
+	code, out, errOut = postbox(t, "report", "--config", cfg, "--endpoint", "partner", "--from", day, "--to", day, "--json")
 	require.Equal(t, exitOK, code, errOut)
 	var rep reportJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
@@ -182,4 +211,65 @@ func TestReportMatchesTheReceiversCount(t *testing.T) {
 			require.Equal(t, []string{"failed", "503"}, []string{status, code}, r)
 		}
 	}
+}
+
+// TestEventsByTypeAndPages: `postbox events --type` finds one type only,
+// and --after pages on past the 1,000 a page holds, newest first, each
+// event once.
+func TestEventsByTypeAndPages(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	cfg := writeConfig(t, dbURL, "")
+	code, _, errOut := postbox(t, "migrate", "--config", cfg)
+	require.Equal(t, exitOK, code, errOut)
+	// 2,500 events, a few in the same millisecond, of two types.
+	_, err := pool.Exec(t.Context(), `
+		INSERT INTO postbox.events (event_id, endpoint, event_type, payload, created_at, committed_at)
+		SELECT gen_random_uuid(), 'archive', CASE WHEN i % 5 = 0 THEN 'ftd' ELSE 'click' END, '{}', now(),
+		       now() - (i / 3) * interval '1 millisecond'
+		FROM generate_series(1, 2500) i`)
+	require.NoError(t, err)
+
+	pages := func(args ...string) (all eventsJSON, n int) {
+		after := ""
+		for {
+			a := append([]string{"events", "--config", cfg, "--json"}, args...)
+			if after != "" {
+				a = append(a, "--after", after)
+			}
+			code, out, errOut := postbox(t, a...)
+			require.Equal(t, exitOK, code, errOut)
+			var page eventsJSON
+			require.NoError(t, json.Unmarshal([]byte(out), &page), out)
+			all, n = append(all, page...), n+1
+			_, next, ok := strings.Cut(strings.TrimSpace(errOut), "--after ")
+			if !ok {
+				return all, n
+			}
+			after = next
+		}
+	}
+	all, n := pages("--limit", "1000")
+	require.Len(t, all, 2500)
+	require.Equal(t, 3, n)
+	seen := map[string]bool{}
+	for i, e := range all {
+		require.False(t, seen[e.EventID], "each event once")
+		seen[e.EventID] = true
+		if i > 0 {
+			require.False(t, e.CommittedAt.After(*all[i-1].CommittedAt), "newest first")
+		}
+	}
+	ftd, _ := pages("--type", "ftd", "--limit", "150")
+	require.Len(t, ftd, 500)
+	for _, e := range ftd {
+		require.Equal(t, "ftd", e.EventType)
+	}
+	code, out, _ := postbox(t, "events", "--config", cfg, "--type", "ftd", "--limit", "10")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "the next page: --after ")
+	code, _, errOut = postbox(t, "events", "--config", cfg, "--after", "yesterday")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "--after")
 }

@@ -609,6 +609,11 @@ func resolveEndpoint(key string, base Endpoint, ec EndpointConfig, readFile secr
 				return ep, keyErr(fmt.Sprintf("%s.success.status[%d]", key, i), "%d is not an HTTP status", s)
 			}
 		}
+		switch ec.Success.BodyMismatch {
+		case "", BodyMismatchRetry, BodyMismatchDeadLetter:
+		default:
+			return ep, keyErr(key+".success.body_mismatch", "%q is not %s or %s", ec.Success.BodyMismatch, BodyMismatchRetry, BodyMismatchDeadLetter)
+		}
 		ep.Success = *ec.Success
 	}
 	if ec.RetryOn != nil {

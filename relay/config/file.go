@@ -267,7 +267,18 @@ type EndpointConfig struct {
 type Success struct {
 	Status       []int  `yaml:"status"`
 	BodyContains string `yaml:"body_contains"`
+	// BodyMismatch is what a response whose status passes but whose body
+	// lacks BodyContains ("success=false") becomes: BodyMismatchRetry (the
+	// default: a failure retried like a 5xx, up to max_attempts) or
+	// BodyMismatchDeadLetter (the partner's answer is final, as a 4xx is).
+	BodyMismatch string `yaml:"body_mismatch"`
 }
+
+// The values of success.body_mismatch.
+const (
+	BodyMismatchRetry      = "retry"
+	BodyMismatchDeadLetter = "dead_letter"
+)
 
 // Error is a configuration error naming the key it is about.
 type Error struct {

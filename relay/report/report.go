@@ -110,8 +110,9 @@ func DailyAll(ctx context.Context, q Querier, from, to time.Time, tz *time.Locat
 	return daily(ctx, q, false, "", from, to, tz)
 }
 
-// daily adds up the quarter hours of each local day. The rows of one
-// endpoint over a month are a few thousand at most, read by primary key;
+// daily adds up the quarter hours of each local day, from the rollups and
+// the deltas not folded into them yet. The rows of one endpoint over a
+// month are a few thousand at most, read by index;
 // all endpoints' are summed per UTC hour first (every offset that is not
 // a whole hour is rare, and this keeps the rows sent down 4 times fewer)
 // unless the zone needs the quarter hours.
@@ -128,21 +129,28 @@ func daily(ctx context.Context, q Querier, one bool, endpoint string, from, to t
 		rows, err = q.Query(ctx, `
 			SELECT endpoint, bucket, event_type, committed, delivered, dead_lettered, sums
 			FROM postbox.report_buckets
+			WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3
+			UNION ALL
+			SELECT endpoint, bucket, event_type, committed, delivered, dead_lettered, sums
+			FROM postbox.report_deltas
 			WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3`,
 			endpoint, days[0], days[len(days)-1])
 	} else {
-		grain := "hour"
+		// Binned from the epoch, not truncated: date_trunc would follow
+		// the session's TimeZone.
+		grain := "1 hour"
 		for _, d := range days {
 			if _, off := d.Zone(); off%3600 != 0 {
-				grain = "minute" // date_trunc to the minute: the quarter hours as they are
+				grain = "15 minutes" // the quarter hours as they are
 			}
 		}
 		rows, err = q.Query(ctx, `
-			SELECT endpoint, date_trunc('`+grain+`', bucket), event_type, sum(committed)::int8, sum(delivered)::int8, sum(dead_lettered)::int8,
+			SELECT endpoint, date_bin('`+grain+`', bucket, timestamptz '2000-01-01 00:00:00+00'), event_type, sum(committed)::int8, sum(delivered)::int8, sum(dead_lettered)::int8,
 			       (SELECT jsonb_object_agg(k, v) FROM (SELECT s.key AS k, sum(s.value::numeric) AS v
 			                                            FROM unnest(array_agg(sums)) AS u(j), jsonb_each_text(u.j) AS s GROUP BY s.key) x)
-			FROM postbox.report_buckets
-			WHERE bucket >= $1 AND bucket < $2
+			FROM (SELECT * FROM postbox.report_buckets WHERE bucket >= $1 AND bucket < $2
+			      UNION ALL
+			      SELECT * FROM postbox.report_deltas WHERE bucket >= $1 AND bucket < $2) b
 			GROUP BY 1, 2, 3`,
 			days[0], days[len(days)-1])
 	}
@@ -213,22 +221,60 @@ var CSVHeader = []string{"event_id", "event_type", "search_keys", "committed_at"
 // attempt a delivery keeps on its own row); the final status and the last
 // status code those of its latest delivery, or in_flight while an
 // instance holds it in memory (under way, no row yet).
+//
+// No index serves "an endpoint's events by commit time": one more index
+// on events would cost every ingest. An event is ingested after it
+// commits, so the day's events are among those ingested since the day
+// began (events_ingested_at, in ingest order), and the rollups know how
+// many there are ($4): the scan stops at the last of them, normally a
+// day's traffic of every endpoint later.
 const dayCSV = `
 SELECT e.event_id::text, e.event_type, coalesce(e.search::text, ''), coalesce(e.committed_at, e.ingested_at),
-       least(d.kept_first, (SELECT min(a.started_at) FROM postbox.attempts a WHERE a.delivery_id = d.first_id)),
-       d.delivered_at, coalesce(d.attempts, 0), coalesce(d.status, 'in_flight'), d.code
-FROM postbox.events e
+       CASE WHEN d.first_kept THEN d.kept_first
+            ELSE least(d.kept_first, (SELECT min(a.started_at) FROM postbox.attempts a WHERE a.delivery_id = d.first_id)) END,
+       d.delivered_at, coalesce(d.attempts, 0),
+       coalesce(('{pending,in_flight,failed,delivered,dead_letter,replayed}'::text[])[d.status], 'in_flight'), d.code::int4
+FROM (
+  SELECT e.id, e.event_id, e.event_type, e.search, e.committed_at, e.ingested_at
+  FROM postbox.events e
+  WHERE e.ingested_at >= $2 AND e.endpoint = $1
+    AND coalesce(e.committed_at, e.ingested_at) >= $2 AND coalesce(e.committed_at, e.ingested_at) < $3
+  ORDER BY e.ingested_at
+  LIMIT $4
+) e
+-- Per event, over its deliveries, without a sort per event: the latest
+-- delivery's status and code ride on its id in max(ARRAY[id, …]), the
+-- first's "attempt kept on the row" mark in min(ARRAY[id, …]).
 LEFT JOIN LATERAL (
   SELECT sum(x.attempt_count) AS attempts,
          min(x.delivered_at) FILTER (WHERE x.status = 'delivered') AS delivered_at,
-         (array_agg(x.status ORDER BY x.id DESC))[1] AS status,
-         (array_agg(x.last_status_code ORDER BY x.id DESC))[1] AS code,
+         (max(ARRAY[x.id, array_position('{pending,in_flight,failed,delivered,dead_letter,replayed}'::text[], x.status)]))[2] AS status,
+         nullif((max(ARRAY[x.id, coalesce(x.last_status_code, 0)]))[2], 0) AS code,
          min(x.id) AS first_id,
+         (min(ARRAY[x.id, (x.attempted_by IS NOT NULL)::int]))[2] = 1 AS first_kept,
          min(x.delivered_at - x.last_response_ms * interval '1 millisecond') FILTER (WHERE x.attempted_by IS NOT NULL) AS kept_first
   FROM postbox.deliveries x WHERE x.event_pk = e.id
 ) d ON true
-WHERE e.endpoint = $1 AND coalesce(e.committed_at, e.ingested_at) >= $2 AND coalesce(e.committed_at, e.ingested_at) < $3
 ORDER BY coalesce(e.committed_at, e.ingested_at), e.id`
+
+// beginner is a pool or a connection: one that can open the transaction
+// the CSV reads in, with the memory to sort a day in (work_mem).
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// csvWorkMem is the CSV statement's work_mem: a day of 100,000 events
+// sorts in memory, not in temporary files.
+const csvWorkMem = "64MB"
+
+// dayCount is how many events of endpoint $1 committed in [$2, $3). A day
+// event_retention has begun to purge holds fewer: its scan reads to the
+// newest event, and writes those still kept.
+const dayCount = `
+SELECT coalesce(sum(committed), 0)::int8 FROM (
+  SELECT committed FROM postbox.report_buckets WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3
+  UNION ALL
+  SELECT committed FROM postbox.report_deltas WHERE endpoint = $1 AND bucket >= $2 AND bucket < $3) b`
 
 // csvFlushRows is how many lines are buffered before they are written
 // through: a client sees the file coming, and memory stays flat.
@@ -236,8 +282,8 @@ const csvFlushRows = 1000
 
 // WriteDayCSV writes the deliveries of endpoint's events committed on day
 // (YYYY-MM-DD in tz) as CSV (CSVHeader, times RFC 3339 in UTC with
-// milliseconds), row by row as the database sends them. Events past
-// event_retention are not there any more: Daily still counts them.
+// milliseconds), row by row as the database sends them. It covers the
+// events still kept (event_retention); Daily counts them after that.
 func WriteDayCSV(ctx context.Context, q Querier, w io.Writer, endpoint string, day string, tz *time.Location) error {
 	if tz == nil {
 		tz = time.UTC
@@ -250,7 +296,22 @@ func WriteDayCSV(ctx context.Context, q Querier, w io.Writer, endpoint string, d
 	if err != nil {
 		return err
 	}
-	rows, err := q.Query(ctx, dayCSV, endpoint, days[0], days[1])
+	var count int64
+	if err := q.QueryRow(ctx, dayCount, endpoint, days[0], days[1]).Scan(&count); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	if b, ok := q.(beginner); ok {
+		tx, err := b.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("report: %w", err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }() // it only reads
+		if _, err := tx.Exec(ctx, `SELECT set_config('work_mem', $1, true)`, csvWorkMem); err != nil {
+			return fmt.Errorf("report: %w", err)
+		}
+		q = tx
+	}
+	rows, err := q.Query(ctx, dayCSV, endpoint, days[0], days[1], count)
 	if err != nil {
 		return fmt.Errorf("report: %w", err)
 	}

@@ -41,7 +41,9 @@ LEFT JOIN LATERAL (SELECT bool_or(status = 'delivered') AS delivered, (array_agg
                    FROM postbox.deliveries WHERE event_pk = e.id) d ON true
 GROUP BY 1, 2, 3
 EXCEPT
-SELECT endpoint, bucket, event_type, committed, delivered, dead_lettered FROM postbox.report_buckets`
+SELECT endpoint, bucket, event_type, sum(committed), sum(delivered), sum(dead_lettered)
+FROM (SELECT * FROM postbox.report_buckets UNION ALL SELECT * FROM postbox.report_deltas) b
+GROUP BY 1, 2, 3`
 
 func requireExact(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
@@ -109,6 +111,15 @@ func TestRollupsFollowTheRows(t *testing.T) {
 	r1 := replay(ids[1])
 	set("delivered", r1)
 	set("dead_letter", ids[2])
+	// The leader folds the deltas; the sums stay what they were.
+	st := &store.Store{Pool: pool}
+	n, err := st.CompactReport(ctx)
+	require.NoError(t, err)
+	require.Positive(t, n)
+	requireExact(t, pool)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM postbox.report_deltas`).Scan(&left))
+	require.Zero(t, left)
 	r2 := replay(ids[0]) // a delivered event sent again
 	set("dead_letter", r2)
 	set("in_flight", ids[3])
@@ -131,6 +142,31 @@ func TestRollupsFollowTheRows(t *testing.T) {
 		{Day: "2026-03-02", EventType: "click", Committed: 1, Delivered: 1, Sums: map[string]float64{"payout": 1}},
 		{Day: "2026-03-02", EventType: "ftd", Committed: 1, Delivered: 1, Sums: map[string]float64{"payout": 1}},
 	}, days)
+
+	// All endpoints at once: the same rows for "a", whatever the session's
+	// TimeZone, in a whole-hour zone and in a half-hour one.
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET TimeZone = 'Asia/Kathmandu'`)
+	require.NoError(t, err)
+	kolkata, err := time.LoadLocation("Asia/Kolkata")
+	require.NoError(t, err)
+	for _, tz := range []*time.Location{paris, kolkata} {
+		one, err := report.Daily(ctx, pool, "a", from, from.AddDate(0, 0, 2), tz)
+		require.NoError(t, err)
+		all, err := report.DailyAll(ctx, conn, from, from.AddDate(0, 0, 2), tz)
+		require.NoError(t, err)
+		var mine []report.Day
+		for _, d := range all {
+			if d.Endpoint == "a" {
+				mine = append(mine, d.Day)
+			}
+		}
+		require.Equal(t, one, mine, tz.String())
+	}
+	_, err = conn.Exec(ctx, `RESET TimeZone`)
+	require.NoError(t, err)
 
 	// In UTC all of 1 March's events are one day, 2 March's another.
 	days, err = report.Daily(ctx, pool, "a", time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), time.Date(2026, 3, 1, 13, 0, 0, 0, time.UTC), time.UTC)

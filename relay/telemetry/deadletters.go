@@ -42,6 +42,12 @@ const (
 	PatternGradual       = "gradual_accumulation"
 	PatternBadInput      = "bad_input"
 	PatternOther         = "other"
+	// PatternTemplateError: the url or body template needs a payload
+	// field the events lack; resending the same payloads fails again.
+	PatternTemplateError = "template_error"
+	// PatternRefused: nothing accepted connections at the url's host and
+	// port (the receiver down, or a wrong port).
+	PatternRefused = "connection_refused"
 )
 
 // Analysis is one endpoint's dead letters, their pattern and what to do.
@@ -106,28 +112,45 @@ func AnalyzeDeadLetters(ctx context.Context, q Querier, endpoint string, since t
 // the row or the configuration rather than the receiver.
 var badInputAdvice = map[string]string{
 	"unknown_endpoint": "configure the endpoint (endpoints.{endpoint}.url) or write rows with a url, then replay them: postbox replay --dead-letters --endpoint {endpoint}",
-	"invalid_url":      "fix the URL the rows or endpoints.{endpoint}.url carry (absolute http or https), then replay",
-	"template_error":   "give the missing macro a value in the payload or a default in the template ({payload.x|default}), then replay",
+	"invalid_url": "fix the URL (absolute http or https): if it is endpoints.{endpoint}.url, replay once it is fixed; if it is the rows' own, " +
+		"a replay sends them to the same URL and fails again: replay with --endpoint-url (the endpoint's url) or --url URL",
 	"row_url_not_allowed": "the rows give a url of their own, which the configuration refuses there (the primary error names the key): " +
 		"drop the rows' url, or, if they may choose where the endpoint's headers go, set allow_row_url: true on endpoints.{endpoint} " +
 		"(on defaults for an endpoint that is not configured), with row_url_hosts naming their hosts, then replay",
-	"payload_too_large": "send smaller payloads, or raise max_body if the receiver accepts them, then replay",
+	"payload_too_large": "the payloads were above max_body and were not kept, so no replay can send them: the application must write " +
+		"these events again, smaller, or after max_body is raised if the receiver accepts them",
 	"blocked_target": "the URL resolves to a private or link-local address: if the receiver is internal on purpose, list its network in allowed_cidrs " +
 		"(a link-local or metadata address opens only for an entry inside its range, such as 169.254.170.2/32), then replay",
-	"invalid_row": "a row broke the outbox contract (a column missing or unreadable, an endpoint name over 200 bytes): fix the table or the writer, then replay",
+	"invalid_row": "a row broke the outbox contract (a column missing or unreadable, an endpoint name over 200 bytes): a replay resends the row " +
+		"as it was and fails again; fix the table or the writer, and have the application write these events again",
 	"messages_off": "written with outbox.Emit while outbox_messages is off, never attempted: if the application emits events, set outbox_messages: true, " +
 		"restrict pg_logical_emit_message to its role (postbox doctor prints the statements), then replay: postbox replay --dead-letters --endpoint {endpoint}; " +
 		"if it does not, a database role forged them: find it (postbox doctor) and do not replay",
 }
 
 func classifyDeadLetters(a Analysis) (pattern, advice string) {
-	code, _, _ := strings.Cut(a.PrimaryError, ":")
+	// A retried failure's reason is prefixed by the exhaustion; its cause
+	// is what names the pattern.
+	cause := a.PrimaryError
+	if strings.HasPrefix(cause, "max_attempts (") {
+		if _, rest, ok := strings.Cut(cause, "exhausted: "); ok {
+			cause = rest
+		}
+	}
+	code, _, _ := strings.Cut(cause, ":")
 	// The endpoint's name may come from a row: quoted where it stands in
 	// a command to paste, stripped of control characters elsewhere.
 	replay := fmt.Sprintf("postbox replay --dead-letters --endpoint %s --since %s", ShellQuote(a.Endpoint), a.FirstDead.UTC().Format(time.RFC3339))
 	ep := Printable(a.Endpoint)
 	days := max(1, a.LastDead.Sub(a.FirstDead).Hours()/24)
 	switch {
+	case code == "template_error":
+		return PatternTemplateError, fmt.Sprintf("a url or body template of endpoints.%s (or the rows' url) needs a payload field these events lack "+
+			"(the primary error names it): a replay resends the same payloads and fails the same way, unless the template first gives the macro "+
+			"a default ({payload.x|default}); otherwise the application must write them again with the field. With a default in place: %s", ep, replay)
+	case strings.Contains(cause, "connection refused"):
+		return PatternRefused, fmt.Sprintf("connection refused: nothing accepts connections at the host and port of the url (the receiver is down, "+
+			"or endpoints.%s.url names a wrong port); a replay fails the same way until it listens. Once it does: %s", ep, replay)
 	case badInputAdvice[code] != "":
 		return PatternBadInput, strings.ReplaceAll(badInputAdvice[code], "{endpoint}", ep)
 	case a.AuthFailures*2 >= a.DeadCount:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -45,6 +46,11 @@ var EventStatuses = []string{
 // EventFilter selects events. Zero fields do not filter.
 type EventFilter struct {
 	Endpoint string
+	// Type is the event type ("" for any).
+	Type string
+	// After continues a search past the last event of a previous page:
+	// its NextCursor ("" for the first page).
+	After string
 	// Status is the state of the event's latest delivery (one of
 	// EventStatuses).
 	Status string
@@ -140,7 +146,8 @@ SELECT min(h.t) FROM (
 
 // searchEventsSQL: the bound is the last argument, %[2]s.
 const searchEventsSQL = `
-SELECT e.event_id::text, e.endpoint, e.event_type, coalesce(d.status, 'in_flight'), coalesce(d.attempts, 0), e.committed_at
+SELECT e.event_id::text, e.endpoint, e.event_type, coalesce(d.status, 'in_flight'), coalesce(d.attempts, 0), e.committed_at,
+       ` + eventTimeSQL + `, e.id
 FROM (
   SELECT e.id, e.event_id, e.endpoint, e.event_type, e.committed_at, e.ingested_at FROM postbox.events e
   WHERE e.ingested_at >= %[2]s AND %[1]s
@@ -171,6 +178,17 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 	if f.Endpoint != "" {
 		endpoint = arg(f.Endpoint)
 		conds = append(conds, "e.endpoint = "+endpoint)
+	}
+	if f.Type != "" {
+		conds = append(conds, "e.event_type = "+arg(f.Type))
+	}
+	if f.After != "" {
+		at, id, err := parseCursor(f.After)
+		if err != nil {
+			return "", "", nil, err
+		}
+		// Older than the page's last event, in the list's order.
+		conds = append(conds, "("+eventTimeSQL+", e.id) < ("+arg(at)+"::timestamptz, "+arg(id)+"::int8)")
 	}
 	if f.Status != "" {
 		if !slices.Contains(EventStatuses, f.Status) {
@@ -216,34 +234,70 @@ func searchEventsQuery(f EventFilter) (bound, list string, args []any, err error
 // wrapping ErrUnknownStatus for a status no delivery has; check payload
 // keys against the configuration with CheckSearchKeys first.
 func SearchEvents(ctx context.Context, q Querier, f EventFilter) ([]postboxtype.EventSummary, error) {
+	out, _, err := SearchEventsPage(ctx, q, f)
+	return out, err
+}
+
+// SearchEventsPage is SearchEvents, with the cursor of the page that
+// follows (EventFilter.After) when this one is full ("" when it is the
+// last): paging goes as far back as events are kept, Limit at a time.
+func SearchEventsPage(ctx context.Context, q Querier, f EventFilter) (page []postboxtype.EventSummary, next string, err error) {
 	boundSQL, listSQL, args, err := searchEventsQuery(f)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	out := []postboxtype.EventSummary{}
 	var bound *time.Time
 	if err := q.QueryRow(ctx, boundSQL, args...).Scan(&bound); err != nil {
-		return nil, fmt.Errorf("search events: %w", err)
+		return nil, "", fmt.Errorf("search events: %w", err)
 	}
 	if bound == nil {
-		return out, nil // nothing matches
+		return out, "", nil // nothing matches
 	}
 	rows, err := q.Query(ctx, listSQL, append(args, *bound)...)
 	if err != nil {
-		return nil, fmt.Errorf("search events: %w", err)
+		return nil, "", fmt.Errorf("search events: %w", err)
 	}
 	defer rows.Close()
+	var lastAt time.Time
+	var lastID int64
 	for rows.Next() {
 		var e postboxtype.EventSummary
-		if err := rows.Scan(&e.EventID, &e.Endpoint, &e.EventType, &e.Status, &e.Attempts, &e.CommittedAt); err != nil {
-			return nil, fmt.Errorf("search events: %w", err)
+		if err := rows.Scan(&e.EventID, &e.Endpoint, &e.EventType, &e.Status, &e.Attempts, &e.CommittedAt, &lastAt, &lastID); err != nil {
+			return nil, "", fmt.Errorf("search events: %w", err)
 		}
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("search events: %w", err)
+		return nil, "", fmt.Errorf("search events: %w", err)
 	}
-	return out, nil
+	if len(out) == searchLimit(f) {
+		next = fmt.Sprintf("%d_%d", lastAt.UnixMicro(), lastID)
+	}
+	return out, next, nil
+}
+
+// ErrBadCursor is a search's After that no page gave.
+var ErrBadCursor = errors.New("not a cursor of a previous page")
+
+// parseCursor reads a NextCursor: the last event's time in microseconds
+// and its row id.
+func parseCursor(c string) (time.Time, int64, error) {
+	us, id, ok := strings.Cut(c, "_")
+	t, err1 := strconv.ParseInt(us, 10, 64)
+	n, err2 := strconv.ParseInt(id, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return time.Time{}, 0, fmt.Errorf("%w: %q", ErrBadCursor, printable(c))
+	}
+	return time.UnixMicro(t), n, nil
+}
+
+// searchLimit is the page size f asks for.
+func searchLimit(f EventFilter) int {
+	if f.Limit <= 0 {
+		return EventLimitDefault
+	}
+	return min(f.Limit, EventLimitMax)
 }
 
 // canonicalUUID returns s as PostgreSQL's canonical text of a uuid, or

@@ -233,6 +233,9 @@ func TestDeadLetterPatterns(t *testing.T) {
 	deliveries(t, pool, "outage", 30, `status = 'dead_letter', last_status_code = 503, last_error = 'max_attempts (5) exhausted: http 503', attempt_count = 5, updated_at = date_trunc('hour', now()) - interval '2 hours' + interval '10 minutes'`)
 	deliveries(t, pool, "drip", 6, `status = 'dead_letter', last_error = 'max_attempts (5) exhausted: timeout after 15s', attempt_count = 5, updated_at = now() - (id % 6) * interval '12 hours'`)
 	deliveries(t, pool, "ghost", 3, `status = 'dead_letter', last_error = 'unknown_endpoint: no endpoint "ghost" is configured and the row has no url'`)
+	deliveries(t, pool, "tpl", 12, `status = 'dead_letter', last_error = 'template_error: {payload.click_id} has no value (give it a default: {payload.click_id|…})', updated_at = date_trunc('hour', now()) - interval '50 minutes'`)
+	deliveries(t, pool, "refused", 12, `status = 'dead_letter', last_error = 'max_attempts (5) exhausted: dial tcp 127.0.0.1:9: connect: connection refused', attempt_count = 5, updated_at = date_trunc('hour', now()) - interval '50 minutes'`)
+	deliveries(t, pool, "big", 2, `status = 'dead_letter', last_error = 'payload_too_large: 2000000 bytes is above max_body (1048576)'`)
 	an, err := telemetry.AnalyzeDeadLetters(ctx, pool, "", time.Now().Add(-7*24*time.Hour))
 	require.NoError(t, err)
 	got := map[string]telemetry.Analysis{}
@@ -253,6 +256,15 @@ func TestDeadLetterPatterns(t *testing.T) {
 	require.Equal(t, 5.0, got["drip"].AvgAttempts)
 	require.Equal(t, telemetry.PatternBadInput, got["ghost"].Pattern)
 	require.Contains(t, got["ghost"].Advice, "endpoints.ghost.url")
+	// Named as what they are, even clustered in one hour, and a replay
+	// advised only where one can succeed.
+	require.Equal(t, telemetry.PatternTemplateError, got["tpl"].Pattern)
+	require.Contains(t, got["tpl"].Advice, "fails the same way, unless the template first gives the macro a default")
+	require.Equal(t, telemetry.PatternRefused, got["refused"].Pattern)
+	require.Contains(t, got["refused"].Advice, "until it listens")
+	require.Equal(t, telemetry.PatternBadInput, got["big"].Pattern)
+	require.NotContains(t, got["big"].Advice, "postbox replay")
+	require.Contains(t, got["big"].Advice, "no replay can send them")
 
 	list, err := telemetry.ListDeadLetters(ctx, pool, "creds", time.Now().Add(-time.Hour), 5)
 	require.NoError(t, err)

@@ -481,6 +481,11 @@ func (c *Console) event(rq *request) error {
 			if link, ok := byPartner[d.ID]; ok {
 				steps[0].What = "Queued again: replayed by partner (portal link " + link + ")"
 			}
+			for i := 1; i < len(steps) && i <= len(d.Attempts); i++ {
+				if steps[i].When.Before(st.IngestedAt) {
+					steps[i].Detail = strings.TrimPrefix(steps[i].Detail+" · started before its ingest committed (sent from memory as the event was written)", " · ")
+				}
+			}
 			from := st.CreatedAt
 			if st.CommittedAt != nil {
 				from = *st.CommittedAt

@@ -108,7 +108,11 @@ func Classify(a Attempt, ep config.Endpoint) Verdict {
 	code := a.StatusCode
 	if isSuccessStatus(code, ep.Success) {
 		if ep.Success.BodyContains != "" && !strings.Contains(string(a.Body), ep.Success.BodyContains) {
-			return Verdict{Kind: Retry, Reason: fmt.Sprintf("body rule: http %d response lacks %q", code, ep.Success.BodyContains)}
+			kind := Retry
+			if ep.Success.BodyMismatch == config.BodyMismatchDeadLetter {
+				kind = Permanent
+			}
+			return Verdict{Kind: kind, Reason: fmt.Sprintf("body rule: http %d response lacks %q", code, ep.Success.BodyContains)}
 		}
 		return Verdict{Kind: Success, Reason: fmt.Sprintf("http %d", code)}
 	}

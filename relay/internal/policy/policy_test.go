@@ -74,6 +74,16 @@ func TestClassifySuccessRule(t *testing.T) {
 	require.Contains(t, bad.Reason, `lacks "success=true"`)
 	// 204 is not in the rule's list.
 	require.NotEqual(t, policy.Success, policy.Classify(policy.Attempt{StatusCode: 204}, ep).Kind)
+
+	// success=false is retried unless the endpoint says the body's answer
+	// is final.
+	require.Equal(t, policy.Retry, bad.Kind)
+	for mode, kind := range map[string]policy.Kind{"": policy.Retry, config.BodyMismatchRetry: policy.Retry, config.BodyMismatchDeadLetter: policy.Permanent} {
+		ep.Success.BodyMismatch = mode
+		v := policy.Classify(policy.Attempt{StatusCode: 200, Body: []byte("success=false")}, ep)
+		require.Equal(t, kind, v.Kind, mode)
+		require.Contains(t, v.Reason, "body rule")
+	}
 }
 
 func TestRetryAfterBothForms(t *testing.T) {

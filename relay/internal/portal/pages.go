@@ -69,11 +69,15 @@ ORDER BY e.ingested_at DESC, e.id DESC
 LIMIT $7`
 
 // typesSQL are the event types the partner received in the period, for
-// the filter's choices: from the report's rollups (a few rows an hour),
+// the filter's choices: from the report's rollups (a few rows an hour,
+// folded and not yet folded),
 // not the events (a busy partner's hundreds of thousands a day).
 const typesSQL = `
-SELECT DISTINCT event_type FROM postbox.report_buckets
-WHERE endpoint = $1 AND bucket >= $2 AND event_type <> ''
+SELECT DISTINCT event_type FROM (
+  SELECT event_type FROM postbox.report_buckets WHERE endpoint = $1 AND bucket >= $2
+  UNION ALL
+  SELECT event_type FROM postbox.report_deltas WHERE endpoint = $1 AND bucket >= $2) t
+WHERE event_type <> ''
 ORDER BY 1 LIMIT 50`
 
 // deliveries is the partner's deliveries of a period, with filters by

@@ -19,14 +19,48 @@ func BenchmarkIngest(b *testing.B) {
 	for _, keys := range [][]string{nil, {"click_id", "payout"}} {
 		for _, n := range []int{1, 100, 2000} {
 			b.Run(fmt.Sprintf("search_keys=%d/rows=%d", len(keys), n), func(b *testing.B) {
-				benchmarkIngest(b, n, keys)
+				benchmarkIngest(b, n, keys, true)
 			})
 		}
 	}
 }
 
-func benchmarkIngest(b *testing.B, n int, keys []string) {
+// BenchmarkReportTriggers is what the report rollups' triggers (migration
+// 038) cost the ingest and the recorder: each of their benchmarks with
+// the triggers and without.
+//
+//	go test -run '^$' -bench ReportTriggers ./relay/internal/store
+func BenchmarkReportTriggers(b *testing.B) {
+	for _, on := range []bool{true, false} {
+		for _, n := range []int{100, 2000} {
+			b.Run(fmt.Sprintf("ingest/rows=%d/triggers=%t", n, on), func(b *testing.B) { benchmarkIngest(b, n, nil, on) })
+		}
+		b.Run(fmt.Sprintf("claim_and_record/triggers=%t", on), func(b *testing.B) { benchmarkClaimAndRecord(b, on) })
+	}
+}
+
+// setupReport is setup, with the report triggers disabled unless on.
+func setupReport(b *testing.B, on bool) *store.Store {
 	s := setup(b)
+	if !on {
+		for _, sql := range []string{
+			`ALTER TABLE postbox.events DISABLE TRIGGER report_events_add`,
+			`ALTER TABLE postbox.deliveries DISABLE TRIGGER report_deliveries_insert`,
+			`ALTER TABLE postbox.deliveries DISABLE TRIGGER report_deliveries_update`,
+		} {
+			if _, err := s.Pool.Exec(context.Background(), sql); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return s
+}
+
+func benchmarkIngest(b *testing.B, n int, keys []string, reportTriggers bool) {
+	benchIngestOn(b, setupReport(b, reportTriggers), n, keys...)
+}
+
+func benchIngestOn(b *testing.B, s *store.Store, n int, keys ...string) {
 	ctx := context.Background()
 	ic, err := s.AcquireIngest(ctx, "me")
 	if err != nil {
@@ -57,8 +91,10 @@ func benchmarkIngest(b *testing.B, n int, keys []string) {
 // BenchmarkClaimAndRecord claims a batch of 100 queued deliveries across
 // ten endpoints and records them delivered: the queue's round trip per
 // batch when the relay catches up.
-func BenchmarkClaimAndRecord(b *testing.B) {
-	s := setup(b)
+func BenchmarkClaimAndRecord(b *testing.B) { benchmarkClaimAndRecord(b, true) }
+
+func benchmarkClaimAndRecord(b *testing.B, reportTriggers bool) {
+	s := setupReport(b, reportTriggers)
 	ctx := context.Background()
 	apply := func(cur store.Health, _ []state.Result) store.Health { return cur }
 	b.ResetTimer()

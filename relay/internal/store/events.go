@@ -71,7 +71,8 @@ type Ingested struct {
 // The lines marked "-- delivered" write the deliveries whose first
 // attempts delivered before the insert (NewEvent.Delivered) as such, with
 // the attempt kept on the row (migration 026) rather than in an attempt row
-// of its own; a batch without any (a catch-up's) runs the
+// of its own, created when that attempt started (never after it was
+// delivered); a batch without any (a catch-up's) runs the
 // statement without them (withoutDelivered), as it was before they were
 // written so.
 //
@@ -105,7 +106,7 @@ ev AS (
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
-                                  attempt_target, attempted_by, attempt_revision, attempt_sent -- delivered
+                                  attempt_target, attempted_by, attempt_revision, attempt_sent, created_at -- delivered
                                   )
   SELECT ev.id, ev.endpoint, i.lane, i.status,
          CASE WHEN i.status = 'in_flight' THEN $13 END, i.status = 'in_flight',
@@ -114,7 +115,8 @@ dl AS (
          nullif(i.c2d_ms, -1), coalesce(i.done_at, now()), -- delivered
          CASE WHEN i.status = 'delivered' THEN nullif(i.target, '') END, CASE WHEN i.status = 'delivered' THEN $13 END, -- delivered
          CASE WHEN i.status = 'delivered' THEN nullif(i.revision, 0) END, -- delivered
-         CASE WHEN i.status = 'delivered' THEN nullif(i.sent, '') END -- delivered
+         CASE WHEN i.status = 'delivered' THEN nullif(i.sent, '') END, -- delivered
+         least(now(), i.done_at - i.response_ms * interval '1 millisecond') -- delivered
   FROM ev JOIN input i ON i.event_id = ev.event_id AND i.endpoint = ev.endpoint
   ORDER BY i.ord -- delivery ids follow commit order: ordered endpoints rely on it
   RETURNING id, event_pk
@@ -142,7 +144,7 @@ WITH ev AS (
 dl AS (
   INSERT INTO postbox.deliveries (event_pk, endpoint, lane, status, lease_owner, kept, last_error
                                   , attempt_count, delivered_at, last_status_code, last_response_ms, last_response, commit_to_delivery_ms, updated_at, -- delivered
-                                  attempt_target, attempted_by, attempt_revision, attempt_sent -- delivered
+                                  attempt_target, attempted_by, attempt_revision, attempt_sent, created_at -- delivered
                                   )
   SELECT ev.id, ev.endpoint, ($15::text[])[1], ($11::text[])[1],
          CASE WHEN ($11::text[])[1] = 'in_flight' THEN $13 END, ($11::text[])[1] = 'in_flight',
@@ -153,7 +155,8 @@ dl AS (
          CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($23::text[])[1], '') END, -- delivered
          CASE WHEN ($11::text[])[1] = 'delivered' THEN $13 END, -- delivered
          CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($24::int8[])[1], 0) END, -- delivered
-         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($25::text[])[1], '') END -- delivered
+         CASE WHEN ($11::text[])[1] = 'delivered' THEN nullif(($25::text[])[1], '') END, -- delivered
+         least(now(), ($18::timestamptz[])[1] - ($20::float4[])[1] * interval '1 millisecond') -- delivered
   FROM ev
   RETURNING id, event_pk
 )

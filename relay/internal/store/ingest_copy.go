@@ -57,7 +57,7 @@ var (
 		"created_at", "outbox_id", "commit_lsn", "committed_at", "payload_dropped", "search", "message", "matched"}
 	copyDeliveryColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "lease_owner", "kept",
 		"last_error", "attempt_count", "delivered_at", "last_status_code", "last_response_ms", "last_response", "commit_to_delivery_ms",
-		"updated_at", "attempt_target", "attempted_by", "attempt_revision", "attempt_sent"}
+		"updated_at", "attempt_target", "attempted_by", "attempt_revision", "attempt_sent", "created_at"}
 )
 
 // copyable reports whether Insert may copy evs (see copyEventsMin).
@@ -278,7 +278,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 			// In copyDeliveryColumns' order; NULL where the statement
 			// writes none.
 			var lane, owner, deliveredAt, code, responseMS, response, c2d, target, by, rev, sent any
-			attempts, updatedAt := int32(0), now
+			attempts, updatedAt, createdAt := int32(0), now, now
 			if e.Lane != "" && e.Lane != e.Endpoint {
 				lane = e.Lane
 			}
@@ -289,6 +289,10 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 			if r := e.Delivered; r != nil && e.Status == postboxtype.DeliveryDelivered {
 				attempts, deliveredAt, responseMS, response, updatedAt = 1, r.At, float32(r.ResponseMS), orNull(r.Response), r.At
 				target, by, sent = orNull(r.Target), ic.owner, orNull(r.Sent)
+				// Created when its attempt started: never after it was delivered.
+				if start := attemptStart(*r); start.Before(now) {
+					createdAt = start
+				}
 				if r.EndpointRevision != 0 {
 					rev = r.EndpointRevision
 				}
@@ -300,7 +304,7 @@ func (ic *IngestConn) copyInsert(ctx context.Context, evs []NewEvent, outboxIDs 
 				}
 			}
 			return []any{deliveryID[i], eventPK[i], e.Endpoint, lane, string(e.Status), owner, kept, orNull(e.LastError),
-				attempts, deliveredAt, code, responseMS, response, c2d, updatedAt, target, by, rev, sent}, nil
+				attempts, deliveredAt, code, responseMS, response, c2d, updatedAt, target, by, rev, sent, createdAt}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("insert events: copy deliveries: %w", err)

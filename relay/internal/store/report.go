@@ -10,10 +10,58 @@ import (
 // PurgeReport deletes the report rollups of quarter hours older than
 // retention (report_retention).
 func (s *Store) PurgeReport(ctx context.Context, retention time.Duration) (int64, error) {
-	return s.purge(ctx, "report rollups", `
+	n, err := s.purge(ctx, "report rollups", `
 		DELETE FROM postbox.report_buckets WHERE ctid IN (
 		  SELECT ctid FROM postbox.report_buckets WHERE bucket < now() - $1 * interval '1 second' LIMIT $2)`,
 		retention.Seconds(), purgeBatch)
+	if err != nil {
+		return n, err
+	}
+	// Deltas of an event that old, a replay's say, are not folded into a
+	// bucket the purge would delete again.
+	tag, err := s.Pool.Exec(ctx, `DELETE FROM postbox.report_deltas WHERE bucket < now() - $1 * interval '1 second'`, retention.Seconds())
+	if err != nil {
+		return n, fmt.Errorf("purge report rollups: %w", err)
+	}
+	return n + tag.RowsAffected(), nil
+}
+
+// CompactReport folds the deltas the report triggers appended
+// (postbox.report_deltas) into postbox.report_buckets, a batch per
+// statement, and returns how many it folded. Each statement deletes the
+// deltas it adds, so a delta is counted once whoever folds it (a deposed
+// leader's statement waits on the rows, then finds them gone).
+func (s *Store) CompactReport(ctx context.Context) (int64, error) {
+	var total int64
+	for ctx.Err() == nil && total < 100*purgeBatch {
+		var n int64
+		err := s.Pool.QueryRow(ctx, `
+			WITH moved AS (
+			  DELETE FROM postbox.report_deltas WHERE ctid = ANY(ARRAY(SELECT ctid FROM postbox.report_deltas LIMIT $1))
+			  RETURNING *
+			),
+			folded AS (
+			  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, committed, delivered, dead_lettered, sums)
+			  SELECT endpoint, bucket, event_type, sum(committed), sum(delivered), sum(dead_lettered),
+			         (SELECT jsonb_object_agg(k, v) FROM (SELECT f.key AS k, sum(f.value::numeric) AS v
+			                                            FROM unnest(array_agg(sums)) AS u(j), jsonb_each_text(u.j) AS f GROUP BY f.key) x)
+			  FROM moved
+			  GROUP BY 1, 2, 3
+			  ORDER BY 1, 2, 3
+			  ON CONFLICT (endpoint, bucket, event_type) DO UPDATE
+			    SET committed = r.committed + excluded.committed, delivered = r.delivered + excluded.delivered,
+			        dead_lettered = r.dead_lettered + excluded.dead_lettered, sums = postbox.report_add(r.sums, excluded.sums)
+			)
+			SELECT count(*) FROM moved`, purgeBatch*4).Scan(&n)
+		if err != nil {
+			return total, fmt.Errorf("fold report deltas: %w", err)
+		}
+		total += n
+		if n < purgeBatch*4 {
+			break
+		}
+	}
+	return total, nil
 }
 
 // SyncReportFields makes postbox.report_fields the payload fields of

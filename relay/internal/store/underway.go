@@ -184,7 +184,7 @@ WHERE r.range_id IN (SELECT id FROM mine WHERE owner = $1)
 // underWayColumns are the columns recordUnderWay copies.
 var underWayColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "attempt_count", "next_attempt_at",
 	"last_error", "last_status_code", "last_response_ms", "last_response", "delivered_at", "commit_to_delivery_ms",
-	"attempt_target", "attempted_by", "attempt_revision", "updated_at", "attempt_sent"}
+	"attempt_target", "attempted_by", "attempt_revision", "updated_at", "attempt_sent", "created_at"}
 
 // underWayResult is the first outcome of an event under way (its
 // Result's EventPK and Range name it), as recordUnderWay writes it.
@@ -251,7 +251,12 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 			if r.Lane != "" {
 				lane = r.Lane
 			}
-			status, attempts, due := string(r.Status), int32(0), now
+			status, attempts, due, created := string(r.Status), int32(0), now, now
+			if start := attemptStart(*r); r.Attempted && start.Before(now) {
+				// Created when its first attempt started (from memory, as
+				// the event was ingested): never after it was delivered.
+				created = start
+			}
 			switch r.Status {
 			case state.Released:
 				status, due = string(postboxtype.DeliveryPending), now.Add(r.Delay)
@@ -277,7 +282,7 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 				}
 			}
 			return []any{ids[r.EventPK], r.EventPK, r.Endpoint, lane, status, attempts, due, lastErr, code, ms, resp,
-				deliveredAt, c2d, target, by, rev, now, sent}, nil
+				deliveredAt, c2d, target, by, rev, now, sent, created}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("record under way: copy: %w", err)

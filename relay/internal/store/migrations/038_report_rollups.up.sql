@@ -12,6 +12,12 @@
 -- without knowing about it. An event counts once: delivered if any of
 -- its deliveries was delivered, else dead-lettered while its latest
 -- delivery is a dead letter (a replay takes it back to pending).
+--
+-- The triggers only append to report_deltas: were they to update a
+-- bucket's row, the ingest and the recorder (and a reconciliation beside
+-- the stream) would each hold that row's lock until their commit, and
+-- wait for one another. The leader folds the deltas into report_buckets
+-- every minute (store.CompactReport); readers add up both.
 CREATE TABLE postbox.report_buckets (
   endpoint      text        NOT NULL,
   bucket        timestamptz NOT NULL,
@@ -23,6 +29,17 @@ CREATE TABLE postbox.report_buckets (
   PRIMARY KEY (endpoint, bucket, event_type)
 );
 CREATE INDEX report_buckets_bucket ON postbox.report_buckets USING brin (bucket);
+
+CREATE TABLE postbox.report_deltas (
+  endpoint      text        NOT NULL,
+  bucket        timestamptz NOT NULL,
+  event_type    text        NOT NULL,
+  committed     bigint      NOT NULL DEFAULT 0,
+  delivered     bigint      NOT NULL DEFAULT 0,
+  dead_lettered bigint      NOT NULL DEFAULT 0,
+  sums          jsonb
+);
+CREATE INDEX report_deltas_endpoint ON postbox.report_deltas (endpoint, bucket);
 
 -- The payload fields summed (report_sum), written by the relay at start.
 -- A field counts from the events ingested while it is listed.
@@ -54,9 +71,9 @@ RETURN CASE WHEN a IS NULL THEN b WHEN b IS NULL THEN a ELSE (
 
 -- Committed events and their sums, per statement of the ingest.
 CREATE FUNCTION postbox.report_events_add() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = on AS $$
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = off AS $$
 BEGIN
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, committed, sums)
+  INSERT INTO postbox.report_deltas (endpoint, bucket, event_type, committed, sums)
   SELECT g.endpoint, g.bucket, g.event_type, g.n, s.sums
   FROM (SELECT endpoint, postbox.report_bucket(committed_at, ingested_at) AS bucket, event_type, count(*) AS n
         FROM new_events GROUP BY 1, 2, 3) g
@@ -66,10 +83,7 @@ BEGIN
                    FROM new_events e CROSS JOIN postbox.report_fields f
                    GROUP BY 1, 2, 3, 4) t
              WHERE total IS NOT NULL
-             GROUP BY 1, 2, 3) s USING (endpoint, bucket, event_type)
-  ORDER BY 1, 2, 3
-  ON CONFLICT (endpoint, bucket, event_type) DO UPDATE
-    SET committed = r.committed + excluded.committed, sums = postbox.report_add(r.sums, excluded.sums);
+             GROUP BY 1, 2, 3) s USING (endpoint, bucket, event_type);
   RETURN NULL;
 END $$;
 CREATE TRIGGER report_events_add AFTER INSERT ON postbox.events
@@ -77,34 +91,37 @@ CREATE TRIGGER report_events_add AFTER INSERT ON postbox.events
   FOR EACH STATEMENT EXECUTE FUNCTION postbox.report_events_add();
 
 -- Outcomes: each delivery whose status changed (old_status NULL for a
--- row inserted), as changes to its event's counts. The ingest plans with
--- nested loops off (store.IngestConn); these lookups by key want them.
+-- row inserted), as changes to its event's counts. The lookups are by
+-- key, row by row for the small statements of live traffic: the trigger
+-- functions allow nested loops whatever the session set (the ingest
+-- turns them off, store.IngestConn), and no scan of a whole table.
 CREATE FUNCTION postbox.report_deliveries_insert() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = on AS $$
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = off AS $$
 BEGIN
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
-  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
-         sum(c.delivered), sum(c.dead)
-  FROM (
+  WITH x AS MATERIALIZED (
+      SELECT n.id, n.event_pk, NULL::text AS old_status, n.status
+      FROM new_deliveries n
+      WHERE n.status IN ('delivered', 'dead_letter')
+  ),
+  c AS (
     SELECT x.event_pk,
            CASE WHEN x.status = 'delivered' AND NOT o.other_delivered THEN 1 ELSE 0 END AS delivered,
            CASE WHEN o.other_delivered THEN 0
                 WHEN x.status = 'dead_letter' THEN 1
                 WHEN x.old_status = 'dead_letter' THEN -1 ELSE 0 END AS dead
-    FROM (
-      SELECT n.id, n.event_pk, NULL::text AS old_status, n.status
-      FROM new_deliveries n
-      WHERE n.status IN ('delivered', 'dead_letter')
-    ) x
-    CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM postbox.deliveries d
-                                       WHERE d.event_pk = x.event_pk AND d.id <> x.id AND d.status = 'delivered')) AS o(other_delivered)
-  ) c
-  JOIN postbox.events e ON e.id = c.event_pk
+    FROM x CROSS JOIN LATERAL (
+      -- By the event's deliveries (deliveries_event), never by the
+      -- partial index of all delivered ones, whatever the planner guesses.
+      SELECT coalesce(bool_or(d.status = 'delivered'), false) AS other_delivered
+      FROM postbox.deliveries d WHERE d.event_pk = x.event_pk AND d.id <> x.id
+      OFFSET 0) o
+  )
+  INSERT INTO postbox.report_deltas (endpoint, bucket, event_type, delivered, dead_lettered)
+  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
+         sum(c.delivered), sum(c.dead)
+  FROM c JOIN postbox.events e ON e.id = c.event_pk
   GROUP BY 1, 2, 3
-  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0
-  ORDER BY 1, 2, 3
-  ON CONFLICT (endpoint, bucket, event_type) DO UPDATE
-    SET delivered = r.delivered + excluded.delivered, dead_lettered = r.dead_lettered + excluded.dead_lettered;
+  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0;
   RETURN NULL;
 END $$;
 CREATE TRIGGER report_deliveries_insert AFTER INSERT ON postbox.deliveries
@@ -112,32 +129,33 @@ CREATE TRIGGER report_deliveries_insert AFTER INSERT ON postbox.deliveries
   FOR EACH STATEMENT EXECUTE FUNCTION postbox.report_deliveries_insert();
 
 CREATE FUNCTION postbox.report_deliveries_update() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = on AS $$
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_nestloop = on SET enable_seqscan = off AS $$
 BEGIN
-  INSERT INTO postbox.report_buckets AS r (endpoint, bucket, event_type, delivered, dead_lettered)
-  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
-         sum(c.delivered), sum(c.dead)
-  FROM (
+  WITH x AS MATERIALIZED (
+      SELECT n.id, n.event_pk, o.status AS old_status, n.status
+      FROM new_deliveries n JOIN old_deliveries o USING (id)
+      WHERE n.status IS DISTINCT FROM o.status
+        AND (n.status IN ('delivered', 'dead_letter') OR o.status = 'dead_letter')
+  ),
+  c AS (
     SELECT x.event_pk,
            CASE WHEN x.status = 'delivered' AND NOT o.other_delivered THEN 1 ELSE 0 END AS delivered,
            CASE WHEN o.other_delivered THEN 0
                 WHEN x.status = 'dead_letter' THEN 1
                 WHEN x.old_status = 'dead_letter' THEN -1 ELSE 0 END AS dead
-    FROM (
-      SELECT n.id, n.event_pk, o.status AS old_status, n.status
-      FROM new_deliveries n JOIN old_deliveries o USING (id)
-      WHERE n.status IS DISTINCT FROM o.status
-        AND (n.status IN ('delivered', 'dead_letter') OR o.status = 'dead_letter')
-    ) x
-    CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM postbox.deliveries d
-                                       WHERE d.event_pk = x.event_pk AND d.id <> x.id AND d.status = 'delivered')) AS o(other_delivered)
-  ) c
-  JOIN postbox.events e ON e.id = c.event_pk
+    FROM x CROSS JOIN LATERAL (
+      -- By the event's deliveries (deliveries_event), never by the
+      -- partial index of all delivered ones, whatever the planner guesses.
+      SELECT coalesce(bool_or(d.status = 'delivered'), false) AS other_delivered
+      FROM postbox.deliveries d WHERE d.event_pk = x.event_pk AND d.id <> x.id
+      OFFSET 0) o
+  )
+  INSERT INTO postbox.report_deltas (endpoint, bucket, event_type, delivered, dead_lettered)
+  SELECT e.endpoint, postbox.report_bucket(e.committed_at, e.ingested_at), e.event_type,
+         sum(c.delivered), sum(c.dead)
+  FROM c JOIN postbox.events e ON e.id = c.event_pk
   GROUP BY 1, 2, 3
-  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0
-  ORDER BY 1, 2, 3
-  ON CONFLICT (endpoint, bucket, event_type) DO UPDATE
-    SET delivered = r.delivered + excluded.delivered, dead_lettered = r.dead_lettered + excluded.dead_lettered;
+  HAVING sum(c.delivered) <> 0 OR sum(c.dead) <> 0;
   RETURN NULL;
 END $$;
 CREATE TRIGGER report_deliveries_update AFTER UPDATE ON postbox.deliveries
@@ -152,7 +170,3 @@ FROM postbox.events e
 LEFT JOIN LATERAL (SELECT bool_or(status = 'delivered') AS delivered, (array_agg(status ORDER BY id DESC))[1] AS last_status
                    FROM postbox.deliveries WHERE event_pk = e.id) d ON true
 GROUP BY 1, 2, 3;
-
--- A day's deliveries of an endpoint (the CSV of postbox report, the
--- portal's lists) by the time reports give an event.
-CREATE INDEX events_endpoint_committed ON postbox.events (endpoint, (coalesce(committed_at, ingested_at)), id);

@@ -66,12 +66,18 @@ type PortalLink struct {
 // with cfg's portal key at the endpoint's current portal version. Its
 // address is portal.public_url, else the admin listener's.
 func NewPortalLink(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, endpoint string, ttl time.Duration) (PortalLink, error) {
+	return NewPortalLinkIn(ctx, pool, cfg, endpoint, ttl, "")
+}
+
+// NewPortalLinkIn is NewPortalLink whose report opens in time zone tz (an
+// IANA name; "" is UTC).
+func NewPortalLinkIn(ctx context.Context, pool *pgxpool.Pool, cfg *config.Config, endpoint string, ttl time.Duration, tz string) (PortalLink, error) {
 	v, err := portal.Version(ctx, pool, endpoint)
 	if err != nil {
 		return PortalLink{}, err
 	}
 	now := time.Now()
-	tok, id, err := portal.NewLink(cfg.Portal.Key, endpoint, v, ttl, now)
+	tok, id, err := portal.NewLinkIn(cfg.Portal.Key, endpoint, v, ttl, now, tz)
 	if err != nil {
 		return PortalLink{}, err
 	}

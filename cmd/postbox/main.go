@@ -85,7 +85,7 @@ Commands:
   doctor        check the database for postbox and explain what to fix (exit 1 on errors);
                 --app-role NAME: warn of each privilege that role has beyond INSERT on the outbox
                 (and the endpoints grants docs/integration.md gives)
-  portal link --endpoint NAME [--ttl 30d]
+  portal link --endpoint NAME [--ttl 30d] [--tz ZONE]
                 print a link to that partner's portal (its deliveries, health, report)
   portal revoke --endpoint NAME
                 end every portal link and session of that partner at once

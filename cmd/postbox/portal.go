@@ -15,7 +15,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/ops"
 )
 
-const portalUsage = "usage: postbox portal link --endpoint NAME [--ttl 30d] | postbox portal revoke --endpoint NAME"
+const portalUsage = "usage: postbox portal link --endpoint NAME [--ttl 30d] [--tz ZONE] | postbox portal revoke --endpoint NAME"
 
 // cmdPortal makes and revokes partner portal links.
 func cmdPortal(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -26,9 +26,10 @@ func cmdPortal(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	sub := args[0]
 	fs := flag.NewFlagSet("postbox portal "+sub, flag.ContinueOnError)
 	endpoint := fs.String("endpoint", "", "the partner's endpoint")
-	ttl := new(string)
+	ttl, tz := new(string), new(string)
 	if sub == "link" {
 		ttl = fs.String("ttl", "30d", "how long the link opens the portal: 30d, 12h, …")
+		tz = fs.String("tz", "", "the time zone the partner's report opens in (Europe/Malta; default UTC)")
 	}
 	env, done, code := openOps(ctx, fs, args[1:], stdout, stderr)
 	if env == nil {
@@ -71,7 +72,7 @@ func cmdPortal(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "postbox: no key to sign portal links: set portal.key (or "+config.EnvPortalKey+"), or signing.secrets to derive one")
 		return exitUsage
 	}
-	l, err := relay.NewPortalLink(ctx, env.pool, env.cfg, *endpoint, d)
+	l, err := relay.NewPortalLinkIn(ctx, env.pool, env.cfg, *endpoint, d, *tz)
 	if err != nil {
 		fmt.Fprintln(stderr, "postbox:", err)
 		return exitFailure

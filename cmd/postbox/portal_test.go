@@ -38,7 +38,7 @@ endpoints:
 	require.Contains(t, stderr.String(), "portal link l-")
 
 	stdout.Reset()
-	require.Equal(t, exitOK, run([]string{"portal", "link", "--endpoint", "shop", "--json", "--config", cfg}, &stdout, &stderr))
+	require.Equal(t, exitOK, run([]string{"portal", "link", "--endpoint", "shop", "--json", "--tz", "Europe/Malta", "--config", cfg}, &stdout, &stderr))
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(stdout.Bytes(), &m))
 	require.Contains(t, m["url"], "/portal/link/pbl1.")
@@ -53,6 +53,7 @@ endpoints:
 
 	stderr.Reset()
 	require.Equal(t, exitUsage, run([]string{"portal", "link", "--endpoint", "shop", "--ttl", "-1h", "--config", cfg}, &stdout, &stderr))
+	require.Equal(t, exitFailure, run([]string{"portal", "link", "--endpoint", "shop", "--tz", "Mars/Olympus", "--config", cfg}, &stdout, &stderr))
 	noKey := writeConfig(t, dbURL, "")
 	stderr.Reset()
 	require.Equal(t, exitUsage, run([]string{"portal", "link", "--endpoint", "shop", "--config", noKey}, &stdout, &stderr))

@@ -502,6 +502,15 @@ func TestReportAndCSV(t *testing.T) {
 	require.NotContains(t, rep.body, "beta")
 	require.Equal(t, http.StatusBadRequest, b.get(t, c, "/portal/report?tz=Mars/Olympus").status)
 
+	// A link may choose the report's time zone.
+	v, err := portal.Version(context.Background(), b.pool, "alpha")
+	require.NoError(t, err)
+	tok, _, err := portal.NewLinkIn([]byte(portalKey), "alpha", v, time.Hour, *b.now.Load(), "Asia/Kolkata")
+	require.NoError(t, err)
+	ck := client(t)
+	require.Equal(t, http.StatusSeeOther, b.get(t, ck, "/portal/link/"+tok).status)
+	require.Contains(t, b.get(t, ck, "/portal/report").body, "Day (Asia/Kolkata)")
+
 	csv := b.get(t, c, "/portal/report/day.csv?day="+day+"&endpoint=beta")
 	require.Equal(t, http.StatusOK, csv.status)
 	require.Equal(t, "text/csv; charset=utf-8", csv.header.Get("Content-Type"))

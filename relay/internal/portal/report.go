@@ -30,6 +30,9 @@ func (p *Portal) reportRange(rq *request) (from, to time.Time, tz *time.Location
 	q := rq.r.URL.Query()
 	pg = reportPage{From: strings.TrimSpace(q.Get("from")), To: strings.TrimSpace(q.Get("to")), TZ: strings.TrimSpace(q.Get("tz"))}
 	if pg.TZ == "" {
+		pg.TZ = rq.claims.TZ
+	}
+	if pg.TZ == "" {
 		pg.TZ = "UTC"
 	}
 	if tz, err = time.LoadLocation(pg.TZ); err != nil || len(pg.TZ) > 64 {
@@ -95,6 +98,9 @@ func (p *Portal) report(rq *request) error {
 func (p *Portal) dayCSV(rq *request) error {
 	q := rq.r.URL.Query()
 	tzName := strings.TrimSpace(q.Get("tz"))
+	if tzName == "" {
+		tzName = rq.claims.TZ
+	}
 	if tzName == "" {
 		tzName = "UTC"
 	}

@@ -38,6 +38,9 @@ type Claims struct {
 	Expires  int64  `json:"x"`
 	Version  int    `json:"v"`
 	LinkID   string `json:"l"`
+	// TZ is the report's time zone the link chose ("": UTC, or the
+	// partner's own choice on the page).
+	TZ string `json:"z,omitempty"`
 	// Session only: when it was opened and its own random id (the form
 	// token is derived from it).
 	Issued  int64  `json:"i,omitempty"`
@@ -91,13 +94,23 @@ func randomID(n int) string {
 // NewLink returns a link token for endpoint at its portal version,
 // valid until now+ttl, and the link's id.
 func NewLink(key []byte, endpoint string, version int, ttl time.Duration, now time.Time) (token, linkID string, err error) {
+	return NewLinkIn(key, endpoint, version, ttl, now, "")
+}
+
+// NewLinkIn is NewLink whose report opens in time zone tz (an IANA name).
+func NewLinkIn(key []byte, endpoint string, version int, ttl time.Duration, now time.Time, tz string) (token, linkID string, err error) {
+	if tz != "" {
+		if _, err := time.LoadLocation(tz); err != nil || len(tz) > 64 {
+			return "", "", fmt.Errorf("portal: unknown time zone %q", tz)
+		}
+	}
 	if len(key) == 0 {
 		return "", "", ErrNoKey
 	}
 	if ttl <= 0 {
 		return "", "", fmt.Errorf("portal: ttl must be positive")
 	}
-	c := Claims{Endpoint: endpoint, Expires: now.Add(ttl).Unix(), Version: version, LinkID: "l-" + randomID(6)}
+	c := Claims{Endpoint: endpoint, Expires: now.Add(ttl).Unix(), Version: version, LinkID: "l-" + randomID(6), TZ: tz}
 	return sign(key, linkPrefix, c), c.LinkID, nil
 }
 

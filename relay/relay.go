@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/netip"
 	"os"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"github.com/postbox-relay/postbox/relay/internal/guard"
 	"github.com/postbox-relay/postbox/relay/internal/ingest"
 	"github.com/postbox-relay/postbox/relay/internal/maintain"
+	"github.com/postbox-relay/postbox/relay/internal/portal"
 	"github.com/postbox-relay/postbox/relay/internal/protect"
 	"github.com/postbox-relay/postbox/relay/internal/record"
 	"github.com/postbox-relay/postbox/relay/internal/service"
@@ -90,7 +92,11 @@ type Relay struct {
 	// admin listener's checks read it from their own goroutines.
 	svc   atomic.Pointer[services]
 	admin atomic.Pointer[admin.Server]
-	serve sync.WaitGroup // the admin listener's Serve
+	// portalSrv is the portal's own listener (portal_listen), if any.
+	portalSrv  atomic.Pointer[http.Server]
+	portalH    *portal.Portal // one for both listeners: rate limits are shared
+	portalAddr atomic.Value   // string: portal_listen's bound address
+	serve      sync.WaitGroup // the admin listener's Serve
 
 	life     sync.Mutex // Start and the first Stop, one at a time
 	started  bool
@@ -197,8 +203,13 @@ func (r *Relay) Start(ctx context.Context) error {
 func (r *Relay) start(ctx context.Context) error {
 	cfg := r.cfg.Load()
 	if cfg.AdminListen != "" {
-		pages := console.New(console.Options{Pool: r.pool, Config: r.cfg.Load, Loopback: admin.LoopbackAddr(cfg.AdminListen),
+		con := console.New(console.Options{Pool: r.pool, Config: r.cfg.Load, Loopback: admin.LoopbackAddr(cfg.AdminListen),
 			Version: Version, Log: r.opts.Logger, Now: r.opts.now})
+		// The portal's pages, exempt from the admin token (they have their
+		// own sessions); every other path is the console's.
+		pages := http.NewServeMux()
+		pages.Handle(portal.Prefix, r.portal())
+		pages.Handle("/", con)
 		var certs *admin.TLS
 		if cfg.AdminTLSCert != "" {
 			var err error
@@ -213,7 +224,12 @@ func (r *Relay) start(ctx context.Context) error {
 		}
 		r.admin.Store(srv)
 		r.serve.Go(srv.Serve)
-		r.log.Info().Str("addr", srv.Addr()).Msg("admin listener (console, metrics, healthz, readyz, status)")
+		r.log.Info().Str("addr", srv.Addr()).Msg("admin listener (console, portal, metrics, healthz, readyz, status)")
+	}
+	if cfg.PortalListen != "" {
+		if err := r.listenPortal(cfg); err != nil {
+			return err
+		}
 	}
 	pool, own := r.opts.Pool, false
 	if pool == nil {
@@ -510,6 +526,11 @@ const AdminShutdownDefault = 2 * time.Second
 
 func (r *Relay) closeAdmin() {
 	if srv := r.admin.Load(); srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), AdminShutdownDefault)
+		_ = srv.Shutdown(ctx)
+		cancel()
+	}
+	if srv := r.portalSrv.Load(); srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), AdminShutdownDefault)
 		_ = srv.Shutdown(ctx)
 		cancel()

@@ -255,6 +255,15 @@ func demo(ctx context.Context, stdout, stderr io.Writer, verbose, keep bool) err
 		fmt.Fprintln(stdout, "Run `postbox demo --keep` to keep it up and browse the demo's data there.")
 	}
 	if keep {
+		// The partner's own window: a portal link for the affiliate row,
+		// addressed to the listener the demo bound.
+		linkCfg := *cfg
+		linkCfg.Portal.PublicURL = "http://" + r.AdminAddr()
+		link, err := relay.NewPortalLink(ctx, pool, &linkCfg, "affiliate", 7*24*time.Hour)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Partner portal of affiliate (what that partner would be sent): %s\n", link.URL)
 		fmt.Fprintf(stdout, "\nPostgreSQL, the receivers and the relay keep running; open the console, or in another shell try:\n\n")
 		fmt.Fprintf(stdout, "  export POSTBOX_DATABASE_URL='%s'\n", dbURL)
 		fmt.Fprintf(stdout, "  postbox status\n  postbox endpoints\n  postbox dead-letters analyze\n  postbox replay --dead-letters --endpoint legacy --dry-run\n\n")

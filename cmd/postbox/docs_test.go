@@ -26,6 +26,7 @@ var subcommands = map[string][]string{
 	"endpoints":    {"pause", "resume", "add", "set", "disable", "enable", "rm", "export", "import", "history"},
 	"dead-letters": {"analyze"},
 	"secret":       {"new", "show"},
+	"portal":       {"link", "revoke"},
 }
 
 // commandFlags returns the flags a command (its words, such as "endpoints
@@ -60,8 +61,8 @@ func TestUsageMatchesFlagSets(t *testing.T) {
 	t.Parallel()
 	var noConfig, withJSON []string
 	for _, words := range allCommands() {
-		if words[0] == "secret" && len(words) == 1 || words[0] == "help" {
-			continue // "secret" alone is a usage error, not a command
+		if (words[0] == "secret" || words[0] == "portal") && len(words) == 1 || words[0] == "help" {
+			continue // "secret" or "portal" alone is a usage error, not a command
 		}
 		flags := commandFlags(t, words...)
 		name := strings.Join(words, " ")

@@ -85,6 +85,10 @@ Commands:
   doctor        check the database for postbox and explain what to fix (exit 1 on errors);
                 --app-role NAME: warn of each privilege that role has beyond INSERT on the outbox
                 (and the endpoints grants docs/integration.md gives)
+  portal link --endpoint NAME [--ttl 30d] [--tz ZONE]
+                print a link to that partner's portal (its deliveries, health, report)
+  portal revoke --endpoint NAME
+                end every portal link and session of that partner at once
   secret new    print a fresh signing secret (whsec_…)
   secret show --endpoint NAME
                 print the secret(s) that endpoint's partner verifies with
@@ -107,7 +111,7 @@ Run 'postbox <command> -h' for a command's flags.
 // checks them against the commands' flag sets).
 const (
 	noConfigCommands = "secret new, bench and version"
-	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, report, doctor and bench"
+	jsonCommands     = "status, endpoints (each subcommand too),\n  dead-letters (analyze too), replay, events, event, report, doctor, portal link, portal revoke and bench"
 )
 
 func main() {
@@ -133,6 +137,7 @@ var commands = []command{
 	{"event", cmdEvent},
 	{"report", cmdReport},
 	{"doctor", cmdDoctor},
+	{"portal", cmdPortal},
 	{"secret", cmdSecret},
 	{"demo", cmdDemo},
 	{"bench", cmdBench},

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -93,6 +95,22 @@ type Config struct {
 
 	// Migrate: run migrates at start (migrate:); otherwise it checks.
 	Migrate bool
+
+	// PortalListen and Portal: the partner portal's (see File's).
+	PortalListen string
+	Portal       Portal
+}
+
+// Portal is the partner portal's settings, resolved.
+type Portal struct {
+	PublicURL                             string
+	ShowSecret, AllowReplay, ShowResponse bool
+	// Key signs links and sessions: portal.key, else derived from the
+	// newest signing secret; nil when neither is set (no links).
+	Key []byte
+	// KeyDerived: Key comes from the signing secret, so rotating it away
+	// ends every link.
+	KeyDerived bool
 }
 
 // Alerts are the thresholds at which postbox's alerts fire.
@@ -426,6 +444,14 @@ func (c *File) resolve(readFile secretsReader) (*Config, error) {
 			out.NamedSecrets = map[string][]outbox.Secret{}
 		}
 		out.NamedSecrets[name] = named
+	}
+	if out.Portal, err = c.Portal.resolve(secrets); err != nil {
+		return nil, err
+	}
+	if out.PortalListen = c.PortalListen; c.PortalListen != "" {
+		if _, _, err := net.SplitHostPort(c.PortalListen); err != nil {
+			return nil, keyErr("portal_listen", "%q is not host:port", c.PortalListen)
+		}
 	}
 	switch c.Signing.PerEndpoint {
 	case "", PerEndpointShared:
@@ -799,4 +825,32 @@ func DefaultAlerts() Alerts { return Default().Alerts.resolve() }
 func (a AlertsConfig) resolve() Alerts {
 	return Alerts{DeadLettersPerHour: a.DeadLettersPerHour, OldestPending: a.OldestPending.D(),
 		EndpointP95: a.EndpointP95.D(), SlotLag: int64(a.SlotLag)}
+}
+
+// MinPortalKeyLen is the shortest portal.key accepted.
+const MinPortalKeyLen = 32
+
+// resolve checks the portal's keys and picks its signing key: portal.key,
+// else an HMAC of the newest signing secret under a label of its own, so
+// the key is neither a signing secret nor any endpoint's derived one.
+func (p PortalConfig) resolve(secrets []outbox.Secret) (Portal, error) {
+	out := Portal{PublicURL: strings.TrimRight(p.PublicURL, "/"), ShowSecret: p.ShowSecret,
+		AllowReplay: p.AllowReplay, ShowResponse: p.ShowResponse}
+	if p.PublicURL != "" {
+		u, err := url.Parse(p.PublicURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return out, keyErr("portal.public_url", "want an absolute http or https URL without a query, such as https://partners.example.com")
+		}
+	}
+	switch {
+	case p.Key != "" && len(p.Key) < MinPortalKeyLen:
+		return out, keyErr("portal.key", "too short: at least %d characters (`postbox secret new` makes a good one)", MinPortalKeyLen)
+	case p.Key != "":
+		out.Key = []byte(p.Key)
+	case len(secrets) > 0:
+		m := hmac.New(sha256.New, []byte(secrets[0].Reveal()))
+		m.Write([]byte("postbox portal token key v1"))
+		out.Key, out.KeyDerived = m.Sum(nil), true
+	}
+	return out, nil
 }

@@ -74,6 +74,7 @@ const (
 	EnvLogLevel            = "POSTBOX_LOG_LEVEL"
 	EnvSigningSecrets      = "POSTBOX_SIGNING_SECRETS"
 	EnvOutboxMessages      = "POSTBOX_OUTBOX_MESSAGES"
+	EnvPortalKey           = "POSTBOX_PORTAL_KEY"
 )
 
 // File is the configuration as written. Every key is optional.
@@ -157,11 +158,16 @@ type File struct {
 	// MetricsEndpointLabels caps the endpoint label of metrics: the first
 	// N configured endpoints (by name) get their own, every other is
 	// "other", so a million per-row URLs cannot explode cardinality.
-	MetricsEndpointLabels int                       `yaml:"metrics_endpoint_labels"`
-	Alerts                AlertsConfig              `yaml:"alerts"`
-	Signing               Signing                   `yaml:"signing"`
-	Defaults              EndpointConfig            `yaml:"defaults"`
-	Endpoints             map[string]EndpointConfig `yaml:"endpoints"`
+	MetricsEndpointLabels int          `yaml:"metrics_endpoint_labels"`
+	Alerts                AlertsConfig `yaml:"alerts"`
+	Signing               Signing      `yaml:"signing"`
+	// PortalListen is an address for the partner portal alone (its pages
+	// under /portal/), for a reverse proxy to publish without the console;
+	// the admin listener serves them too.
+	PortalListen string                    `yaml:"portal_listen"`
+	Portal       PortalConfig              `yaml:"portal"`
+	Defaults     EndpointConfig            `yaml:"defaults"`
+	Endpoints    map[string]EndpointConfig `yaml:"endpoints"`
 }
 
 // AlertsConfig are the thresholds at which postbox's alerts fire, as
@@ -195,6 +201,22 @@ type Signing struct {
 	// postbox.endpoints that sign with a fixed secret of their own (their
 	// secret column names one): the database never holds a secret.
 	Named map[string][]string `yaml:"named"`
+}
+
+// PortalConfig is the partner portal's settings (issue 53).
+type PortalConfig struct {
+	// PublicURL is the portal's address as partners reach it, printed in
+	// links; https makes the session cookie Secure.
+	PublicURL string `yaml:"public_url"`
+	// Key signs portal links and sessions; when unset, a key derived from
+	// the newest signing secret (never the secret itself) does.
+	Key string `yaml:"key"`
+	// ShowSecret shows a partner its current signing secret(s).
+	ShowSecret bool `yaml:"show_secret"`
+	// AllowReplay lets a partner resend its own dead letters.
+	AllowReplay bool `yaml:"allow_replay"`
+	// ShowResponse shows a partner the start of its own responses.
+	ShowResponse bool `yaml:"show_response"`
 }
 
 // Ways endpoints without secrets of their own sign (signing.per_endpoint).
@@ -376,6 +398,9 @@ func (c *File) applyEnv(getenv func(string) string) error {
 	}
 	if v := getenv(EnvAdminToken); v != "" {
 		c.AdminToken = v // from a secret store, rather than the file
+	}
+	if v := getenv(EnvPortalKey); v != "" {
+		c.Portal.Key = v
 	}
 	if v := getenv(EnvLogLevel); v != "" {
 		c.LogLevel = v

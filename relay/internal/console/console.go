@@ -114,6 +114,8 @@ func New(o Options) *Console {
 	mux.Handle("POST /endpoints/{name}/delete", c.action(c.deleteEndpoint))
 	mux.Handle("POST /endpoints/{name}/pause", c.action(c.pause))
 	mux.Handle("POST /endpoints/{name}/resume", c.action(c.resume))
+	mux.Handle("POST /endpoints/{name}/portal-link", c.action(c.portalLink))
+	mux.Handle("POST /endpoints/{name}/portal-revoke", c.action(c.portalRevoke))
 	mux.Handle("GET /dead-letters", c.page(c.deadLetters))
 	mux.Handle("POST /replay", c.action(c.replay))
 	mux.Handle("GET /events", c.page(c.events))
@@ -297,6 +299,8 @@ type authView struct {
 type messagePage struct {
 	Heading, Text, Hint, Back string
 	Bad                       bool
+	// Link is a portal link to copy.
+	Link string
 }
 
 func (c *Console) message(rq *request, status int, heading, text, hint string, back bool) {

@@ -470,10 +470,17 @@ func (c *Console) event(rq *request) error {
 	}
 	p := eventPage{ID: id, LogPayloads: rq.cfg.LogPayloads}
 	telemetry.ForOperator(stories, rq.cfg)
+	byPartner, err := partnerReplays(rq, stories)
+	if err != nil {
+		return err
+	}
 	for _, st := range stories {
 		sv := storyView{EventStory: st}
 		for _, d := range st.Deliveries {
 			steps := c.steps(rq, d)
+			if link, ok := byPartner[d.ID]; ok {
+				steps[0].What = "Queued again: replayed by partner (portal link " + link + ")"
+			}
 			for i := 1; i < len(steps) && i <= len(d.Attempts); i++ {
 				if steps[i].When.Before(st.IngestedAt) {
 					steps[i].Detail = strings.TrimPrefix(steps[i].Detail+" · started before its ingest committed (sent from memory as the event was written)", " · ")
@@ -629,4 +636,35 @@ func (c *Console) resume(rq *request) (string, error) {
 	}
 	c.log.Info().Str("endpoint", name).Str("by", rq.s.by()).Msg("console resume")
 	return withFlash("/endpoints/"+pathEscape(name), "resumed", -1), nil
+}
+
+// partnerReplays are the deliveries of stories that a partner queued from
+// its portal (portal.allow_replay), with the link it came through.
+func partnerReplays(rq *request, stories []postboxtype.EventStory) (map[int64]string, error) {
+	var ids []int64
+	for _, st := range stories {
+		for _, d := range st.Deliveries {
+			if d.ReplayOf != nil {
+				ids = append(ids, d.ID)
+			}
+		}
+	}
+	out := map[int64]string{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := rq.pool.Query(rq.ctx, `SELECT delivery_id, link_id FROM postbox.portal_replays WHERE delivery_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var link string
+		if err := rows.Scan(&id, &link); err != nil {
+			return nil, err
+		}
+		out[id] = link
+	}
+	return out, rows.Err()
 }

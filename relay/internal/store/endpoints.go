@@ -11,7 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -96,63 +96,44 @@ func queueApplyEndpoint(b *pgx.Batch, w EndpointWrite, replace bool) {
 	b.Queue(applyEndpointSQL, w.Name, string(row), w.Revision, w.LSN.String(), replace, w.From)
 }
 
-// seedEndpointsSQL writes a chunk of the seed, whole rows, in one
-// statement rather than applyEndpointSQL's replace a row at a time (see
-// docs/benchmarks.md): each replaces the applied row unless that is of a
-// later revision.
+// seedEndpointsSQL copies the rows of postbox.endpoints into
+// endpoint_state in one statement, each as the JSON object of its
+// columns' text output (as the stream sends them: format's %s is the
+// type's output function, where a cast to text is not always, a boolean's
+// 'true' for 't'), or null for NULL. %s is the columns' values in the
+// order $1 names them. Each replaces the applied row unless that is of a
+// later revision. Done in the server: a read of every row into postbox
+// and its write back, a chunk at a time, took seconds for 100,000 rows.
 const seedEndpointsSQL = `
 INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn)
-SELECT u.name, u.row::jsonb, u.revision, $4::pg_lsn
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(name, row, revision)
+SELECT e.name, jsonb_object($1::text[], ARRAY[%s]::text[]), e.revision, $2::pg_lsn
+FROM postbox.endpoints e
 ON CONFLICT (name) DO UPDATE SET row = excluded.row, revision = excluded.revision, lsn = excluded.lsn
 WHERE s.revision <= excluded.revision`
 
-// SeedChunkDefault is the rows of postbox.endpoints SeedEndpoints reads
-// and writes at a time.
-const SeedChunkDefault = 1000
+// endpointColumnsSQL names the columns of postbox.endpoints, as SELECT *
+// reads them.
+const endpointColumnsSQL = `
+SELECT attname::text FROM pg_attribute
+WHERE attrelid = 'postbox.endpoints'::regclass AND attnum > 0 AND NOT attisdropped
+ORDER BY attnum`
 
-// seedChunk reads the seed cursor's next rows in their text format, as
-// the stream sends them.
-func seedChunk(ctx context.Context, tx pgx.Tx, lsn pglogrepl.LSN) ([]EndpointWrite, error) {
-	rows, err := tx.Query(ctx, `FETCH `+strconv.Itoa(SeedChunkDefault)+` FROM postbox_seed`, pgx.QueryResultFormats{pgx.TextFormatCode})
-	if err != nil {
-		return nil, err
+// seedSQL is seedEndpointsSQL for the columns named.
+func seedSQL(columns []string) string {
+	values := make([]string, len(columns))
+	for i, c := range columns {
+		col := "e." + pgx.Identifier{c}.Sanitize()
+		values[i] = "CASE WHEN " + col + " IS NULL THEN NULL ELSE format('%s', " + col + ") END"
 	}
-	defer rows.Close()
-	var ws []EndpointWrite
-	for rows.Next() {
-		fields := rows.FieldDescriptions()
-		row := make(map[string]*string, len(fields))
-		for i, v := range rows.RawValues() {
-			if v == nil {
-				row[fields[i].Name] = nil
-				continue
-			}
-			t := string(v)
-			row[fields[i].Name] = &t
-		}
-		w := EndpointWrite{LSN: lsn}
-		if v := row["name"]; v != nil {
-			w.Name = *v
-		}
-		if v := row["revision"]; v != nil {
-			if _, err := fmt.Sscan(*v, &w.Revision); err != nil {
-				return nil, fmt.Errorf("revision of %s: %w", w.Name, err)
-			}
-		}
-		if w.Row, err = json.Marshal(row); err != nil {
-			return nil, err
-		}
-		ws = append(ws, w)
-	}
-	return ws, rows.Err()
+	return fmt.Sprintf(seedEndpointsSQL, strings.Join(values, ", "))
 }
 
 // SeedEndpoints copies postbox.endpoints whole into endpoint_state (rows
 // gone from the table become tombstones) as of position lsn, in one
 // transaction, and marks the slot's copy seeded. The stream's changes
 // committed around it come again; their revisions make that harmless.
-// Run by the leader before it streams, so no ingest runs beside it.
+// Run by the leader before it streams, so no ingest runs beside it. It
+// returns the rows it wrote.
 func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, error) {
 	n := 0
 	// The rows are written just below lsn, the checkpoint's position: a
@@ -165,36 +146,22 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 		rowsAt--
 	}
 	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		// Read through a cursor SeedChunkDefault rows at a time, each
-		// chunk written before the next is read: 100,000 rows read and
-		// queued at once held hundreds of MB.
-		if _, err := tx.Exec(ctx, `DECLARE postbox_seed NO SCROLL CURSOR FOR SELECT * FROM postbox.endpoints`); err != nil {
+		rows, err := tx.Query(ctx, endpointColumnsSQL)
+		if err != nil {
 			return err
 		}
-		names := []string{} // not NULL: ANY(NULL) would tombstone nothing
-		for {
-			ws, err := seedChunk(ctx, tx, lsn)
-			if err != nil {
-				return err
-			}
-			if len(ws) == 0 {
-				break
-			}
-			chunk := make([]string, len(ws))
-			texts := make([]string, len(ws))
-			revisions := make([]int64, len(ws))
-			for i, w := range ws {
-				chunk[i], texts[i], revisions[i] = w.Name, string(w.Row), w.Revision
-			}
-			if _, err := tx.Exec(ctx, seedEndpointsSQL, chunk, texts, revisions, rowsAt.String()); err != nil {
-				return err
-			}
-			names = append(names, chunk...)
-			n += len(ws)
+		columns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
 		}
+		tag, err := tx.Exec(ctx, seedSQL(columns), columns, rowsAt.String())
+		if err != nil {
+			return err
+		}
+		n = int(tag.RowsAffected())
 		b := &pgx.Batch{}
-		b.Queue(`UPDATE postbox.endpoint_state SET row = 'null', lsn = $2::pg_lsn
-			WHERE jsonb_typeof(row) = 'object' AND NOT (name = ANY($1::text[]))`, names, rowsAt.String())
+		b.Queue(`UPDATE postbox.endpoint_state s SET row = 'null', lsn = $1::pg_lsn
+			WHERE jsonb_typeof(s.row) = 'object' AND NOT EXISTS (SELECT 1 FROM postbox.endpoints e WHERE e.name = s.name)`, rowsAt.String())
 		b.Queue(`UPDATE postbox.checkpoints SET endpoints_seeded = true, endpoints_lsn = greatest(endpoints_lsn, $2::pg_lsn)
 			WHERE slot = $1`, s.Slot, lsn.String())
 		b.Queue(`SELECT pg_notify($1, '')`, EndpointsChannel)

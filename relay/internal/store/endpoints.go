@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // EndpointsChannel is NOTIFYed as an ingest that applied endpoint changes
@@ -102,14 +103,16 @@ func queueApplyEndpoint(b *pgx.Batch, w EndpointWrite, replace bool) {
 // type's output function, where a cast to text is not always, a boolean's
 // 'true' for 't'), or null for NULL. %s is the columns' values in the
 // order $1 names them. Each replaces the applied row unless that is of a
-// later revision. Done in the server: a read of every row into postbox
+// later revision, or the same: a seed owed again (after a reconciliation)
+// writes only what the stream missed, and the instance reads the table
+// again only if it wrote something (RowsAffected). Done in the server: a read of every row into postbox
 // and its write back, a chunk at a time, took seconds for 100,000 rows.
 const seedEndpointsSQL = `
 INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn)
 SELECT e.name, jsonb_object($1::text[], ARRAY[%s]::text[]), e.revision, $2::pg_lsn
 FROM postbox.endpoints e
 ON CONFLICT (name) DO UPDATE SET row = excluded.row, revision = excluded.revision, lsn = excluded.lsn
-WHERE s.revision <= excluded.revision`
+WHERE s.revision <= excluded.revision AND s.row IS DISTINCT FROM excluded.row`
 
 // endpointColumnsSQL names the columns of postbox.endpoints, as SELECT *
 // reads them.
@@ -133,7 +136,8 @@ func seedSQL(columns []string) string {
 // transaction, and marks the slot's copy seeded. The stream's changes
 // committed around it come again; their revisions make that harmless.
 // Run by the leader before it streams, so no ingest runs beside it. It
-// returns the rows it wrote.
+// returns the rows it wrote, tombstones included: none when
+// endpoint_state held the table already.
 func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, error) {
 	n := 0
 	// The rows are written just below lsn, the checkpoint's position: a
@@ -161,7 +165,11 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 		n = int(tag.RowsAffected())
 		b := &pgx.Batch{}
 		b.Queue(`UPDATE postbox.endpoint_state s SET row = 'null', lsn = $1::pg_lsn
-			WHERE jsonb_typeof(s.row) = 'object' AND NOT EXISTS (SELECT 1 FROM postbox.endpoints e WHERE e.name = s.name)`, rowsAt.String())
+			WHERE jsonb_typeof(s.row) = 'object' AND NOT EXISTS (SELECT 1 FROM postbox.endpoints e WHERE e.name = s.name)`, rowsAt.String()).
+			Exec(func(tag pgconn.CommandTag) error {
+				n += int(tag.RowsAffected())
+				return nil
+			})
 		b.Queue(`UPDATE postbox.checkpoints SET endpoints_seeded = true, endpoints_lsn = greatest(endpoints_lsn, $2::pg_lsn)
 			WHERE slot = $1`, s.Slot, lsn.String())
 		b.Queue(`SELECT pg_notify($1, '')`, EndpointsChannel)

@@ -67,7 +67,7 @@ func TestSeedWritesEachColumnAsTheStreamSendsIt(t *testing.T) {
 
 	n, err := s.SeedEndpoints(ctx, 0x100)
 	require.NoError(t, err)
-	require.Equal(t, 2, n, "the row of a later revision is left as applied")
+	require.Equal(t, 3, n, "two rows and a tombstone; the row of a later revision is left as applied")
 
 	got := map[string]json.RawMessage{}
 	states, err := s.Pool.Query(ctx, `SELECT name, row::text, lsn::text FROM postbox.endpoint_state`)
@@ -90,4 +90,12 @@ func TestSeedWritesEachColumnAsTheStreamSendsIt(t *testing.T) {
 	var seeded bool
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT endpoints_seeded FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&seeded))
 	require.True(t, seeded)
+
+	// Owed again with nothing changed, it writes nothing.
+	n, err = s.SeedEndpoints(ctx, 0x200)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	var lsn string
+	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT lsn::text FROM postbox.endpoint_state WHERE name = 'full'`).Scan(&lsn))
+	require.Equal(t, "0/FF", lsn, "not written again")
 }

@@ -110,8 +110,9 @@ type Options struct {
 	TableEndpoints int
 	// PartnersParts is a comma-separated list of the partners scenario's
 	// parts to run: latency (file against table endpoints), start (the
-	// first start, the seed, the restart), follow (the second instance);
-	// empty means all of them.
+	// first start, the seed, the restart), caughtup (the first start waits
+	// until it has read the rows), follow (the second instance); empty
+	// means all of them.
 	PartnersParts string
 	// Emit has the producers write events with outbox.Emit (WAL messages)
 	// instead of outbox rows: latency, catchup, load and scale.

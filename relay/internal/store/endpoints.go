@@ -118,9 +118,9 @@ WITH t AS (
 INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn)
 SELECT t.name, t.row, t.revision, $2::pg_lsn
 FROM t LEFT JOIN postbox.endpoint_state o ON o.name = t.name
-WHERE o.name IS NULL OR o.revision <= t.revision AND `+appliedRow("o.row")+` IS DISTINCT FROM t.row
+WHERE o.name IS NULL OR o.revision <= t.revision AND ` + appliedRow("o.row") + ` IS DISTINCT FROM t.row
 ON CONFLICT (name) DO UPDATE SET row = excluded.row, revision = excluded.revision, lsn = excluded.lsn
-WHERE s.revision <= excluded.revision AND `+appliedRow("s.row")+` IS DISTINCT FROM excluded.row`
+WHERE s.revision <= excluded.revision AND ` + appliedRow("s.row") + ` IS DISTINCT FROM excluded.row`
 
 // appliedRow is the applied row col as a reader sees it, to compare with
 // a seed's: one the stream wrote has its NULL columns and times.

@@ -164,6 +164,11 @@ func (e *env) partners(ctx context.Context, o Options) (*PartnersResult, error) 
 			return nil, err
 		}
 		res.InsertSeconds = took
+		// Applied before the instances follow: a first start seeds them.
+		e.cfgPath = tableCfg
+		if err := e.seeded(ctx); err != nil {
+			return nil, err
+		}
 	}
 	for range rounds {
 		e.cfgPath = fileCfg
@@ -216,6 +221,27 @@ func (e *env) partners(ctx context.Context, o Options) (*PartnersResult, error) 
 	}
 	e.truncate(ctx, true)
 	return res, nil
+}
+
+// seeded starts the relay until it has seeded endpoint_state, then moves
+// its slot past the seed's writes, which are not published: a stream that
+// read through them first, 100,000 rows of one transaction, fell minutes
+// behind.
+func (e *env) seeded(ctx context.Context) error {
+	if err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	err := waitFor(ctx, 2*time.Minute, 50*time.Millisecond, func() (bool, error) {
+		var done bool
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(endpoints_seeded), false) FROM postbox.checkpoints`).Scan(&done)
+		return done, err
+	})
+	e.stopRelay()
+	if err != nil {
+		return err
+	}
+	_, err = e.pool.Exec(ctx, `SELECT pg_replication_slot_advance(slot_name, pg_current_wal_lsn()) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
+	return err
 }
 
 // partnersStart times the relay's start beside the rows just written:

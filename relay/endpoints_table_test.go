@@ -17,7 +17,6 @@ import (
 
 	"github.com/postbox-relay/postbox/outbox"
 	"github.com/postbox-relay/postbox/relay"
-	"github.com/postbox-relay/postbox/relay/internal/store"
 	"github.com/postbox-relay/postbox/relay/ops"
 	"github.com/postbox-relay/postbox/relay/postboxtype"
 	"github.com/postbox-relay/postbox/relay/telemetry"
@@ -76,17 +75,17 @@ func TestEndpointRowsSeededBeforeFirstStart(t *testing.T) {
 	require.Equal(t, 1, rows, "the deleted row is not applied")
 }
 
-// TestEndpointRowsSeededInChunks: a seed reads the table a chunk at a
-// time (store.SeedChunkDefault); every row of every chunk is applied,
-// the last one's included.
-func TestEndpointRowsSeededInChunks(t *testing.T) {
+// TestEndpointRowsSeededWhole: a seed of thousands of rows (once read a
+// chunk at a time, now copied in the server) applies every row, the
+// last one's included.
+func TestEndpointRowsSeededWhole(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	rc := newReceiver(t, nil)
 	ctx := context.Background()
 	_, err := relay.Migrate(ctx, tb.pool, tb.resolved(t))
 	require.NoError(t, err)
-	n := 2*store.SeedChunkDefault + 1
+	n := 2001
 	tb.exec(t, `INSERT INTO postbox.endpoints (name, url, headers)
 		SELECT 'p-' || i, $1 || '/p-' || i, jsonb_build_object('X-Partner', i::text) FROM generate_series(1, $2) i`, rc.URL, n)
 

@@ -40,6 +40,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&o.StormRate, "storm-rate", bench.StormRateDefault, "storm: fresh events a second for the failing endpoints during the run")
 	fs.IntVar(&o.Instances, "instances", bench.InstancesDefault, "scale: run 1, 2, … up to this many relays against the one database")
 	fs.IntVar(&o.TableEndpoints, "table-endpoints", bench.TableEndpointsDefault, "partners: rows of postbox.endpoints to write, --endpoints of them receiving the latency run's events")
+	fs.StringVar(&o.PartnersParts, "partners-parts", "", "partners: comma-separated parts to run: latency, start, caughtup (the first start waits until it has read the rows), follow (default all)")
 	fs.BoolVar(&o.Emit, "emit", false, "latency, catchup, load, scale: write events with outbox.Emit (WAL messages) instead of outbox rows")
 	fs.IntVar(&o.WalsenderNice, "walsender-nice", 0, "load, load-floor: give the walsender streaming the events this nice value, -20 to 19 (default: leave it); it must run on this machine")
 	fs.StringVar(&o.CPUScheduling, "cpu-scheduling", "batch", "the relay's cpu_scheduling, batch or normal, and the floor's bare client's in its own process")

@@ -3,11 +3,12 @@
 // the dispatcher has room, and hands them over, with the deliveries the
 // ingester kept in flight by id. It wakes when the ingester queued or kept
 // rows it could not hand over in memory, when a lane frees while a
-// backlog exists, when a retry this instance scheduled falls due, when any
-// instance NOTIFYs (a replay, another instance's queued rows), and on the
-// slow sweep that catches the rest (expired leases, other instances'
-// retries). A wake claims from the queue table only when it may hold
-// work for a lane with room.
+// backlog exists, when a retry falls due (one this instance scheduled,
+// one another instance said it scheduled, or the earliest the queue held
+// when a claim left nothing due behind), when any instance NOTIFYs (a
+// replay, another instance's queued rows), and on the slow sweep that
+// catches the rest (expired leases). A wake claims from the queue table
+// only when it may hold work for a lane with room.
 package claim
 
 import (
@@ -110,7 +111,12 @@ type Claimer struct {
 
 	wake    service.Signal
 	backlog atomic.Bool // the queue table may hold due deliveries
-	due     dueTimes
+	// due holds when retries fall due: this instance's, and those other
+	// instances said they scheduled or the queue showed (see nextRetry);
+	// retime makes claimLoop set its timer again after an addition from
+	// elsewhere, without a claim cycle.
+	due    dueTimes
+	retime service.Signal
 	// waiting holds the lanes that were full at the last claim: the queue
 	// may hold their work. claimLoop's alone.
 	waiting map[string]bool
@@ -130,7 +136,7 @@ type Claimer struct {
 
 // New returns a Claimer feeding disp.
 func New(env *service.Env, disp Dispatcher, prot Protection) *Claimer {
-	return &Claimer{env: env, log: env.Logger("claim"), disp: disp, prot: prot, wake: service.NewSignal(), waiting: map[string]bool{}}
+	return &Claimer{env: env, log: env.Logger("claim"), disp: disp, prot: prot, wake: service.NewSignal(), retime: service.NewSignal(), waiting: map[string]bool{}}
 }
 
 // HoldFor sets the endpoints the claim leaves in the queue (see held);
@@ -208,6 +214,8 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.retime:
+			continue
 		case <-c.wake:
 		case <-timer.C:
 			lastDue = time.Now()
@@ -334,7 +342,47 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 			c.waiting[lane] = true
 		}
 	}
-	return len(heads) > 0 || len(claimed) >= min(total, MaxClaimDefault) || filledALane(claimed, free, caps, defaultFree), err
+	more := len(heads) > 0 || len(claimed) >= min(total, MaxClaimDefault) || filledALane(claimed, free, caps, defaultFree)
+	if err == nil && !more {
+		c.nextRetry(ctx)
+	}
+	return more, err
+}
+
+// nextRetry times a claim for when the earliest retry in the queue not
+// yet due falls due, whoever scheduled it. This instance knows when its
+// own fall due (RetryAt), and others say when they schedule one
+// (store.WakeRetryPayload), but not those scheduled before it listened,
+// nor the later ones of a batch (a NOTIFY names the earliest): after a
+// claim that left nothing due behind, one probe of an index tells. Each
+// retry is so learned of once, by the claim at the time before it.
+func (c *Claimer) nextRetry(ctx context.Context) {
+	in, ok, err := c.env.Store.NextRetryIn(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log.Debug().Err(err).Msg("could not read when the next retry falls due; the sweep claims it")
+		}
+		return
+	}
+	if !ok {
+		return
+	}
+	at := time.Now().Add(in)
+	if next, known := c.due.next(); !known || at.Before(next) {
+		// A later one is learned of when the earlier one is claimed.
+		c.due.add(at)
+	}
+}
+
+// retryElsewhere says another instance scheduled a retry falling due in
+// d: claim then, if this instance has room (a wake says so when d is 0).
+func (c *Claimer) retryElsewhere(d time.Duration) {
+	if d <= 0 {
+		c.Queued()
+		return
+	}
+	c.due.add(time.Now().Add(d))
+	c.retime.Notify()
 }
 
 // filledALane reports whether a claim took as many as it could of some
@@ -577,6 +625,12 @@ func (c *Claimer) listenLoop(ctx context.Context) {
 				var n *pgconn.Notification
 				n, err = conn.Conn().WaitForNotification(ctx)
 				if err == nil {
+					if d, owner, ok := store.WakeRetry(n.Payload); ok {
+						if owner != c.env.Owner {
+							c.retryElsewhere(d)
+						}
+						continue
+					}
 					if n.Payload == store.WakeHealth {
 						c.prot.Invalidate()
 					}

@@ -156,6 +156,7 @@ func (s *Syncer) Reload(ctx context.Context) error {
 	defer s.mu.Unlock()
 	rows := map[string]endpoints.Row{}
 	since := pglogrepl.LSN(0)
+	zero := false // rows of a first start's seed were read
 	var at pglogrepl.LSN
 	err := s.table.ReplaceWith(func(add func(config.TableEndpoint, []byte)) error {
 		var err error
@@ -165,6 +166,7 @@ func (s *Syncer) Reload(ctx context.Context) error {
 			}
 			add(endpoints.Parse(st.Row), st.Text)
 			since = max(since, st.LSN)
+			zero = zero || st.LSN == 0
 			return nil
 		})
 		return err
@@ -173,6 +175,9 @@ func (s *Syncer) Reload(ctx context.Context) error {
 		return err
 	}
 	s.rows, s.since = rows, max(since, at)
+	if zero {
+		s.since = pastFirstSeed(s.since, at)
+	}
 	s.heldMu.Lock()
 	s.heldCfg = nil
 	s.heldMu.Unlock()
@@ -180,6 +185,19 @@ func (s *Syncer) Reload(ctx context.Context) error {
 	s.changed()
 	s.warnConflicts()
 	return nil
+}
+
+// pastFirstSeed is where the next read starts once the rows a first
+// start seeded were read: past them while the ingest has no position yet
+// (at 0), else the read would take them all again, every second, until
+// the first event is ingested. Rows at position 0 are only those, written
+// together by one seed (store.SeedEndpoints at position 0); what changes
+// after it comes from the stream, at the change's commit.
+func pastFirstSeed(since, at pglogrepl.LSN) pglogrepl.LSN {
+	if at == 0 {
+		return max(since, 1)
+	}
+	return since
 }
 
 // Reconfigured checks the configuration now in force (a reload) for
@@ -230,28 +248,39 @@ func (s *Syncer) Refresh(ctx context.Context) error {
 }
 
 func (s *Syncer) refreshLocked(ctx context.Context) error {
-	at, states, err := s.env.Store.ReadEndpointState(ctx, s.since, false)
-	if err != nil {
-		return err
-	}
 	var applied []string
-	rowsRead.Add(int64(len(states)))
-	for _, st := range states {
+	since := s.since
+	// Each row is applied as it is read, not held with the others: until
+	// the first ingest moves the checkpoint, the rows a first start seeded
+	// (at position 0) are all read again by every read, 100,000 of them
+	// held at once for 200 MB.
+	seeded := false // rows of a first start's seed were read
+	at, err := s.env.Store.ScanEndpointState(ctx, since, false, func(st store.EndpointState) error {
+		rowsRead.Add(1)
 		s.since = max(s.since, st.LSN)
+		seeded = seeded || st.LSN == 0
 		// Rows of the read's position are read again, and the stream may
 		// be ahead: apply only what is news. A delete keeps its row's
 		// revision.
 		ok, rev := s.table.Has(st.Name), s.table.Revision(st.Name)
 		if st.Row == nil && (!ok || rev > st.Revision) || st.Row != nil && (ok && rev >= st.Revision || s.gone[st.Name] >= st.Revision) {
-			continue
+			return nil
 		}
 		s.applyLocked(st.Name, st.Row, st.Revision, true)
 		applied = append(applied, st.Name)
+		return nil
+	})
+	if err != nil {
+		s.since = since // read again from where it began
+		return err
 	}
 	// Every change committed before the ingest's position is in what was
 	// read: the next read starts there, not at the last row's position,
 	// which a seed gives every row (100,000 rows read again each second).
 	s.since = max(s.since, at)
+	if seeded {
+		s.since = pastFirstSeed(s.since, at)
+	}
 	s.advance(at)
 	if len(applied) > 0 {
 		s.log.Debug().Int("changes", len(applied)).Stringer("applied", s.Applied()).Msg("applied endpoint changes")

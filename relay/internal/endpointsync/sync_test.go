@@ -356,3 +356,47 @@ func TestSeededRowsReadOnce(t *testing.T) {
 	require.Zero(t, endpointsync.RowsRead()-before, "the seeded rows are not read again")
 	require.Equal(t, 50, table.Len())
 }
+
+// TestFirstSeedRowsReadOnce: the rows a first start seeded (at position
+// 0, no event ingested yet) are read once by an instance that started
+// before the seed, and by no read after it, while the ingest has no
+// position; what the stream applies next is read.
+func TestFirstSeedRowsReadOnce(t *testing.T) {
+	// Not parallel: it counts the package's rows read.
+	tb := setup(t)
+	ctx := context.Background()
+	var at string // the leadership's checkpoint row, at no position yet
+	require.NoError(t, tb.st.Pool.QueryRow(ctx, `SELECT lsn::text FROM postbox.checkpoints WHERE slot = $1`, tb.st.Slot).Scan(&at))
+	require.Equal(t, "0/0", at)
+	table := tb.env.Config().EndpointTable
+	s := endpointsync.New(tb.env, table, nil)
+	require.NoError(t, s.Reload(ctx))
+	require.Zero(t, table.Len())
+
+	_, err := tb.st.Pool.Exec(ctx, `INSERT INTO postbox.endpoints (name, url) SELECT 'p-' || i, 'http://a.example/' || i FROM generate_series(1, 50) i`)
+	require.NoError(t, err)
+	_, err = tb.st.SeedEndpoints(ctx, 0)
+	require.NoError(t, err)
+	before := endpointsync.RowsRead()
+	require.NoError(t, s.Refresh(ctx))
+	require.Equal(t, 50, table.Len())
+	require.Equal(t, int64(50), endpointsync.RowsRead()-before, "the seeded rows are read")
+	before = endpointsync.RowsRead()
+	for range 3 {
+		require.NoError(t, s.Refresh(ctx))
+	}
+	require.Zero(t, endpointsync.RowsRead()-before, "and not read again")
+
+	// An instance that starts now reads them whole, and no more after.
+	other := endpointsync.New(tb.env, config.NewEndpointTable(), nil)
+	require.NoError(t, other.Reload(ctx))
+	require.Equal(t, 50, other.Table().Len())
+	before = endpointsync.RowsRead()
+	require.NoError(t, other.Refresh(ctx))
+	require.Zero(t, endpointsync.RowsRead()-before)
+
+	tb.ingest(t, 0x300, []store.EndpointWrite{{Name: "p-51", Revision: 1000, LSN: 0x200,
+		Row: row(t, "p-51", 1000, map[string]string{"url": "http://a.example/51"})}}, true)
+	require.NoError(t, s.Refresh(ctx))
+	require.Equal(t, 51, table.Len(), "a change the stream applied after the seed is read")
+}

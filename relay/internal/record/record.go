@@ -264,7 +264,9 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 	var changes []store.HealthChange
 	for attempt := 1; ; attempt++ {
 		var err error
-		changes, err = r.env.Store.RecordResults(ctx, r.env.Owner, results, r.health.Apply, r.hist)
+		// Other instances, told of the retries this batch schedules,
+		// claim them when due if this one has no room then.
+		changes, err = r.env.Store.RecordResultsTelling(ctx, r.env.Owner, results, r.health.Apply, r.hist, !r.env.Alone())
 		r.env.Faults.Observe("recorder", err)
 		if err == nil {
 			break

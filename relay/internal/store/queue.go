@@ -182,6 +182,25 @@ func (s *Store) Claim(ctx context.Context, owner string, defaultFree int, free, 
 	return s.claim(ctx, claimSQL, lanes, frees, defaultFree, limit, owner, ordered, names, nameCaps)
 }
 
+// NextRetryIn is how long until the earliest retry not yet due falls due,
+// whoever scheduled it (ok false when none is queued): an instance that
+// claimed all it could waits for it (claim.Claimer). One probe of
+// deliveries_next_retry. Reported as a duration from the server's now, so
+// that the clocks of the server and the instance need not agree.
+func (s *Store) NextRetryIn(ctx context.Context) (time.Duration, bool, error) {
+	var ms *float64
+	err := s.Pool.QueryRow(ctx, `
+		SELECT extract(epoch FROM min(d.next_attempt_at) - now()) * 1000 FROM postbox.deliveries d
+		WHERE `+queuedRetry+` AND d.next_attempt_at > now()`).Scan(&ms)
+	if err != nil {
+		return 0, false, fmt.Errorf("read the next retry's time: %w", err)
+	}
+	if ms == nil {
+		return 0, false, nil
+	}
+	return time.Duration(*ms * float64(time.Millisecond)), true, nil
+}
+
 // LoadOwned reads the deliveries of ids that owner holds in flight, as a
 // claim returns them, without writing anything: deliveries the ingest
 // wrote in flight for owner and kept by id (dispatch.Dispatcher.ReserveKeep).

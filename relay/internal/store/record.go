@@ -55,6 +55,21 @@ FROM unnest($1::int8[], $2::text[], $3::int4[], $4::timestamptz[], $5::float4[],
             $8::text[], $9::text[], $10::text[], $11::text[], $13::int8[], $14::text[])
   AS a(id, endpoint, attempt, started_at, duration_ms, status_code, outcome, error_class, error, response, target, revision, sent)`
 
+// earliestRetry is the least delay of the retries rs schedules and the
+// claims it releases, if any.
+func earliestRetry(rs []state.Result) (time.Duration, bool) {
+	var due time.Duration
+	found := false
+	for i := range rs {
+		if st := rs[i].Status; st == postboxtype.DeliveryFailed || st == state.Released {
+			if !found || rs[i].Delay < due {
+				due, found = rs[i].Delay, true
+			}
+		}
+	}
+	return due, found
+}
+
 // attemptRows are the columns of the attempts a batch inserts.
 type attemptRows struct {
 	ids                                                 []int64
@@ -152,8 +167,24 @@ type HealthChange struct {
 // rows were inserted with the trigger set aside, so with hist nil they are
 // not counted; the relay always has one) and move the health.
 func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Result, apply HealthFunc, hist *Histograms) ([]HealthChange, error) {
+	return s.RecordResultsTelling(ctx, owner, rs, apply, hist, false)
+}
+
+// RecordResultsTelling is RecordResults that, with tell, also NOTIFYs the
+// other instances when the batch schedules a retry or releases a claim
+// (WakeRetryPayload, the earliest): one that is free claims it when due,
+// not at its sweep. A NOTIFY goes out with the commit, and costs the
+// commit a lock that notifying transactions share; an instance alone has
+// no one to tell.
+func (s *Store) RecordResultsTelling(ctx context.Context, owner string, rs []state.Result, apply HealthFunc, hist *Histograms, tell bool) ([]HealthChange, error) {
 	if len(rs) == 0 {
 		return nil, nil
+	}
+	var wake string
+	if tell {
+		if due, ok := earliestRetry(rs); ok {
+			wake = WakeRetryPayload(owner, due)
+		}
 	}
 	n := len(rs)
 	ids, statuses, delays := make([]int64, 0, n), make([]string, 0, n), make([]float64, 0, n)
@@ -278,6 +309,9 @@ func (s *Store) RecordResults(ctx context.Context, owner string, rs []state.Resu
 			}
 			if flush {
 				queueHistogramUpsert(b, counts)
+			}
+			if wake != "" {
+				b.Queue(`SELECT pg_notify($1, $2)`, WakeChannel, wake)
 			}
 			// The first time, every row is read without a lock, with its
 			// version (see recordHealth); again, every row under its lock.

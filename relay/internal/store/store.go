@@ -16,6 +16,8 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +34,34 @@ const WakeChannel = "postbox_queue"
 // WakeHealth is the payload of a wake that also says an endpoint's pause
 // changed: instances read the endpoints held back again at once.
 const WakeHealth = "health"
+
+// wakeRetryPrefix starts the payload of a wake that says a retry was
+// scheduled (or a claim released) by one instance: "retry <ms> <owner>",
+// the milliseconds until the earliest of them falls due. The others time
+// a claim for then (see WakeRetry) instead of claiming at once.
+const wakeRetryPrefix = "retry "
+
+// WakeRetryPayload is the payload that tells the other instances that
+// owner scheduled a retry falling due in d.
+func WakeRetryPayload(owner string, d time.Duration) string {
+	return wakeRetryPrefix + strconv.FormatInt(max(d, 0).Milliseconds(), 10) + " " + owner
+}
+
+// WakeRetry parses a wake's payload made by WakeRetryPayload: when the
+// retry falls due from now, and who scheduled it. ok is false for any
+// other payload.
+func WakeRetry(payload string) (in time.Duration, owner string, ok bool) {
+	rest, found := strings.CutPrefix(payload, wakeRetryPrefix)
+	if !found {
+		return 0, "", false
+	}
+	ms, owner, found := strings.Cut(rest, " ")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if !found || err != nil {
+		return 0, "", false
+	}
+	return time.Duration(n) * time.Millisecond, owner, true
+}
 
 // Store is postbox's schema on one database.
 type Store struct {

@@ -108,6 +108,12 @@ type Options struct {
 	// TableEndpoints is how many rows of postbox.endpoints the partners
 	// scenario writes (TableEndpointsDefault when zero).
 	TableEndpoints int
+	// PartnersParts is a comma-separated list of the partners scenario's
+	// parts to run: latency (file against table endpoints), start (the
+	// first start, the seed, the restart), caughtup (the first start waits
+	// until it has read the rows), follow (the second instance); empty
+	// means all of them.
+	PartnersParts string
 	// Emit has the producers write events with outbox.Emit (WAL messages)
 	// instead of outbox rows: latency, catchup, load and scale.
 	Emit bool
@@ -204,6 +210,8 @@ func (o Options) validate() ([]string, error) {
 		return nil, errors.New("floor, load-floor: the bare client reads outbox rows only, not outbox.Emit's messages")
 	case o.TableEndpoints < 0 || slices.Contains(names, "partners") && o.TableEndpoints < o.Endpoints:
 		return nil, fmt.Errorf("table-endpoints: want at least --endpoints (%d), got %d", o.Endpoints, o.TableEndpoints)
+	case o.PartnersParts != "" && !validParts(o.PartnersParts):
+		return nil, fmt.Errorf("partners-parts: want a comma-separated list of %s, got %q", strings.Join(partnersParts, ", "), o.PartnersParts)
 	case slices.Contains(names, "partners") && o.Emit:
 		return nil, errors.New("partners: the second instance's events are outbox rows; leave out --emit")
 	case o.Relays < 0 || o.Relays > 16:

@@ -55,9 +55,10 @@ type PartnersResult struct {
 	FirstStartSeconds []float64 `json:"first_start_seconds"`
 	CaughtUpSeconds   []float64 `json:"first_caught_up_seconds"`
 	StartSeconds      []float64 `json:"restart_seconds"`
-	// SeedSeconds is from spawning to streaming with a seed owed (the
-	// rows copied whole into endpoint_state first, as at the first start
-	// beside a table already written), SeedPeakRSSMB that relay's peak.
+	// SeedSeconds is from spawning to streaming with a seed owed: the
+	// first start beside a table already written (no checkpoint,
+	// endpoint_state empty, the slot at the WAL's end), the rows copied
+	// whole into endpoint_state and read; SeedPeakRSSMB that relay's peak.
 	SeedSeconds   []float64 `json:"seed_start_seconds"`
 	SeedPeakRSSMB []float64 `json:"seed_peak_rss_mb"`
 	// SteadyRSSMB is the streaming instance's RSS at the end of a latency
@@ -90,6 +91,32 @@ type FollowResult struct {
 	SecondRequests    int     `json:"second_instance_requests"`
 	SteadyRSSMB       float64 `json:"second_instance_rss_mb"`
 	PeakRSSMB         float64 `json:"second_instance_peak_rss_mb"`
+}
+
+// partnersParts are the partners scenario's parts (Options.PartnersParts).
+var partnersParts = []string{"latency", "start", "caughtup", "follow"}
+
+// validParts reports whether list names only parts of partnersParts.
+func validParts(list string) bool {
+	for _, p := range strings.Split(list, ",") {
+		if !slices.Contains(partnersParts, strings.TrimSpace(p)) {
+			return false
+		}
+	}
+	return true
+}
+
+// runs reports whether the partners scenario runs part.
+func (o Options) runs(part string) bool {
+	if o.PartnersParts == "" {
+		return true
+	}
+	for _, p := range strings.Split(o.PartnersParts, ",") {
+		if strings.TrimSpace(p) == part {
+			return true
+		}
+	}
+	return false
 }
 
 // partnersConfig is the relays' configuration beside the rows: no
@@ -126,16 +153,35 @@ func (e *env) partners(ctx context.Context, o Options) (*PartnersResult, error) 
 	}
 	defer func() { e.cfgPath = fileCfg }()
 	res := &PartnersResult{Rows: o.TableEndpoints}
-	for round := range 2 {
+	rounds := 2
+	if !o.runs("latency") && !o.runs("start") {
+		rounds = 0 // the rows are written for follow alone
+		if err := e.clearEndpoints(ctx); err != nil {
+			return nil, err
+		}
+		took, err := e.writeEndpoints(ctx, o.TableEndpoints)
+		if err != nil {
+			return nil, err
+		}
+		res.InsertSeconds = took
+		// Applied before the instances follow: a first start seeds them.
+		e.cfgPath = tableCfg
+		if err := e.seeded(ctx); err != nil {
+			return nil, err
+		}
+	}
+	for range rounds {
 		e.cfgPath = fileCfg
 		if err := e.clearEndpoints(ctx); err != nil {
 			return nil, err
 		}
-		alone, err := e.latency(ctx, o, false)
-		if err != nil {
-			return nil, err
+		if o.runs("latency") {
+			alone, err := e.latency(ctx, o, false)
+			if err != nil {
+				return nil, err
+			}
+			res.Alone = append(res.Alone, alone)
 		}
-		res.Alone = append(res.Alone, alone)
 
 		fmt.Fprintf(e.log, "bench: partners, writing %d rows of postbox.endpoints\n", o.TableEndpoints)
 		took, err := e.writeEndpoints(ctx, o.TableEndpoints)
@@ -144,43 +190,34 @@ func (e *env) partners(ctx context.Context, o Options) (*PartnersResult, error) 
 		}
 		res.InsertSeconds = took
 		e.cfgPath = tableCfg
-		start := time.Now()
-		if err := e.startRelay(ctx); err != nil {
+		if o.runs("start") {
+			if err := e.partnersStart(ctx, res, o.runs("caughtup")); err != nil {
+				return nil, err
+			}
+		} else if err := e.seeded(ctx); err != nil {
+			// The rows applied before the latency run, which would
+			// otherwise read them from the stream while it is timed.
 			return nil, err
 		}
-		res.FirstStartSeconds = append(res.FirstStartSeconds, time.Since(start).Seconds())
-		err = e.waitCaughtUp(ctx)
-		res.CaughtUpSeconds = append(res.CaughtUpSeconds, time.Since(start).Seconds())
-		e.stopRelay()
-		if err != nil {
-			return nil, err
+		if o.runs("latency") {
+			beside, err := e.latency(ctx, o, false)
+			if err != nil {
+				return nil, err
+			}
+			res.Beside = append(res.Beside, beside)
+			res.SteadyRSSMB = append(res.SteadyRSSMB, e.stoppedRSS)
+			res.PeakRSSMB = append(res.PeakRSSMB, beside.RSSMB)
 		}
-		fmt.Fprintf(e.log, "bench: partners, streaming %.1f s after the start, caught up with the rows %.1f s after\n",
-			res.FirstStartSeconds[round], res.CaughtUpSeconds[round])
-		if _, err := e.pool.Exec(ctx, `UPDATE postbox.checkpoints SET endpoints_seeded = false`); err != nil {
-			return nil, err
-		}
-		if err := e.startRelay(ctx); err != nil {
-			return nil, err
-		}
-		res.SeedSeconds = append(res.SeedSeconds, e.startedIn.Seconds())
-		res.SeedPeakRSSMB = append(res.SeedPeakRSSMB, e.stopRelay())
-		beside, err := e.latency(ctx, o, false)
-		if err != nil {
-			return nil, err
-		}
-		res.Beside = append(res.Beside, beside)
-		res.StartSeconds = append(res.StartSeconds, e.startedIn.Seconds())
-		res.SteadyRSSMB = append(res.SteadyRSSMB, e.stoppedRSS)
-		res.PeakRSSMB = append(res.PeakRSSMB, beside.RSSMB)
 	}
-	for run, sweep := range []time.Duration{0, partnersShortSweep} {
-		f, err := e.follow(ctx, tableCfg, run, sweep)
-		if err != nil {
-			return nil, err
+	if o.runs("follow") {
+		for run, sweep := range []time.Duration{0, partnersShortSweep} {
+			f, err := e.follow(ctx, tableCfg, run, sweep)
+			if err != nil {
+				return nil, err
+			}
+			res.Follow = append(res.Follow, f)
+			e.truncate(ctx, true)
 		}
-		res.Follow = append(res.Follow, f)
-		e.truncate(ctx, true)
 	}
 	e.cfgPath = fileCfg
 	if err := e.clearEndpoints(ctx); err != nil {
@@ -188,6 +225,84 @@ func (e *env) partners(ctx context.Context, o Options) (*PartnersResult, error) 
 	}
 	e.truncate(ctx, true)
 	return res, nil
+}
+
+// seeded starts the relay until it has seeded endpoint_state, then moves
+// its slot past the seed's writes, which are not published: a stream that
+// read through them first, 100,000 rows of one transaction, fell minutes
+// behind.
+func (e *env) seeded(ctx context.Context) error {
+	// Owed, also to a relay that seeded before these rows were written.
+	if _, err := e.pool.Exec(ctx, `UPDATE postbox.checkpoints SET endpoints_seeded = false`); err != nil {
+		return err
+	}
+	if err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	err := waitFor(ctx, 2*time.Minute, 50*time.Millisecond, func() (bool, error) {
+		var done bool
+		err := e.pool.QueryRow(ctx, `SELECT coalesce(bool_or(endpoints_seeded), false) FROM postbox.checkpoints`).Scan(&done)
+		return done, err
+	})
+	e.stopRelay()
+	if err != nil {
+		return err
+	}
+	_, err = e.pool.Exec(ctx, `SELECT pg_replication_slot_advance(slot_name, pg_current_wal_lsn()) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
+	return err
+}
+
+// partnersStart times the relay's start beside the rows just written:
+// the first, with the rows inserted while it was down, then with a seed
+// owed, then a restart with the rows applied.
+func (e *env) partnersStart(ctx context.Context, res *PartnersResult, caughtUp bool) error {
+	start := time.Now()
+	if err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	first := time.Since(start).Seconds()
+	// Without caughtUp, what the first start had left to read is read by
+	// the starts below, after they stream: their times are still theirs.
+	after := -1.0
+	if caughtUp {
+		err := e.waitCaughtUp(ctx)
+		after = time.Since(start).Seconds()
+		if err != nil {
+			e.stopRelay()
+			return err
+		}
+	}
+	e.stopRelay()
+	res.FirstStartSeconds, res.CaughtUpSeconds = append(res.FirstStartSeconds, first), append(res.CaughtUpSeconds, after)
+	fmt.Fprintf(e.log, "bench: partners, streaming %.1f s after the start, caught up with the rows %.1f s after\n", first, after)
+	// A first start beside the table written already: nothing applied,
+	// no checkpoint, the slot where the WAL is (as if made now; a slot
+	// made by the relay would be active, so seem to stream, before the
+	// seed); the relay copies the rows into endpoint_state (the seed) and
+	// reads them before it streams. (Owed again to a relay that had
+	// applied them, the seed finds them there.)
+	if _, err := e.pool.Exec(ctx, `SELECT pg_replication_slot_advance(slot_name, pg_current_wal_lsn()) FROM pg_replication_slots WHERE slot_name = $1`, e.slot); err != nil {
+		return err
+	}
+	if _, err := e.pool.Exec(ctx, `DELETE FROM postbox.checkpoints`); err != nil {
+		return err
+	}
+	if _, err := e.pool.Exec(ctx, `TRUNCATE postbox.endpoint_state`); err != nil {
+		return err
+	}
+	if err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	res.SeedSeconds = append(res.SeedSeconds, e.startedIn.Seconds())
+	res.SeedPeakRSSMB = append(res.SeedPeakRSSMB, e.stopRelay())
+	fmt.Fprintf(e.log, "bench: partners, with a seed owed: streaming %.2f s after the start\n", e.startedIn.Seconds())
+	// The restart, with the rows applied.
+	if err := e.startRelay(ctx); err != nil {
+		return err
+	}
+	res.StartSeconds = append(res.StartSeconds, e.startedIn.Seconds())
+	e.stopRelay()
+	return nil
 }
 
 // clearEndpoints empties postbox.endpoints and what the relays applied of
@@ -418,13 +533,16 @@ func (p *PartnersResult) print(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "\npartners: %d rows of postbox.endpoints (url, a header, a timeout each), written by one INSERT … generate_series in %.1f s\n", p.Rows, p.InsertSeconds)
-	for i := range p.Beside {
-		fmt.Fprintf(w, "  run %d: start with the rows inserted while down: streaming after %.2f s, every row applied after %.2f s; with a seed owed (endpoint_state copied whole first): streaming after %.2f s, peak RSS %.0f MB\n",
-			i+1, p.FirstStartSeconds[i], p.CaughtUpSeconds[i], p.SeedSeconds[i], p.SeedPeakRSSMB[i])
-		fmt.Fprintf(w, "         restart with the rows applied: streaming after %.2f s; RSS %.0f MB at the end of the latency run over ten of them, peak %.0f MB\n",
-			p.StartSeconds[i], p.SteadyRSSMB[i], p.PeakRSSMB[i])
+	for i := range p.SeedSeconds {
+		fmt.Fprintf(w, "  run %d: start with the rows inserted while down: streaming after %.2f s, every row applied after %.2f s; a first start with a seed owed (no checkpoint, endpoint_state empty): streaming after %.2f s, peak RSS %.0f MB; restart with the rows applied: streaming after %.2f s\n",
+			i+1, p.FirstStartSeconds[i], p.CaughtUpSeconds[i], p.SeedSeconds[i], p.SeedPeakRSSMB[i], p.StartSeconds[i])
 	}
-	fmt.Fprintf(w, "  commit → receiver latency, runs alternating, endpoints in the file (no rows) / the same number of the rows:\n")
+	for i := range p.Beside {
+		fmt.Fprintf(w, "  run %d: RSS %.0f MB at the end of the latency run over ten of the rows, peak %.0f MB\n", i+1, p.SteadyRSSMB[i], p.PeakRSSMB[i])
+	}
+	if len(p.Alone) > 0 {
+		fmt.Fprintf(w, "  commit → receiver latency, runs alternating, endpoints in the file (no rows) / the same number of the rows:\n")
+	}
 	for i := range p.Alone {
 		for j, l := range []*LatencyResult{p.Alone[i], p.Beside[i]} {
 			what := []string{"file ", "table"}[j]

@@ -11,7 +11,7 @@ import (
 // Series is one line of a line chart, or one layer of a stacked bar chart.
 type Series struct {
 	Name string
-	// Class colours it (a class of console.css: c-ok, c-bad, c-p50, …).
+	// Class colours it (a class of the shared style.css, relay/internal/webstatic: c-ok, c-bad, c-p50, …).
 	Class string
 	// Values are one per point of the chart's X; NaN is a gap.
 	Values []float64

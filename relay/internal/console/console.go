@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
-	"io/fs"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -21,13 +20,11 @@ import (
 
 	"github.com/postbox-relay/postbox/relay/config"
 	"github.com/postbox-relay/postbox/relay/internal/logsafe"
+	"github.com/postbox-relay/postbox/relay/internal/webstatic"
 )
 
 //go:embed templates/*.html
 var templateFS embed.FS
-
-//go:embed static
-var staticFS embed.FS
 
 // Timeouts and limits of the console.
 const (
@@ -92,8 +89,7 @@ func New(o Options) *Console {
 	for _, name := range []string{"overview", "endpoints", "endpoint", "deadletters", "events", "event", "login", "message", "endpointform", "endpointdelete"} {
 		c.pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/form.html", "templates/"+name+".html"))
 	}
-	static, _ := fs.Sub(staticFS, "static")
-	files := http.FileServerFS(static)
+	files := http.FileServerFS(webstatic.FS)
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "public, max-age=300")

@@ -261,7 +261,7 @@ func TestOffLoopbackEveryPageNeedsTheToken(t *testing.T) {
 		require.Equal(t, http.StatusSeeOther, a.status, path)
 		require.True(t, strings.HasPrefix(a.header.Get("Location"), "/login?next="), path)
 	}
-	require.Equal(t, http.StatusOK, tb.get(t, c, "/static/console.css").status, "the stylesheet holds no data")
+	require.Equal(t, http.StatusOK, tb.get(t, c, "/static/style.css").status, "the stylesheet holds no data")
 	require.Equal(t, http.StatusOK, tb.get(t, c, "/login").status)
 	require.Equal(t, http.StatusOK, tb.get(t, c, "/endpoints", bearer(token)).status)
 	require.Equal(t, http.StatusSeeOther, tb.get(t, c, "/endpoints", bearer("wrong-token-0123456789")).status)

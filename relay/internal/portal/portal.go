@@ -7,7 +7,6 @@ import (
 	"embed"
 	"errors"
 	"html/template"
-	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,13 +18,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/postbox-relay/postbox/relay/config"
+	"github.com/postbox-relay/postbox/relay/internal/webstatic"
 )
 
 //go:embed templates/*.html
 var templateFS embed.FS
-
-//go:embed static
-var staticFS embed.FS
 
 // Prefix is the path every portal page is under.
 const Prefix = "/portal/"
@@ -89,8 +86,7 @@ func New(o Options) *Portal {
 	for _, name := range []string{"deliveries", "event", "health", "verify", "report", "message"} {
 		p.pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
 	}
-	static, _ := fs.Sub(staticFS, "static")
-	files := http.StripPrefix(Prefix+"static/", http.FileServerFS(static))
+	files := http.StripPrefix(Prefix+"static/", http.FileServerFS(webstatic.FS))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /portal/static/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "public, max-age=300")

@@ -322,6 +322,9 @@ func TestIsolation(t *testing.T) {
 			require.Equal(t, notFound.body, a.body, "another partner's event reads as one that does not exist: %s", path)
 		}
 	}
+	// The stylesheet the console shares is served under the portal's prefix.
+	require.Equal(t, http.StatusOK, b.get(t, c, "/portal/static/style.css").status)
+
 	// An endpoint parameter changes nothing: alpha's own rows only.
 	own := b.get(t, c, "/portal/?endpoint=beta")
 	require.Contains(t, own.body, ids.aDead)

@@ -16,16 +16,18 @@ const module = "github.com/postbox-relay/postbox"
 var tiers = [][]string{
 	// Words and leaves: what every layer may use.
 	{"relay/postboxtype", "relay/macro", "outbox", "internal/proc", "relay/pgtest",
-		"relay/internal/guard", "relay/internal/logsafe", "relay/internal/watermark", "relay/internal/admin"},
+		"relay/internal/guard", "relay/internal/logsafe", "relay/internal/watermark", "relay/internal/admin",
+		"relay/internal/webstatic", "relay/internal/seed"},
 	// Configuration as written, and the states the machinery shares.
 	{"relay/config", "relay/internal/state"},
 	// Mechanisms: the database, a request, a policy, the dispatcher.
 	{"relay/internal/store", "relay/internal/deliver", "relay/internal/policy", "relay/internal/dispatch", "relay/internal/endpoints"},
 	// The WAL and the public reads over the database.
-	{"relay/internal/wal", "relay/ops", "relay/telemetry", "relay/doctor"},
+	{"relay/internal/wal", "relay/ops", "relay/telemetry", "relay/doctor", "relay/report"},
 	// The services, over their shared base (service).
 	{"relay/internal/service", "relay/internal/protect", "relay/internal/execute", "relay/internal/endpointsync", "relay/internal/claim",
-		"relay/internal/record", "relay/internal/ingest", "relay/internal/maintain", "relay/internal/console"},
+		"relay/internal/record", "relay/internal/ingest", "relay/internal/maintain", "relay/internal/console",
+		"relay/internal/portal"},
 	// The composition root.
 	{"relay"},
 	// The commands and the examples.
@@ -43,6 +45,9 @@ var only = map[string][]string{
 	"relay/internal/guard":     nil,
 	"relay/internal/logsafe":   nil,
 	"relay/internal/watermark": nil,
+	"relay/internal/webstatic": nil,
+	"relay/internal/seed":      nil,
+	"relay/report":             nil,
 	"relay/internal/state":     {"relay/postboxtype"},
 	"relay/config":             {"outbox", "relay/macro"},
 	"relay/internal/store":     {"outbox", "internal/proc", "relay/postboxtype", "relay/internal/state"},

@@ -35,6 +35,7 @@ func cleanRetention(ctx context.Context, env *service.Env, log zerolog.Logger) e
 		{"finished deliveries", func() (int64, error) { return st.PurgeDeliveries(ctx, cfg.DeliveryRetention) }},
 		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention) }},
 		{"report rollups", func() (int64, error) { return st.PurgeReport(ctx, cfg.ReportRetention) }},
+		{"partners' resend notes", func() (int64, error) { return st.PurgePortalReplays(ctx) }},
 		{"report deltas (folded)", func() (int64, error) { return st.CompactReport(ctx) }},
 		// Not a purge: report_sum as reloaded, for the ingest's trigger.
 		{"report_sum fields", func() (int64, error) { return 0, st.SyncReportFields(ctx, cfg.ReportSum) }},

@@ -85,3 +85,17 @@ func (s *Store) SyncReportFields(ctx context.Context, fields []string) error {
 	}
 	return nil
 }
+
+// PurgePortalReplays deletes the notes of partners' resends
+// (postbox.portal_replays) whose delivery the retention already deleted:
+// they label a timeline that no longer exists. The table holds a few rows
+// a minute at most (resends are rate-limited), so it is read whole.
+func (s *Store) PurgePortalReplays(ctx context.Context) (int64, error) {
+	tag, err := s.Pool.Exec(ctx, `
+		DELETE FROM postbox.portal_replays r
+		WHERE NOT EXISTS (SELECT FROM postbox.deliveries d WHERE d.id = r.delivery_id)`)
+	if err != nil {
+		return 0, fmt.Errorf("purge portal replays: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

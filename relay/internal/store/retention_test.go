@@ -189,6 +189,35 @@ func TestPurgeDeliveriesKeepsUnfinishedOnes(t *testing.T) {
 	}
 }
 
+// TestPurgePortalReplaysFollowTheirDeliveries: a partner's resend note
+// goes with its delivery, never before.
+func TestPurgePortalReplaysFollowTheirDeliveries(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	evs := ingest(t, s, "ep", "", "")
+	for _, e := range evs {
+		_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.portal_replays (delivery_id, endpoint, link_id) VALUES ($1, 'ep', 'l1')`, e.deliveryID)
+		require.NoError(t, err)
+	}
+	set(t, s, evs[0].deliveryID, postboxtype.DeliveryDelivered, 8*24*time.Hour)
+	_, err := s.PurgeDeliveries(ctx, week)
+	require.NoError(t, err)
+	n, err := s.PurgePortalReplays(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	var left []int64
+	require.NoError(t, pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT delivery_id FROM postbox.portal_replays`)
+		if err != nil {
+			return err
+		}
+		left, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	}))
+	require.Equal(t, []int64{evs[1].deliveryID}, left, "the note of a delivery still kept stays")
+}
+
 // TestPurgeIngestedOutboxKeepsWhatIsNotIngested: outbox rows older than
 // outbox_retention go once they are ingested (their event id and endpoint
 // are in postbox.events); a row not ingested stays for reconciliation,

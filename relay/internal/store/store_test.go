@@ -456,3 +456,22 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 	require.Zero(t, after-before, "deliveries rows read other than by primary key or by their event")
 	require.LessOrEqual(t, afterByEvent-beforeByEvent, int64(2*n), "the rollup trigger's lookups by event")
 }
+
+// TestNoIndexOnEventsLeadsWithTheBareEndpoint: the ingest finds each row
+// among the events by (event_id, endpoint), through the unique index. An
+// index whose first column is the bare endpoint (the portal's list once
+// was) is one the planner may take for that lookup while the table's
+// statistics are young, reading every event of the endpoint per row.
+func TestNoIndexOnEventsLeadsWithTheBareEndpoint(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	rows, err := s.Pool.Query(context.Background(), `
+		SELECT i.indexrelid::regclass::text
+		FROM pg_index i
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+		WHERE i.indrelid = 'postbox.events'::regclass AND a.attname = 'endpoint'`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, names)
+}

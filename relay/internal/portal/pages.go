@@ -47,8 +47,9 @@ type deliveryRow struct {
 // deliveriesSQL lists the partner's events, the newest ingested first,
 // each with its latest delivery's state. Every condition is on e.endpoint
 // = $1 first: the partner's name comes from its session, never the URL.
-// It is written (e.endpoint || '') = $1, the expression of the index
-// events_endpoint_ingested (migration 037), which nothing else uses.
+// It is written as the index events_endpoint_ingested's expression
+// (migration 037), the endpoint concatenated with an empty string,
+// which nothing else names.
 // Times are commit times; the index is by ingest, which follows the
 // commit, so a period's start bounds it exactly and its end, with a day's
 // slack, nearly (an event ingested over a day after its commit, by a

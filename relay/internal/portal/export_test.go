@@ -1,0 +1,4 @@
+package portal
+
+// DeliveriesSQL is the partner's list, for the plan test.
+const DeliveriesSQL = deliveriesSQL

@@ -126,9 +126,13 @@ func TestEndpointChangesApplyInOrderOnTwoInstances(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	tb.start(t, relay.Options{InstanceID: "streams"})
+	streams := tb.start(t, relay.Options{InstanceID: "streams"})
 	tb.startStandby(t, relay.Options{InstanceID: "claims"})
 	ctx := context.Background()
+	// Until the streaming instance has seen the other, it keeps its
+	// retries (it is alone as far as it knows); then they are queued,
+	// for either to claim.
+	seesPeers(t, tb, streams)
 
 	version := 0
 	set := func(tx pgx.Tx) {

@@ -172,6 +172,21 @@ func registerPeer(t *testing.T, tb *testBundle, r *relay.Relay) {
 	})
 }
 
+// seesPeers waits until r's heartbeats have seen the instances registered
+// now: two of them after this call.
+func seesPeers(t *testing.T, tb *testBundle, r *relay.Relay) {
+	t.Helper()
+	ctx := context.Background()
+	var at time.Time
+	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT now()`).Scan(&at))
+	waitUntil(t, 30*time.Second, "two heartbeats after the others registered", func() bool {
+		var beats int
+		_ = tb.pool.QueryRow(ctx, `SELECT count(*) FROM postbox.instances WHERE id = $1 AND heartbeat_at > $2::timestamptz + interval '1 second'`,
+			r.InstanceID(), at).Scan(&beats)
+		return beats == 1
+	})
+}
+
 func exec(t *testing.T, pool *pgxpool.Pool, sql string) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), sql)

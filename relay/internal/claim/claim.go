@@ -74,6 +74,11 @@ type Dispatcher interface {
 	KeptCount() int
 	LanesWithKept() []string
 	HandOverKept(release map[string]bool) map[string][]dispatch.Kept
+	// NextRetryDue is when the earliest retry the recorder kept falls
+	// due; HandOverDueRetries hands over those due, to load or to return
+	// to the queue (see dispatch.Dispatcher.KeepRetry).
+	NextRetryDue() (time.Time, bool)
+	HandOverDueRetries(now time.Time, all bool, keep func(lane string) bool) (map[string][]int64, []int64)
 
 	// DeliveriesNotHeld and RangesNotHeld return those of ids and ranges
 	// the dispatcher holds nothing of.
@@ -198,6 +203,10 @@ const ParkBatchesDefault = 5
 // RetryAt remembers when a retry this instance scheduled falls due.
 func (c *Claimer) RetryAt(t time.Time) { c.due.add(t) }
 
+// RetriesKept says the dispatcher keeps new retries (the recorder kept
+// them): time the next cycle for the earliest, without a claim.
+func (c *Claimer) RetriesKept() { c.retime.Notify() }
+
 func (c *Claimer) claimLoop(ctx context.Context) {
 	sweep := time.NewTicker(c.env.Config().SweepInterval)
 	defer sweep.Stop()
@@ -206,7 +215,11 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 	failures := 0
 	var lastDue time.Time // when the timer last found retries due
 	for {
-		if next, ok := c.due.next(); ok {
+		next, ok := c.due.next()
+		if kept, has := c.disp.NextRetryDue(); has && (!ok || kept.Before(next)) {
+			next, ok = kept, true
+		}
+		if ok {
 			timer.Reset(max(time.Until(next), time.Until(lastDue.Add(RetryClaimGapDefault)), time.Millisecond))
 		} else {
 			timer.Reset(time.Hour)
@@ -216,11 +229,13 @@ func (c *Claimer) claimLoop(ctx context.Context) {
 			return
 		case <-c.retime:
 			continue
+		case <-c.env.NotAlone: // the retries kept go back to the queue
 		case <-c.wake:
 		case <-timer.C:
 			lastDue = time.Now()
-			c.due.popDue(lastDue)
-			c.backlog.Store(true) // a retry is due
+			if c.due.popDue(lastDue) {
+				c.backlog.Store(true) // a retry in the queue is due
+			}
 		case <-sweep.C:
 			c.rescue(c.hard)
 			c.sweepUnderWay(c.hard)
@@ -285,6 +300,9 @@ func (c *Claimer) claimOnce(ctx context.Context) (bool, error) {
 		c.disp.Submit(j, false)
 	}
 	if err := c.submitKept(ctx); err != nil {
+		return true, err
+	}
+	if err := c.submitRetries(ctx); err != nil {
 		return true, err
 	}
 	// Taken after submitKept, which returns kept deliveries to the queue:
@@ -519,6 +537,52 @@ func (c *Claimer) submitKept(ctx context.Context) error {
 	return nil
 }
 
+// submitRetries submits the retries the recorder kept that are due, read
+// back by id as LoadOwned reads the ingest's kept deliveries: no claim
+// writes them. It returns to the queue, at their times, those whose lanes
+// take no work now or are full, and all of them once another instance has
+// registered, which can then claim them too. Those handed over and then
+// neither loaded nor returned (the database failed) are this instance's
+// in the table still, held by no one: the rescue returns them once
+// overdue (StaleOwned).
+func (c *Claimer) submitRetries(ctx context.Context) error {
+	now, alone := c.env.Now(), c.env.Alone()
+	load, back := c.disp.HandOverDueRetries(time.Now(), !alone, func(lane string) bool {
+		return !c.prot.Blocked(lane, now)
+	})
+	for len(back) > 0 {
+		n := min(len(back), store.ParkBatchDefault)
+		returned, due, err := c.env.Store.ReturnKept(ctx, c.env.Owner, back[:n], !alone)
+		if err != nil {
+			return err
+		}
+		// This instance claims them as it claims any retry: now if one
+		// is due, else when the earliest is.
+		if returned > 0 && due <= 0 {
+			c.backlog.Store(true)
+		} else if returned > 0 {
+			c.due.add(time.Now().Add(due))
+		}
+		back = back[n:]
+	}
+	var ids []int64
+	for _, l := range load {
+		ids = append(ids, l...)
+	}
+	for len(ids) > 0 {
+		n := min(len(ids), MaxClaimDefault)
+		got, err := c.env.Store.LoadOwned(ctx, c.env.Owner, ids[:n])
+		if err != nil {
+			return err
+		}
+		for _, cl := range got {
+			c.disp.Submit(jobFromClaim(cl), false)
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
 // rescue returns to the queue the deliveries this instance has had in
 // flight, untouched, for StaleClaimDefault, and does not hold: their claim
 // committed although its answer was lost to a broken connection, so no
@@ -670,12 +734,16 @@ func (d *dueTimes) next() (time.Time, bool) {
 	return d.h[0], true
 }
 
-func (d *dueTimes) popDue(now time.Time) {
+// popDue forgets the times due at now and reports whether there were any.
+func (d *dueTimes) popDue(now time.Time) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	popped := false
 	for len(d.h) > 0 && !d.h[0].After(now) {
 		heap.Pop(&d.h)
+		popped = true
 	}
+	return popped
 }
 
 type timeHeap []time.Time

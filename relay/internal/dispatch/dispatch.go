@@ -76,7 +76,11 @@ type Dispatcher struct {
 	// (store.SweepOwnUnderWay).
 	underWay map[int64]int
 	done     []int64
-	kept     int     // across lanes, reservations included
+	kept     int // across lanes, reservations included
+	// retries are the retries kept by id (KeepRetry), by due time;
+	// retryIDs their ids.
+	retries  retryHeap
+	retryIDs map[int64]bool
 	inFlight int     // across lanes
 	starved  []*lane // lanes with work waiting only for a global slot, in arrival order
 	stopping bool
@@ -129,7 +133,7 @@ func New(opts Options) *Dispatcher {
 	opts = opts.WithDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Dispatcher{opts: opts, attemptCx: ctx, cancel: cancel, lanes: map[string]*lane{}, heldIDs: map[int64]int{},
-		underWay: map[int64]int{}, tasks: make(chan task), quit: make(chan struct{})}
+		retryIDs: map[int64]bool{}, underWay: map[int64]int{}, tasks: make(chan task), quit: make(chan struct{})}
 }
 
 // Connect names where outcomes go and who hears of room. The recorder

@@ -347,3 +347,55 @@ func TestAttemptsAheadOfAnUncertainIngestWaitForItsOutcome(t *testing.T) {
 	h.d.Submit(d, false)
 	require.Eventually(t, func() bool { return h.count(postboxtype.DeliveryDelivered) == 2 }, 5*time.Second, time.Millisecond)
 }
+
+// TestKeptRetriesAreHandedOverWhenDue: kept retries are held by id until
+// due, then handed over in due order as far as their lanes have room;
+// those of lanes that take no work, or that are full, go back to the
+// queue, and with all every one does, due or not.
+func TestKeptRetriesAreHandedOverWhenDue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(map[string]int{"e": 1, "f": 1})
+	h.d = connected(dispatch.Options{
+		Capacity: func(string) int { return 1 },
+		Execute:  hExecute(h),
+		MaxKept:  4,
+	}, func(o dispatch.Outcome) { h.d.Recorded(o.Job) })
+	t0 := time.Now()
+	h.d.KeepRetry("e", 3, t0.Add(3*time.Second))
+	h.d.KeepRetry("e", 1, t0.Add(time.Second))
+	h.d.KeepRetry("f", 2, t0.Add(2*time.Second))
+	h.d.KeepRetry("f", 2, t0.Add(2*time.Second)) // kept once
+	require.Equal(t, 3, h.d.KeptRetries())
+	require.True(t, h.d.CanKeepRetry())
+	h.d.KeepRetry("g", 4, t0.Add(time.Hour))
+	require.False(t, h.d.CanKeepRetry(), "MaxKept")
+	next, ok := h.d.NextRetryDue()
+	require.True(t, ok)
+	require.Equal(t, t0.Add(time.Second), next)
+	require.Equal(t, []int64{99}, h.d.DeliveriesNotHeld([]int64{1, 2, 3, 99}), "kept retries are held")
+
+	yes := func(string) bool { return true }
+	load, back := h.d.HandOverDueRetries(t0, false, yes)
+	require.Empty(t, load, "none due")
+	require.Empty(t, back)
+	load, back = h.d.HandOverDueRetries(t0.Add(2*time.Second), false, func(lane string) bool { return lane != "f" })
+	require.Equal(t, map[string][]int64{"e": {1}}, load, "due, its lane taking work")
+	require.Equal(t, []int64{2}, back, "due, its lane taking none")
+	require.Equal(t, []int64{2}, h.d.DeliveriesNotHeld([]int64{2, 3}), "handed over, no longer held")
+
+	// e's lane is full (LaneLimit of 1 held): its retry goes back.
+	require.True(t, h.d.Reserve("e"))
+	for i := range dispatch.LaneLimit(1) - 1 {
+		h.d.Submit(&dispatch.Job{DeliveryID: int64(100 + i), Event: state.Event{Endpoint: "e"}}, false)
+	}
+	load, back = h.d.HandOverDueRetries(t0.Add(3*time.Second), false, yes)
+	require.Empty(t, load)
+	require.Equal(t, []int64{3}, back, "its lane is full")
+
+	load, back = h.d.HandOverDueRetries(t0, true, yes)
+	require.Empty(t, load)
+	require.Equal(t, []int64{4}, back, "all of them, due or not")
+	_, ok = h.d.NextRetryDue()
+	require.False(t, ok)
+	close(h.release)
+}

@@ -177,7 +177,7 @@ func (d *Dispatcher) AssignUnderWay(j *Job, eventPK, rangeID int64) {
 }
 
 // DeliveriesNotHeld returns those of ids the dispatcher does not hold: not submitted
-// (nor kept, see ReserveKeep), or recorded already.
+// (nor kept, see ReserveKeep and KeepRetry), or recorded already.
 func (d *Dispatcher) DeliveriesNotHeld(ids []int64) []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -197,7 +197,7 @@ func (d *Dispatcher) DeliveriesNotHeld(ids []int64) []int64 {
 	}
 	var out []int64
 	for _, id := range ids {
-		if d.heldIDs[id] == 0 && !kept[id] {
+		if d.heldIDs[id] == 0 && !kept[id] && !d.retryIDs[id] {
 			out = append(out, id)
 		}
 	}

@@ -48,9 +48,13 @@ const (
 )
 
 // Budget is the dispatcher's memory budget (dispatch.Dispatcher): a job
-// holds its share until its outcome is written or dropped.
+// holds its share until its outcome is written or dropped. The
+// dispatcher also keeps the retries the recorder writes as this
+// instance's (dispatch.Dispatcher.KeepRetry).
 type Budget interface {
 	Recorded(j *dispatch.Job)
+	CanKeepRetry() bool
+	KeepRetry(lane string, id int64, due time.Time)
 }
 
 // Health is what the recorder needs of endpoint protection: the breaker
@@ -67,6 +71,8 @@ type Claimer interface {
 	// LaneFreed wakes the claimer only if its last cycle left work behind.
 	LaneFreed()
 	RetryAt(t time.Time)
+	// RetriesKept says the dispatcher keeps new retries.
+	RetriesKept()
 	// BreakersClosed returns the lanes' parked deliveries to the queue.
 	BreakersClosed(lanes []string)
 }
@@ -113,6 +119,24 @@ func (r *Recorder) Record(o dispatch.Outcome) {
 	r.outcomes = append(r.outcomes, o)
 	r.mu.Unlock()
 	r.wake.Notify()
+}
+
+// keepRetry reports whether o's retry, if it schedules one, is kept by
+// this instance (state.Result.Keep): an instance alone keeps a delivery's
+// short retries, unless the attempt was a breaker's probe (whose outcome
+// the claimer acts on) or its endpoint delivers in order (the queue holds
+// its head). With others running, retries go to the queue, where
+// whichever instance is free when one falls due claims it.
+func (r *Recorder) keepRetry(o dispatch.Outcome) bool {
+	res := &o.Result
+	if res.Status != postboxtype.DeliveryFailed || res.DeliveryID == 0 && res.Range == 0 ||
+		res.Delay > dispatch.KeepRetryMaxDefault || o.Job.Probe {
+		return false
+	}
+	if r.env.Config().Endpoints[o.Job.Endpoint].Ordered || !r.env.Alone() {
+		return false
+	}
+	return r.disp.CanKeepRetry()
 }
 
 // gather reports whether to wait for more outcomes before writing: fewer
@@ -250,6 +274,7 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			}
 			o.Result.Written = o.Job.Written()
 		}
+		o.Result.Keep = r.keepRetry(o)
 		results = append(results, o.Result)
 		recorded = append(recorded, o.Job)
 	}
@@ -295,15 +320,24 @@ func (r *Recorder) record(ctx context.Context, batch []dispatch.Outcome, final b
 			r.claim.RetryAt(c.New.OpenedAt.Add(c.New.Cooldown + ProbeMarginDefault))
 		}
 	}
+	kept := false
 	for _, res := range results {
 		r.env.Metrics.Recorded(telemetry.Outcome{Endpoint: res.Endpoint, Status: res.Status, Sampled: res.Sampled,
 			ResponseMS: res.ResponseMS, CommitToDeliveryMS: res.CommitToDeliveryMS, StreamToAttempt: res.StreamToAttempt})
 		switch res.Status {
 		case postboxtype.DeliveryFailed:
+			if id := max(res.DeliveryID, res.WrittenAs); res.Keep && id != 0 {
+				r.disp.KeepRetry(res.Key(), id, now.Add(res.Delay))
+				kept = true
+				continue
+			}
 			r.claim.RetryAt(now.Add(res.Delay))
 		case state.Released:
 			r.claim.Queued()
 		}
+	}
+	if kept {
+		r.claim.RetriesKept()
 	}
 	// The room the results free is worth a claim cycle when the last one
 	// left work behind (the claimer knows), when an ordered endpoint's

@@ -45,6 +45,10 @@ type Env struct {
 	// Faults collects the database faults the services run into.
 	Faults *Faults
 
+	// NotAlone is notified when a look finds others alive after none
+	// (SetAlone): the claimer returns the retries it kept to the queue.
+	NotAlone Signal
+
 	cfg   *atomic.Pointer[config.Config]
 	alone atomic.Bool
 }
@@ -55,11 +59,17 @@ func (e *Env) Alone() bool { return e.alone.Load() }
 
 // SetAlone records what the last look found (see Alone), and reports
 // whether that changed.
-func (e *Env) SetAlone(alone bool) (changed bool) { return e.alone.Swap(alone) != alone }
+func (e *Env) SetAlone(alone bool) (changed bool) {
+	changed = e.alone.Swap(alone) != alone
+	if changed && !alone && e.NotAlone != nil {
+		e.NotAlone.Notify()
+	}
+	return changed
+}
 
 // NewEnv returns an Env whose Config reads cfg, which the relay swaps on
 // reload.
-func NewEnv(cfg *atomic.Pointer[config.Config]) *Env { return &Env{cfg: cfg} }
+func NewEnv(cfg *atomic.Pointer[config.Config]) *Env { return &Env{cfg: cfg, NotAlone: NewSignal()} }
 
 // Config is the configuration in force now.
 func (e *Env) Config() *config.Config { return e.cfg.Load() }

@@ -58,6 +58,14 @@ type Result struct {
 	// Released (back to the queue after Delay, no attempt counted).
 	Status postboxtype.DeliveryState
 	Delay  time.Duration
+	// Keep says this instance keeps a failed delivery's retry: the row
+	// stays failed and owned by it, out of the claim's sight, and it
+	// attempts the retry when due without claiming it (see the store's
+	// RecordResults and dispatch.Dispatcher.ReserveRetry).
+	Keep bool
+	// WrittenAs is the delivery an event under way's outcome was written
+	// as (set by the store's RecordResults; 0 when it was not).
+	WrittenAs int64
 	// Attempted counts toward max_attempts and sets last_error and the
 	// other last_* columns.
 	Attempted bool

@@ -340,13 +340,13 @@ first AS (
        ORDER BY d.id LIMIT 1)
       UNION ALL
       (SELECT d.id, NULL FROM postbox.deliveries d
-       WHERE probe.ordered AND d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed')
+       WHERE probe.ordered AND d.endpoint = probe.endpoint AND d.status IN ('pending', 'failed') AND d.lease_owner IS NULL
        ORDER BY d.id LIMIT 1)
     ) u ORDER BY u.id LIMIT 1) c
 ),
 next AS (
   SELECT d.id FROM postbox.deliveries d
-  WHERE d.id IN (SELECT id FROM first) AND d.status IN ('pending', 'failed')
+  WHERE d.id IN (SELECT id FROM first) AND d.status IN ('pending', 'failed') AND d.lease_owner IS NULL
   FOR UPDATE SKIP LOCKED
 )
 UPDATE postbox.deliveries d

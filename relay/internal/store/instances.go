@@ -157,10 +157,11 @@ func (s *Store) DeadOwners(ctx context.Context) ([]string, error) {
 // aliveSQL).
 var deadOwnersSQL = `
 	WITH RECURSIVE owners AS (
-	  (SELECT lease_owner FROM postbox.deliveries WHERE status = 'in_flight' ORDER BY lease_owner LIMIT 1)
+	  (SELECT lease_owner FROM postbox.deliveries
+	   WHERE status IN ('in_flight', 'failed') AND lease_owner IS NOT NULL ORDER BY lease_owner LIMIT 1)
 	  UNION ALL
 	  SELECT (SELECT d.lease_owner FROM postbox.deliveries d
-	          WHERE d.status = 'in_flight' AND d.lease_owner > owners.lease_owner
+	          WHERE d.status IN ('in_flight', 'failed') AND d.lease_owner > owners.lease_owner
 	          ORDER BY d.lease_owner LIMIT 1)
 	  FROM owners WHERE owners.lease_owner IS NOT NULL
 	)

@@ -35,7 +35,7 @@ cand AS (
 )
 UPDATE postbox.deliveries d SET next_attempt_at = 'infinity'
 WHERE d.id IN (SELECT id FROM postbox.deliveries WHERE id IN (SELECT id FROM cand)
-               AND status IN ('pending', 'failed') FOR UPDATE SKIP LOCKED)`
+               AND status IN ('pending', 'failed') AND lease_owner IS NULL FOR UPDATE SKIP LOCKED)`
 
 // unparkSQL makes due now up to $1 parked deliveries of lanes whose
 // breaker is closed: of the lanes in $2, or when $2 is NULL of every lane
@@ -63,7 +63,7 @@ cand AS (
 )
 UPDATE postbox.deliveries d SET next_attempt_at = now()
 WHERE d.id IN (SELECT id FROM postbox.deliveries WHERE id IN (SELECT id FROM cand)
-               AND status IN ('pending', 'failed') FOR UPDATE SKIP LOCKED)`
+               AND status IN ('pending', 'failed') AND lease_owner IS NULL FOR UPDATE SKIP LOCKED)`
 
 // Park takes up to limit queued deliveries of lanes whose circuit breaker
 // is open or half-open out of the claim's sight (see parkSQL). It returns

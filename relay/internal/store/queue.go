@@ -68,11 +68,13 @@ func laneScan(name, cond string) string {
 }
 
 // The deliveries the claim looks at (deliveries_pending, deliveries_retry)
-// and the parked ones (deliveries_parked, see Park).
+// and the parked ones (deliveries_parked, see Park). A failed delivery
+// with an owner is a retry that instance keeps (RecordResults): no one
+// else's to claim or park.
 const (
 	queuedPending = `d.status = 'pending' AND d.next_attempt_at < 'infinity'`
-	queuedRetry   = `d.status = 'failed' AND d.next_attempt_at < 'infinity'`
-	queuedParked  = `d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity'`
+	queuedRetry   = `d.status = 'failed' AND d.next_attempt_at < 'infinity' AND d.lease_owner IS NULL`
+	queuedParked  = `d.status IN ('pending', 'failed') AND d.next_attempt_at = 'infinity' AND d.lease_owner IS NULL`
 )
 
 // dueNow narrows a lane scan to the lanes with a delivery due: a lane
@@ -161,6 +163,7 @@ WITH heads AS (
 locked AS (
   SELECT id FROM postbox.deliveries
   WHERE id IN (SELECT id FROM heads) AND status IN ('pending', 'failed') AND next_attempt_at <= now()
+    AND lease_owner IS NULL
   FOR UPDATE SKIP LOCKED
 )
 UPDATE postbox.deliveries d
@@ -228,7 +231,8 @@ func (s *Store) LoadOwned(ctx context.Context, owner string, ids []int64) ([]Cla
 const loadOwnedSQL = `
 SELECT ` + claimedColumns + `
 FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
-WHERE d.id = ANY($1) AND d.status IS NOT DISTINCT FROM 'in_flight' AND d.lease_owner IS NOT DISTINCT FROM $2
+WHERE d.id = ANY($1) AND (d.status IS NOT DISTINCT FROM 'in_flight' OR d.status IS NOT DISTINCT FROM 'failed')
+  AND d.lease_owner IS NOT DISTINCT FROM $2
 ORDER BY d.id`
 
 func unzipCaps(m map[string]int) ([]string, []int32) {

@@ -36,12 +36,13 @@ UPDATE postbox.deliveries d SET
   attempt_sent = CASE WHEN r.inline AND d.attempt_count = 0 THEN nullif(r.sent, '') ELSE d.attempt_sent END,
   attempted_by = CASE WHEN r.inline AND d.attempt_count = 0 THEN $11 ELSE d.attempted_by END,
   attempt_revision = CASE WHEN r.inline AND d.attempt_count = 0 THEN nullif(r.revision, 0) ELSE d.attempt_revision END,
-  lease_owner = NULL, updated_at = now()
+  lease_owner = CASE WHEN r.keep THEN $11 END, updated_at = now()
 FROM unnest($1::int8[], $2::text[], $3::float8[], $4::bool[], $5::text[], $6::int4[], $7::float4[], $8::text[], $9::timestamptz[], $10::float4[],
-            $12::bool[], $13::text[], $14::int8[], $15::text[])
-  AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms, inline, target, revision, sent)
+            $12::bool[], $13::text[], $14::int8[], $15::text[], $16::bool[])
+  AS r(id, status, delay_s, attempted, last_error, status_code, response_ms, response, at, c2d_ms, inline, target, revision, sent, keep)
 WHERE d.id = ANY($1) AND d.id = r.id
-  AND d.status IS NOT DISTINCT FROM 'in_flight' AND d.lease_owner IS NOT DISTINCT FROM $11
+  AND (d.status IS NOT DISTINCT FROM 'in_flight' OR d.status IS NOT DISTINCT FROM 'failed') -- a kept retry's
+  AND d.lease_owner IS NOT DISTINCT FROM $11
 RETURNING CASE WHEN r.inline AND d.attempted_by IS NOT NULL THEN d.id END AS inlined
 )
 SELECT inlined FROM u WHERE inlined IS NOT NULL`
@@ -61,7 +62,7 @@ func earliestRetry(rs []state.Result) (time.Duration, bool) {
 	var due time.Duration
 	found := false
 	for i := range rs {
-		if st := rs[i].Status; st == postboxtype.DeliveryFailed || st == state.Released {
+		if st := rs[i].Status; (st == postboxtype.DeliveryFailed && !rs[i].Keep) || st == state.Released {
 			if !found || rs[i].Delay < due {
 				due, found = rs[i].Delay, true
 			}
@@ -191,7 +192,7 @@ func (s *Store) RecordResultsTelling(ctx context.Context, owner string, rs []sta
 	attempted, errs, codes := make([]bool, 0, n), make([]string, 0, n), make([]int32, 0, n)
 	ms, bodies, ats, c2d := make([]float32, 0, n), make([]string, 0, n), make([]time.Time, 0, n), make([]float32, 0, n)
 	inlines, targets, sents := make([]bool, 0, n), make([]string, 0, n), make([]string, 0, n)
-	revisions := make([]int64, 0, n)
+	revisions, keeps := make([]int64, 0, n), make([]bool, 0, n)
 	// attempts are inserted; written, those the ingest wrote (Written),
 	// are only counted into the histograms, and so are inline, first
 	// attempts that delivered, which the update keeps on their deliveries
@@ -216,7 +217,7 @@ func (s *Store) RecordResultsTelling(ctx context.Context, owner string, rs []sta
 		ms, bodies = append(ms, float32(r.ResponseMS)), append(bodies, r.Response)
 		ats, c2d = append(ats, r.At), append(c2d, float32(r.CommitToDeliveryMS))
 		inlines, targets, revisions = append(inlines, in), append(targets, r.Target), append(revisions, r.EndpointRevision)
-		sents = append(sents, r.Sent)
+		sents, keeps = append(sents, r.Sent), append(keeps, r.Keep && r.Status == postboxtype.DeliveryFailed)
 		switch {
 		case in:
 			inline = append(inline, i)
@@ -273,6 +274,7 @@ func (s *Store) RecordResultsTelling(ctx context.Context, owner string, rs []sta
 				}
 				for i := range under {
 					u := &under[i]
+					u.Result.WrittenAs = ids[u.Result.EventPK]
 					if id := ids[u.Result.EventPK]; id != 0 && u.Result.Sampled && !u.Inline {
 						r := *u.Result
 						r.DeliveryID = id
@@ -289,7 +291,7 @@ func (s *Store) RecordResultsTelling(ctx context.Context, owner string, rs []sta
 			var onRow map[int64]bool // the inline attempts the update kept
 			if len(ids) > 0 {
 				b.Queue(recordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, owner,
-					inlines, targets, revisions, sents).Query(func(rows pgx.Rows) error {
+					inlines, targets, revisions, sents, keeps).Query(func(rows pgx.Rows) error {
 					got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 					onRow = make(map[int64]bool, len(got))
 					for _, id := range got {

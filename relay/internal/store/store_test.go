@@ -397,7 +397,7 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 		statuses[i], attempted[i], codes[i], ats[i], inline[i] = string(postboxtype.DeliveryDelivered), true, 200, time.Now(), true
 	}
 	plan = explain(store.RecordPlans, store.RecordResultsSQL, ids, statuses, delays, attempted, errs, codes, ms, bodies, ats, c2d, "me",
-		inline, targets, make([]int64, n), make([]string, n))
+		inline, targets, make([]int64, n), make([]string, n), make([]bool, n))
 	check("RecordResults", plan)
 
 	// The calls themselves, on one connection whose statistics are

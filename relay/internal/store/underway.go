@@ -184,7 +184,7 @@ WHERE r.range_id IN (SELECT id FROM mine WHERE owner = $1)
 // underWayColumns are the columns recordUnderWay copies.
 var underWayColumns = []string{"id", "event_pk", "endpoint", "lane", "status", "attempt_count", "next_attempt_at",
 	"last_error", "last_status_code", "last_response_ms", "last_response", "delivered_at", "commit_to_delivery_ms",
-	"attempt_target", "attempted_by", "attempt_revision", "updated_at", "attempt_sent", "created_at"}
+	"attempt_target", "attempted_by", "attempt_revision", "updated_at", "attempt_sent", "created_at", "lease_owner"}
 
 // underWayResult is the first outcome of an event under way (its
 // Result's EventPK and Range name it), as recordUnderWay writes it.
@@ -274,7 +274,10 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 					code = int32(r.StatusCode)
 				}
 			}
-			var rev any
+			var rev, keptBy any
+			if r.Keep && r.Status == postboxtype.DeliveryFailed {
+				keptBy = owner
+			}
 			if u.Inline {
 				target, by, sent = orNull(r.Target), owner, orNull(r.Sent)
 				if r.EndpointRevision != 0 {
@@ -282,7 +285,7 @@ func recordUnderWay(ctx context.Context, q copier, owner string, rs []underWayRe
 				}
 			}
 			return []any{ids[r.EventPK], r.EventPK, r.Endpoint, lane, status, attempts, due, lastErr, code, ms, resp,
-				deliveredAt, c2d, target, by, rev, now, sent, created}, nil
+				deliveredAt, c2d, target, by, rev, now, sent, created, keptBy}, nil
 		}))
 	if err != nil {
 		return nil, fmt.Errorf("record under way: copy: %w", err)

@@ -61,7 +61,7 @@ VALUES ($1, CASE WHEN $6 <> '' AND NOT $5 AND jsonb_typeof($2::jsonb) = 'object'
 ON CONFLICT (name) DO UPDATE SET
   row = CASE WHEN jsonb_typeof(s.row) = 'object' AND jsonb_typeof(excluded.row) = 'object' AND NOT $5
              THEN s.row || excluded.row ELSE excluded.row END,
-  revision = excluded.revision, lsn = excluded.lsn
+  revision = excluded.revision, lsn = excluded.lsn, written_at = now()
 WHERE s.revision <= excluded.revision`
 
 // WriteEndpoints applies endpoint changes, in order, in the open ingest
@@ -119,7 +119,7 @@ INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn)
 SELECT t.name, t.row, t.revision, $2::pg_lsn
 FROM t LEFT JOIN postbox.endpoint_state o ON o.name = t.name
 WHERE o.name IS NULL OR o.revision <= t.revision AND ` + appliedRow("o.row") + ` IS DISTINCT FROM t.row
-ON CONFLICT (name) DO UPDATE SET row = excluded.row, revision = excluded.revision, lsn = excluded.lsn
+ON CONFLICT (name) DO UPDATE SET row = excluded.row, revision = excluded.revision, lsn = excluded.lsn, written_at = now()
 WHERE s.revision <= excluded.revision AND ` + appliedRow("s.row") + ` IS DISTINCT FROM excluded.row`
 
 // appliedRow is the applied row col as a reader sees it, to compare with
@@ -191,7 +191,7 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 		}
 		n = int(tag.RowsAffected())
 		b := &pgx.Batch{}
-		b.Queue(`UPDATE postbox.endpoint_state s SET row = 'null', lsn = $1::pg_lsn
+		b.Queue(`UPDATE postbox.endpoint_state s SET row = 'null', lsn = $1::pg_lsn, written_at = now()
 			WHERE jsonb_typeof(s.row) = 'object' AND NOT EXISTS (SELECT 1 FROM postbox.endpoints e WHERE e.name = s.name)`, rowsAt.String()).
 			Exec(func(tag pgconn.CommandTag) error {
 				n += int(tag.RowsAffected())

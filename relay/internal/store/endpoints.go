@@ -209,17 +209,18 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 }
 
 // EndpointsSeeded reports whether the slot's endpoint_state was seeded
-// and whether a reconciliation is owed (which seeds it again).
-func (s *Store) EndpointsSeeded(ctx context.Context) (seeded, reconcile bool, err error) {
-	err = s.Pool.QueryRow(ctx, `SELECT endpoints_seeded, reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, s.Slot).
-		Scan(&seeded, &reconcile)
+// since the slot was made and since a reconciliation was last owed (see
+// SetReconcilePending).
+func (s *Store) EndpointsSeeded(ctx context.Context) (bool, error) {
+	var seeded bool
+	err := s.Pool.QueryRow(ctx, `SELECT endpoints_seeded FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&seeded)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, false, nil
+		return false, nil
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("read the checkpoint: %w", err)
+		return false, fmt.Errorf("read the checkpoint: %w", err)
 	}
-	return seeded, reconcile, nil
+	return seeded, nil
 }
 
 // readEndpointStateSQL reads, in one snapshot, how far the ingest has

@@ -36,7 +36,7 @@ type EndpointWrite struct {
 
 // EndpointState is a row of postbox.endpoint_state: Row nil is a deleted
 // endpoint (a tombstone, kept so that instances reading what changed
-// since a position learn of deletes too).
+// since a position learn of deletes too, until PurgeEndpointTombstones).
 type EndpointState struct {
 	Name string
 	Row  map[string]*string

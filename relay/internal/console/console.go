@@ -365,6 +365,11 @@ func flash(q url.Values) string {
 			return "Nothing to replay: the selection had no event without a delivery already waiting."
 		}
 		return fmt.Sprintf("Enqueued %s for delivery; each keeps its event id (webhook-id).", plural(n, "event"))
+	case "replayed_url":
+		if n == 0 {
+			return "Nothing to replay: the selection had no event without a delivery already waiting."
+		}
+		return fmt.Sprintf("Enqueued %s for delivery to the url given, not their rows' urls; each keeps its event id (webhook-id).", plural(n, "event"))
 	case "paused":
 		return "Paused: this endpoint's deliveries wait (nothing is dropped) until the pause ends or you resume it."
 	case "resumed":

@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,6 +46,8 @@ type setupOpts struct {
 	logPayloads bool
 	// tokenOnLoopback is admin_token_on_loopback.
 	tokenOnLoopback bool
+	// log receives the console's log (nowhere when nil).
+	log io.Writer
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -68,6 +71,10 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	now := time.Now()
 	tb.now.Store(&now)
 	tb.connected.Store(true)
+	logger := zerolog.Nop()
+	if o.log != nil {
+		logger = zerolog.New(o.log)
+	}
 	c := console.New(console.Options{
 		Pool: func() *pgxpool.Pool {
 			if !tb.connected.Load() {
@@ -76,7 +83,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 			return pool
 		},
 		Config: tb.cfg.Load, Loopback: o.loopback, Version: "test",
-		Log: zerolog.Nop(), Now: func() time.Time { return *tb.now.Load() },
+		Log: logger, Now: func() time.Time { return *tb.now.Load() },
 	})
 	tb.server = httptest.NewServer(c)
 	t.Cleanup(tb.server.Close)
@@ -475,4 +482,72 @@ func TestEventPageNamesARetarget(t *testing.T) {
 	require.Equal(t, http.StatusOK, page.status)
 	require.Contains(t, page.body, "Queued again by a replay to https://new.example/pb, not the row&#39;s url")
 	require.NotContains(t, page.body, "cid=")
+}
+
+// TestReplayToAURL: the console's replay takes a url, as postbox replay
+// --url does, behind the admin token: refused by the CLI's rule (not http
+// or https, a macro that does not parse) with nothing queued; accepted,
+// the new delivery goes to it (the row keeps its own), the flash says so,
+// and the log says a url was given, never which.
+func TestReplayToAURL(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	tb := setup(t, setupOpts{loopback: true, token: token, log: logs})
+	id := tb.deadLetter(t, "shop", "http 410")
+	const to = "https://new.example/pb?cid={payload.click_id}"
+	form := func(csrf, u string) url.Values {
+		return url.Values{"endpoint": {"shop"}, "event_id": {id}, "url": {u}, "csrf": {csrf}, "back": {"/events/" + id}}
+	}
+	c := tb.client(t)
+	require.NotContains(t, tb.get(t, c, "/events/"+id).body, `name="url"`, "no form before signing in")
+	require.Equal(t, http.StatusUnauthorized, tb.post(t, c, "/replay", form("", to)).status, "not signed in")
+
+	csrf := tb.signIn(t, c)
+	require.Contains(t, tb.get(t, c, "/events/"+id).body, `name="url"`)
+	require.Contains(t, tb.get(t, c, "/dead-letters").body, `name="url"`, "beside each endpoint's Replay all")
+	for u, why := range map[string]string{
+		"ftp://new.example/pb":                `scheme &#34;ftp&#34; is not http or https`,
+		"https:///pb":                         "the URL has no host",
+		"https://new.example/{payload.x":      "",
+		"https://new.example/{unknown_macro}": "",
+	} {
+		a := tb.post(t, c, "/replay", form(csrf, u))
+		require.Equal(t, http.StatusBadRequest, a.status, u)
+		require.Contains(t, a.body, "The url is refused", u)
+		require.Contains(t, a.body, why, u)
+	}
+	require.Equal(t, 1, tb.deliveryCount(t, id), "nothing queued by a refused url")
+
+	a := tb.post(t, c, "/replay", form(csrf, "  "+to+" "))
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Equal(t, "/events/"+id+"?done=replayed_url&n=1", a.header.Get("Location"))
+	require.Contains(t, tb.get(t, c, a.header.Get("Location")).body, "Enqueued 1 event for delivery to the url given, not their rows&#39; urls")
+	var got *string
+	require.NoError(t, tb.pool.QueryRow(context.Background(), `
+		SELECT d.url FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+		WHERE e.event_id = $1 AND d.replay_of IS NOT NULL`, id).Scan(&got))
+	require.NotNil(t, got)
+	require.Equal(t, to, *got)
+	require.Contains(t, logs.String(), `"url_given":true`)
+	require.NotContains(t, logs.String(), "new.example")
+	require.NotContains(t, logs.String(), "cid=")
+}
+
+// lockedBuffer is a log the console's handlers write while the test
+// reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

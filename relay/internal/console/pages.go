@@ -585,6 +585,10 @@ func (c *Console) target(rq *request, s string) string {
 
 // replay enqueues events again: every dead letter of an endpoint, or one
 // event at one endpoint (only if still dead, from the dead-letter page).
+// A url given sends the replayed deliveries there instead of their rows'
+// urls, as postbox replay --url does: checked by the same rule
+// (ops.CheckRetarget) before anything is queued, and at each attempt as a
+// row's url is (the endpoint's allow_row_url, the SSRF guard).
 func (c *Console) replay(rq *request) (string, error) {
 	f := postboxtype.ReplayFilter{Endpoint: strings.TrimSpace(rq.r.PostFormValue("endpoint")),
 		DeadLetters: rq.r.PostFormValue("dead_letters") == "1"}
@@ -597,16 +601,27 @@ func (c *Console) replay(rq *request) (string, error) {
 	if f.Endpoint == "" {
 		return "", badRequest("A replay from the console names an endpoint.")
 	}
+	f.URL = strings.TrimSpace(rq.r.PostFormValue("url"))
+	if err := ops.CheckRetarget(f); err != nil {
+		return "", badRequest("The url is refused: %s.", strings.TrimPrefix(err.Error(), "replay: url: "))
+	}
 	_, n, err := ops.Replay(rq.ctx, rq.pool, rq.cfg, f, false, 0)
 	if err != nil {
 		return "", err
 	}
-	ev := c.log.Info().Str("endpoint", f.Endpoint).Int("enqueued", n).Bool("dead_letters", f.DeadLetters).Str("by", rq.s.by())
+	// Whether it was retargeted, not where: the url may carry a partner's
+	// parameters or a token in its path.
+	ev := c.log.Info().Str("endpoint", f.Endpoint).Int("enqueued", n).Bool("dead_letters", f.DeadLetters).
+		Bool("url_given", f.URL != "").Str("by", rq.s.by())
 	if len(f.EventIDs) == 1 {
 		ev = ev.Str("event_id", f.EventIDs[0])
 	}
 	ev.Msg("console replay")
-	return withFlash(rq.r.PostFormValue("back"), "replayed", n), nil
+	done := "replayed"
+	if f.URL != "" {
+		done = "replayed_url"
+	}
+	return withFlash(rq.r.PostFormValue("back"), done, n), nil
 }
 
 // pauseChoices are the pause form's durations (0: until resumed).

@@ -556,13 +556,15 @@ func (s *Supervisor) prepareSlot(ctx context.Context) (store.Checkpoint, wal.Slo
 
 // seedEndpoints copies postbox.endpoints whole into endpoint_state, at
 // the position the stream resumes from, when it was never copied for the
-// slot or a reconciliation is owed (the slot's stream may have missed
-// changes, as it missed rows); then the instance's table is read again
-// if the seed changed it.
+// slot or not since a reconciliation was owed (the slot's stream may have
+// missed changes, as it missed rows); then the instance's table is read
+// again if the seed changed it. A seed pays the reconciliation's debt for
+// the endpoints alone: the outbox's may still be owed, and is no reason
+// to seed again.
 // It runs before the stream starts, so no ingest writes beside it.
 func (s *Supervisor) seedEndpoints(ctx context.Context, at pglogrepl.LSN) error {
-	seeded, owed, err := s.env.Store.EndpointsSeeded(ctx)
-	if err != nil || seeded && !owed {
+	seeded, err := s.env.Store.EndpointsSeeded(ctx)
+	if err != nil || seeded {
 		return err
 	}
 	n, err := s.env.Store.SeedEndpoints(ctx, at)

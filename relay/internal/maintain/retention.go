@@ -15,8 +15,19 @@ import (
 // retention.
 const RetentionIntervalDefault = time.Minute
 
+// EndpointTombstoneRetentionDefault is how long a deleted endpoint's
+// tombstone stays in postbox.endpoint_state. Every live instance reads
+// the rows written since its last read each second (its poll, a NOTIFY,
+// the gate before an attempt), so a tombstone is passed by all of them
+// within seconds; a day also covers an instance stalled (a frozen VM, a
+// partition) far past its registration's lease, and costs a row per
+// endpoint deleted that day. Instances record no read position, so a
+// time bound it is.
+const EndpointTombstoneRetentionDefault = 24 * time.Hour
+
 // newRetentionCleaner returns the leader's duty that purges attempts,
-// latency histograms, finished deliveries and events past their retention.
+// latency histograms, finished deliveries, events and deleted endpoints'
+// tombstones past their retention.
 func newRetentionCleaner(env *service.Env, lead *leader) *upkeep {
 	log := env.Logger("maintain")
 	return newUpkeep(env, lead, RetentionIntervalDefault, func(ctx context.Context) error { return cleanRetention(ctx, env, log) })
@@ -36,6 +47,9 @@ func cleanRetention(ctx context.Context, env *service.Env, log zerolog.Logger) e
 		{"events", func() (int64, error) { return st.PurgeEvents(ctx, cfg.EventRetention) }},
 		{"report rollups", func() (int64, error) { return st.PurgeReport(ctx, cfg.ReportRetention) }},
 		{"partners' resend notes", func() (int64, error) { return st.PurgePortalReplays(ctx) }},
+		{"endpoint tombstones", func() (int64, error) {
+			return st.PurgeEndpointTombstones(ctx, EndpointTombstoneRetentionDefault)
+		}},
 		{"report deltas (folded)", func() (int64, error) { return st.CompactReport(ctx) }},
 		// Not a purge: report_sum as reloaded, for the ingest's trigger.
 		{"report_sum fields", func() (int64, error) { return 0, st.SyncReportFields(ctx, cfg.ReportSum) }},

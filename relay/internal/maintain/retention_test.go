@@ -13,7 +13,7 @@ import (
 )
 
 // The retention cleaner purges attempts, latency histograms, finished
-// deliveries and events past their retention, as the leader; attempts are
+// deliveries, events and endpoint tombstones past their retention, as the leader; attempts are
 // kept for the telemetry window at least.
 func TestRetentionCleanerPurgesWhatIsPastItsRetention(t *testing.T) {
 	t.Parallel()
@@ -30,6 +30,10 @@ func TestRetentionCleanerPurgesWhatIsPastItsRetention(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tb.st.Pool.Exec(ctx, `UPDATE postbox.events SET ingested_at = now() - interval '2 hours'`)
 	require.NoError(t, err)
+	_, err = tb.st.Pool.Exec(ctx, `INSERT INTO postbox.endpoint_state (name, row, revision, lsn, written_at)
+		VALUES ('old', 'null', 1, '0/1', now() - $1 * interval '1 second'), ('young', 'null', 1, '0/1', now())`,
+		(EndpointTombstoneRetentionDefault + time.Hour).Seconds())
+	require.NoError(t, err)
 
 	u := newRetentionCleaner(tb.env, newLeader(tb.env, new(sync.Mutex)))
 	require.Equal(t, RetentionIntervalDefault, u.runEvery)
@@ -40,6 +44,7 @@ func TestRetentionCleanerPurgesWhatIsPastItsRetention(t *testing.T) {
 		return count(t, tb.st, `SELECT count(*) FROM postbox.attempts`) == 1 &&
 			count(t, tb.st, `SELECT count(*) FROM postbox.latency_histogram`) == 1 &&
 			count(t, tb.st, `SELECT count(*) FROM postbox.deliveries`) == 1 &&
-			count(t, tb.st, `SELECT count(*) FROM postbox.events`) == 1
-	}, wait, tick, "the old attempt and its bin, the delivered delivery and its event; the pending one's event stays")
+			count(t, tb.st, `SELECT count(*) FROM postbox.events`) == 1 &&
+			count(t, tb.st, `SELECT count(*) FROM postbox.endpoint_state`) == 1
+	}, wait, tick, "the old attempt and its bin, the delivered delivery and its event, the old tombstone; the pending one's event and the young tombstone stay")
 }

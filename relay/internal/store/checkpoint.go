@@ -198,9 +198,15 @@ func (s *Store) Checkpoint(ctx context.Context) (Checkpoint, error) {
 }
 
 // SetReconcilePending records (or clears) that the outbox table must be
-// reconciled: rows were written that the slot will never bring.
+// reconciled: rows were written that the slot will never bring. Recorded,
+// it marks endpoint_state's seed owed too, as the slot missed endpoint
+// changes as it missed rows; the seed then pays that part alone
+// (SeedEndpoints), so a start after it does not seed again while the
+// outbox's part is still owed (a first start stopped before its
+// reconciliation finished seeded again at every start until it did).
 func (s *Store) SetReconcilePending(ctx context.Context, pending bool) error {
-	if _, err := s.Pool.Exec(ctx, `UPDATE postbox.checkpoints SET reconcile_pending = $2 WHERE slot = $1`, s.Slot, pending); err != nil {
+	if _, err := s.Pool.Exec(ctx, `UPDATE postbox.checkpoints SET reconcile_pending = $2, endpoints_seeded = endpoints_seeded AND NOT $2
+		WHERE slot = $1`, s.Slot, pending); err != nil {
 		return fmt.Errorf("record reconciliation owed: %w", err)
 	}
 	return nil

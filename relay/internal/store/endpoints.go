@@ -36,7 +36,7 @@ type EndpointWrite struct {
 
 // EndpointState is a row of postbox.endpoint_state: Row nil is a deleted
 // endpoint (a tombstone, kept so that instances reading what changed
-// since a position learn of deletes too).
+// since a position learn of deletes too, until PurgeEndpointTombstones).
 type EndpointState struct {
 	Name string
 	Row  map[string]*string
@@ -61,7 +61,7 @@ VALUES ($1, CASE WHEN $6 <> '' AND NOT $5 AND jsonb_typeof($2::jsonb) = 'object'
 ON CONFLICT (name) DO UPDATE SET
   row = CASE WHEN jsonb_typeof(s.row) = 'object' AND jsonb_typeof(excluded.row) = 'object' AND NOT $5
              THEN s.row || excluded.row ELSE excluded.row END,
-  revision = excluded.revision, lsn = excluded.lsn
+  revision = excluded.revision, lsn = excluded.lsn, written_at = now()
 WHERE s.revision <= excluded.revision`
 
 // WriteEndpoints applies endpoint changes, in order, in the open ingest
@@ -119,7 +119,7 @@ INSERT INTO postbox.endpoint_state AS s (name, row, revision, lsn)
 SELECT t.name, t.row, t.revision, $2::pg_lsn
 FROM t LEFT JOIN postbox.endpoint_state o ON o.name = t.name
 WHERE o.name IS NULL OR o.revision <= t.revision AND ` + appliedRow("o.row") + ` IS DISTINCT FROM t.row
-ON CONFLICT (name) DO UPDATE SET row = excluded.row, revision = excluded.revision, lsn = excluded.lsn
+ON CONFLICT (name) DO UPDATE SET row = excluded.row, revision = excluded.revision, lsn = excluded.lsn, written_at = now()
 WHERE s.revision <= excluded.revision AND ` + appliedRow("s.row") + ` IS DISTINCT FROM excluded.row`
 
 // appliedRow is the applied row col as a reader sees it, to compare with
@@ -191,7 +191,7 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 		}
 		n = int(tag.RowsAffected())
 		b := &pgx.Batch{}
-		b.Queue(`UPDATE postbox.endpoint_state s SET row = 'null', lsn = $1::pg_lsn
+		b.Queue(`UPDATE postbox.endpoint_state s SET row = 'null', lsn = $1::pg_lsn, written_at = now()
 			WHERE jsonb_typeof(s.row) = 'object' AND NOT EXISTS (SELECT 1 FROM postbox.endpoints e WHERE e.name = s.name)`, rowsAt.String()).
 			Exec(func(tag pgconn.CommandTag) error {
 				n += int(tag.RowsAffected())
@@ -209,17 +209,18 @@ func (s *Store) SeedEndpoints(ctx context.Context, lsn pglogrepl.LSN) (int, erro
 }
 
 // EndpointsSeeded reports whether the slot's endpoint_state was seeded
-// and whether a reconciliation is owed (which seeds it again).
-func (s *Store) EndpointsSeeded(ctx context.Context) (seeded, reconcile bool, err error) {
-	err = s.Pool.QueryRow(ctx, `SELECT endpoints_seeded, reconcile_pending FROM postbox.checkpoints WHERE slot = $1`, s.Slot).
-		Scan(&seeded, &reconcile)
+// since the slot was made and since a reconciliation was last owed (see
+// SetReconcilePending).
+func (s *Store) EndpointsSeeded(ctx context.Context) (bool, error) {
+	var seeded bool
+	err := s.Pool.QueryRow(ctx, `SELECT endpoints_seeded FROM postbox.checkpoints WHERE slot = $1`, s.Slot).Scan(&seeded)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, false, nil
+		return false, nil
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("read the checkpoint: %w", err)
+		return false, fmt.Errorf("read the checkpoint: %w", err)
 	}
-	return seeded, reconcile, nil
+	return seeded, nil
 }
 
 // readEndpointStateSQL reads, in one snapshot, how far the ingest has

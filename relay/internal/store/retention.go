@@ -154,3 +154,19 @@ func laneIdle(column string) string {
 	}
 	return strings.Join(conds, " AND ")
 }
+
+// PurgeEndpointTombstones deletes the tombstones of postbox.endpoint_state
+// (deleted endpoints) written more than retention ago. A tombstone is
+// read only by an instance that read endpoint_state before the delete and
+// has not since (a read takes the rows at or after its last position):
+// once every live instance has read past it, which each does every second,
+// it matters to none. An instance that starts reads the table whole,
+// tombstones left out. The ctid recheck leaves a row the stream wrote
+// again meanwhile (the endpoint recreated).
+func (s *Store) PurgeEndpointTombstones(ctx context.Context, retention time.Duration) (int64, error) {
+	return s.purge(ctx, "endpoint tombstones", `
+		DELETE FROM postbox.endpoint_state WHERE ctid = ANY (ARRAY(
+		  SELECT ctid FROM postbox.endpoint_state
+		  WHERE jsonb_typeof(row) = 'null' AND written_at < now() - $1 * interval '1 second' LIMIT $2))
+		AND jsonb_typeof(row) = 'null'`, retention.Seconds(), purgeBatch)
+}

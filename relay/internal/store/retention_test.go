@@ -478,3 +478,50 @@ func TestPurgeIdleLanesKeepsBusyAndNamedOnes(t *testing.T) {
 	require.NotContains(t, left("endpoint_health"), queued)
 	require.NotContains(t, left("rate_buckets"), queued)
 }
+
+// TestPurgeEndpointTombstonesAfterTheirRetention: a deleted endpoint's
+// tombstone stays in endpoint_state until it is older than the
+// retention, then goes; an applied row of the same age stays, and so does
+// a tombstone the stream wrote again since (the endpoint recreated, then
+// deleted again).
+func TestPurgeEndpointTombstonesAfterTheirRetention(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	_, err := s.Pool.Exec(ctx, `
+		INSERT INTO postbox.endpoint_state (name, row, revision, lsn, written_at) VALUES
+		  ('old-gone', 'null', 1, '0/10', now() - interval '25 hours'),
+		  ('new-gone', 'null', 2, '0/20', now() - interval '23 hours'),
+		  ('live', '{"name": "live", "url": "https://l.example/"}', 3, '0/10', now() - interval '25 hours'),
+		  ('back', 'null', 4, '0/10', now() - interval '25 hours')`)
+	require.NoError(t, err)
+	// 'back' is recreated and deleted again by the stream: its new
+	// tombstone is as young as its delete.
+	ic, err := s.AcquireIngest(ctx, "me")
+	require.NoError(t, err)
+	require.NoError(t, ic.WriteEndpoints(ctx, []store.EndpointWrite{
+		{Name: "back", Row: []byte(`{"name": "back", "url": "https://b.example/"}`), Revision: 5, LSN: 0x30},
+		{Name: "back", Revision: 5, LSN: 0x40},
+	}, []bool{true, false}))
+	require.NoError(t, ic.Commit(ctx, 0, false))
+	ic.Release()
+	names := func() []string {
+		rows, err := s.Pool.Query(ctx, `SELECT name FROM postbox.endpoint_state ORDER BY name`)
+		require.NoError(t, err)
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return names
+	}
+
+	n, err := s.PurgeEndpointTombstones(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, []string{"back", "live", "new-gone"}, names(), "the young tombstone is kept")
+
+	_, err = s.Pool.Exec(ctx, `UPDATE postbox.endpoint_state SET written_at = now() - interval '25 hours' WHERE name = 'new-gone'`)
+	require.NoError(t, err)
+	n, err = s.PurgeEndpointTombstones(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	require.Equal(t, []string{"back", "live"}, names())
+}

@@ -110,3 +110,35 @@ func TestSeedWritesEachColumnAsTheStreamSendsIt(t *testing.T) {
 	require.NoError(t, s.Pool.QueryRow(ctx, `SELECT lsn::text FROM postbox.endpoint_state WHERE name = 'full'`).Scan(&lsn))
 	require.Equal(t, "0/FF", lsn, "not written again")
 }
+
+// TestReconciliationOwedMarksTheSeedOwed: a reconciliation recorded owed
+// makes the endpoints' seed owed; the seed pays that part, and the
+// outbox's part still owed does not make it owed again, nor does its
+// payment.
+func TestReconciliationOwedMarksTheSeedOwed(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	_, err := s.Pool.Exec(ctx, `INSERT INTO postbox.checkpoints (slot, lsn) VALUES ($1, '0/0')`, s.Slot)
+	require.NoError(t, err)
+	seeded := func() bool {
+		ok, err := s.EndpointsSeeded(ctx)
+		require.NoError(t, err)
+		return ok
+	}
+	require.False(t, seeded(), "never seeded for the slot")
+	_, err = s.SeedEndpoints(ctx, 0x100)
+	require.NoError(t, err)
+	require.True(t, seeded())
+
+	require.NoError(t, s.SetReconcilePending(ctx, true))
+	require.False(t, seeded(), "the slot missed endpoint changes as it missed rows")
+	_, err = s.SeedEndpoints(ctx, 0x200)
+	require.NoError(t, err)
+	require.True(t, seeded(), "the seed paid its part; the outbox's is still owed")
+	cp, err := s.Checkpoint(ctx)
+	require.NoError(t, err)
+	require.True(t, cp.ReconcilePending)
+	require.NoError(t, s.SetReconcilePending(ctx, false))
+	require.True(t, seeded())
+}

@@ -60,11 +60,12 @@ func TestKilledBetweenIngestAndDelivery(t *testing.T) {
 	require.Equal(t, 0, second.wait(t, 30*time.Second))
 }
 
-// inFlightNow counts the deliveries in flight and the events under way
-// (in flight in an instance's memory, their deliveries not written yet).
+// inFlightNow counts the deliveries in flight or kept as retries (whose
+// attempts may be under way) and the events under way (in flight in an
+// instance's memory, their deliveries not written yet).
 func inFlightNow(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
-	return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') +
+	return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status IN ('in_flight', 'failed') AND lease_owner IS NOT NULL) +
 		(SELECT count(*) FROM postbox.events_under_way)`)
 }
 
@@ -263,7 +264,7 @@ func TestKilledInstancesClaimsReturnAtOnce(t *testing.T) {
 	// What it holds: deliveries in flight, and events under way (their
 	// deliveries not written yet).
 	heldBy := func(id string) int {
-		return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1) +
+		return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status IN ('in_flight', 'failed') AND lease_owner = $1) +
 			(SELECT count(*) FROM postbox.events_under_way WHERE owner = $1)`, id)
 	}
 	waitForT(t, 30*time.Second, "the streaming instance holding claims", func() bool {

@@ -191,7 +191,7 @@ func instanceOf(t *testing.T, pool *pgxpool.Pool, p *proc) string {
 // heldBy counts what instance id holds: deliveries in flight and events
 // under way.
 func heldBy(t *testing.T, pool *pgxpool.Pool, id string) int {
-	return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner = $1) +
+	return queryInt(t, pool, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status IN ('in_flight', 'failed') AND lease_owner = $1) +
 		(SELECT count(*) FROM postbox.events_under_way WHERE owner = $1)`, id)
 }
 

@@ -12,13 +12,15 @@ import (
 // endpointQueuesSQL counts the unfinished and dead-lettered deliveries per
 // endpoint, each state through its own partial index: a scan of all
 // deliveries for "status IN (…)" reads every delivered row too. Events
-// under way (no delivery written yet) count in flight.
+// under way (no delivery written yet) count in flight. A delivery in flight
+// always has its owner (lease_owner), which deliveries_lease_owner's
+// predicate asks for; a retry an instance keeps counts as failed.
 const endpointQueuesSQL = `
 SELECT endpoint, 'pending', count(*) FROM postbox.deliveries WHERE status = 'pending' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
 UNION ALL
 SELECT endpoint, 'failed', count(*) FROM postbox.deliveries WHERE status = 'failed' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
 UNION ALL
-SELECT endpoint, 'in_flight', count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
+SELECT endpoint, 'in_flight', count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner IS NOT NULL AND ($1 = '' OR endpoint = $1) GROUP BY endpoint
 UNION ALL
 SELECT endpoint, 'in_flight', count(*) FROM postbox.events_under_way WHERE $1 = '' OR endpoint = $1 GROUP BY endpoint
 UNION ALL

@@ -102,7 +102,7 @@ WITH under_way AS ( -- read once: its events by primary key, range by range
 SELECT
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'pending'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed'),
-  (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') + (SELECT n FROM under_way),
+  (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner IS NOT NULL) + (SELECT n FROM under_way),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'failed' AND updated_at >= now() - interval '1 hour'),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter' AND updated_at >= now() - interval '1 hour'),
@@ -111,7 +111,7 @@ SELECT
   -- apart, from their own partial index: few but during such a catch-up.
   -- So are events under way (their deliveries not written yet).
   least((SELECT min(created_at) FROM postbox.deliveries WHERE status IN ('pending', 'failed')),
-        (SELECT min(created_at) FROM postbox.deliveries WHERE status = 'in_flight'),
+        (SELECT min(created_at) FROM postbox.deliveries WHERE status = 'in_flight' AND lease_owner IS NOT NULL),
         (SELECT oldest FROM under_way)),
   (SELECT count(*) FROM postbox.deliveries WHERE status = 'dead_letter' AND updated_at >= now() - interval '1 day'
      AND last_error LIKE 'messages_off%'),

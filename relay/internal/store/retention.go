@@ -146,10 +146,12 @@ func (s *Store) PurgeIdleLanes(ctx context.Context, retention time.Duration, sep
 }
 
 // laneIdle is the condition that the lane named by column has no delivery
-// queued (due, parked or retrying) or in flight, each by its own index.
+// queued (due, parked or retrying), in flight or kept as a retry by an
+// instance, each by its own index.
 func laneIdle(column string) string {
 	var conds []string
-	for _, q := range []string{queuedPending, queuedRetry, queuedParked, "d.status = 'in_flight'"} {
+	owned := "d.status IN ('in_flight', 'failed') AND d.lease_owner IS NOT NULL"
+	for _, q := range []string{queuedPending, queuedRetry, queuedParked, owned} {
 		conds = append(conds, "NOT EXISTS (SELECT 1 FROM postbox.deliveries d WHERE coalesce(d.lane, d.endpoint) = "+column+" AND "+q+")")
 	}
 	return strings.Join(conds, " AND ")

@@ -739,7 +739,7 @@ func (e *env) unrecorded(ctx context.Context, ids []string) ([]string, error) {
 func (e *env) inFlightIDs(ctx context.Context) []string {
 	rows, err := e.pool.Query(ctx, `
 		SELECT e.event_id::text FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
-		WHERE d.status = 'in_flight'
+		WHERE d.status IN ('in_flight', 'failed') AND d.lease_owner IS NOT NULL -- a retry kept may be under way
 		UNION ALL
 		SELECT e.event_id::text FROM postbox.events_under_way u JOIN postbox.events e ON e.id = u.event_pk`)
 	if err != nil {
@@ -764,7 +764,7 @@ func union(a, b []string) map[string]bool {
 func (e *env) inFlight(ctx context.Context) int {
 	n := -1
 	_ = waitFor(ctx, 10*time.Second, 200*time.Millisecond, func() (bool, error) {
-		return e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status = 'in_flight') +
+		return e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM postbox.deliveries WHERE status IN ('in_flight', 'failed') AND lease_owner IS NOT NULL) +
 			(SELECT count(*) FROM postbox.events_under_way)`).Scan(&n) == nil, nil
 	})
 	return n

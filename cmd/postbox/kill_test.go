@@ -385,3 +385,73 @@ func TestKilledInstanceIsTakenBackAtOnceOnlyWithProof(t *testing.T) {
 	third.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, third.wait(t, 30*time.Second))
 }
+
+// TestKillNineWithRetriesKept: a relay alone keeps the retries of the
+// attempts it failed (in the table: failed, and still its own); killed
+// with SIGKILL while it keeps them, its successor proves it gone and
+// returns them to the queue at their own times, and delivers each. Every
+// event arrives; none is delivered twice beyond what was in flight or
+// kept at the kill (each event's first attempt fails, so a delivery
+// repeats only where an attempt under way at the kill succeeded).
+func TestKillNineWithRetriesKept(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	pool := newPool(t, dbURL)
+	var mu sync.Mutex
+	seen, ok := map[string]int{}, map[string]int{}
+	rc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		id := r.Header.Get(outbox.HeaderID)
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[id]++; seen[id] == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		ok[id]++
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(rc.Close)
+	cfg := writeConfig(t, dbURL, fmt.Sprintf(`lease: 15s
+sweep_interval: 5s
+log_level: info
+endpoints:
+  flaky:
+    url: %s/flaky
+    backoff_base: 3s
+    backoff_cap: 3s
+    max_attempts: 10
+    failure_threshold: 10000
+`, rc.URL))
+	relay := startPostbox(t, nil, "run", "--config", cfg)
+	waitStreaming(t, pool)
+	victim := instanceOf(t, pool, relay)
+	const n = 200
+	_, err := pool.Exec(context.Background(), `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'flaky', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+	waitForT(t, 30*time.Second, "the relay keeping retries", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'failed' AND lease_owner = $1`, victim) >= n/2
+	})
+	relay.kill(t)
+	held := inFlightNow(t, pool)
+	relay = startPostbox(t, nil, "run", "--config", cfg)
+	waitForT(t, 60*time.Second, "the killed relay's retries returned", func() bool { return heldBy(t, pool, victim) == 0 })
+	waitForT(t, 2*time.Minute, "every event delivered", func() bool {
+		return queryInt(t, pool, `SELECT count(*) FROM postbox.deliveries WHERE status = 'delivered'`) == n
+	})
+	mu.Lock()
+	dups := 0
+	for _, c := range ok {
+		if c > 1 {
+			dups++
+		}
+	}
+	arrived := len(ok)
+	mu.Unlock()
+	require.Equal(t, n, arrived, "every event delivered at the receiver")
+	require.LessOrEqual(t, dups, held, "only what was in flight or kept at the kill repeats")
+	require.Len(t, logLinesOf(relay, logClaimsProven), 1, "the predecessor proven gone, its retries taken back")
+	t.Logf("%d events, %d kept or in flight at the kill, %d delivered twice", n, held, dups)
+	relay.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, relay.wait(t, 30*time.Second))
+}

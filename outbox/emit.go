@@ -66,8 +66,8 @@ func Emit(ctx context.Context, tx any, e Event) (string, error) {
 // EncodeMessage is the message Emit writes for e: its MessageHeader as
 // JSON, a newline, and the payload. It returns the event id too.
 func EncodeMessage(e Event, now time.Time) ([]byte, string, error) {
-	if e.Endpoint == "" {
-		return nil, "", errors.New("outbox: event needs an endpoint")
+	if e.Endpoint == "" && e.Type == "" {
+		return nil, "", errors.New("outbox: event needs an endpoint, or a type to route it by")
 	}
 	if e.ID == "" {
 		e.ID = NewEventID()

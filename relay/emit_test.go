@@ -237,3 +237,38 @@ func requireMessagesOffAlert(t *testing.T, tb *testBundle, firing bool) {
 	}
 	t.Fatal("no messages_off alert evaluated")
 }
+
+// TestEmittedEventsAreRoutedByType: an event emitted with a type and no
+// endpoint goes, as a row whose endpoint is NULL, to every enabled
+// endpoint subscribed to its type, once each; one that matches none is a
+// no_subscriber dead letter.
+func TestEmittedEventsAreRoutedByType(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.cfg.OutboxMessages = true
+	rc := newReceiver(t, nil)
+	tb.subscriber(t, "exact", rc, true, "", "order.paid")
+	tb.subscriber(t, "orders", rc, true, "", "order.*")
+	tb.subscriber(t, "users", rc, true, "", "user.*")
+	tb.start(t, relay.Options{})
+	ctx := context.Background()
+	var paid, nobody string
+	require.NoError(t, pgx.BeginFunc(ctx, tb.pool, func(tx pgx.Tx) error {
+		var err error
+		if paid, err = outbox.Emit(ctx, tx, outbox.Event{Type: "order.paid", Payload: []byte(`{"order": 7}`)}); err != nil {
+			return err
+		}
+		nobody, err = outbox.Emit(ctx, tx, outbox.Event{Type: "invoice.sent"})
+		return err
+	}))
+	tb.waitSettled(t, 3, 30*time.Second)
+	require.Equal(t, []string{paid}, receivedAt(rc, "exact"))
+	require.Equal(t, []string{paid}, receivedAt(rc, "orders"))
+	require.Empty(t, receivedAt(rc, "users"))
+	require.Equal(t, []string{"exact=order.paid", "orders=order.*"}, tb.matchedOf(t, paid))
+	d := tb.delivery(t, nobody)
+	require.Equal(t, postboxtype.DeliveryDeadLetter, d.Status)
+	require.Contains(t, d.LastError, "no_subscriber")
+	_, _, err := outbox.EncodeMessage(outbox.Event{}, time.Now())
+	require.ErrorContains(t, err, "needs an endpoint, or a type to route it by")
+}

@@ -86,11 +86,13 @@ func decodeMessage(content []byte, lsn pglogrepl.LSN, maxBody int) store.OutboxR
 		return invalid("version %d, not 1", h.Version)
 	case !uuidRe.MatchString(h.ID):
 		return invalid("id %q is not a UUID", h.ID)
-	case h.Endpoint == "":
-		return invalid("has no endpoint")
+	case h.Endpoint == "" && h.Type == "":
+		return invalid("has no endpoint, nor a type to route it by")
 	case row.Payload != nil && !json.Valid(row.Payload):
 		return invalid("payload is not JSON")
 	}
+	// No endpoint: routed by its type, as a row whose endpoint is NULL.
+	row.Fanout = h.Endpoint == ""
 	return row
 }
 
@@ -112,5 +114,8 @@ func (ss *session[P]) message(ctx context.Context, data []byte) error {
 	}
 	row := decodeMessage(content, lsn, ss.opts.maxBody())
 	row.Message = true
+	if row.Fanout && row.Invalid == "" && ss.opts.Route != nil {
+		ss.opts.Route(&row)
+	}
 	return ss.add(ctx, row)
 }

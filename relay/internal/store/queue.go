@@ -212,9 +212,10 @@ func (s *Store) NextRetryIn(ctx context.Context) (time.Duration, bool, error) {
 func (s *Store) LoadOwned(ctx context.Context, owner string, ids []int64) ([]Claimed, error) {
 	var out []Claimed
 	// One round trip: a batch runs in one implicit transaction, to which
-	// noTableScan's setting is local.
+	// keyPlans' settings are local. The plan is kept: planned at each run
+	// it cost most of the read (kept retries read back beside a storm).
 	b := &pgx.Batch{}
-	b.Queue(noTableScan)
+	b.Queue(keyPlans)
 	b.Queue(loadOwnedSQL, ids, owner).Query(func(rows pgx.Rows) error {
 		var err error
 		out, err = collectClaimed(rows)

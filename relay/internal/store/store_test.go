@@ -387,7 +387,7 @@ func TestByIDStatementsReadOnlyTheirRows(t *testing.T) {
 		}
 	}
 
-	plan := explain(store.NoTableScan, store.LoadOwnedSQL, ids, "me")
+	plan := explain(store.KeyPlans, store.LoadOwnedSQL, ids, "me")
 	check("LoadOwned", plan)
 
 	statuses, delays, attempted := make([]string, n), make([]float64, n), make([]bool, n)

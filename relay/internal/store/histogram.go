@@ -15,18 +15,15 @@ import (
 
 // HistogramFlushDefault is how long the recorder gathers attempts' latency
 // counts in memory before it adds them to postbox.latency_histogram: one
-// upsert every thirty seconds in place of one with every batch of results
+// upsert every ten seconds in place of one with every batch of results
 // (each a row per endpoint and bucket touched). The buckets are fine (4 %),
 // so at 200 events a second over 10 endpoints a one-second flush still
-// wrote about a row per event; over thirty seconds an endpoint's attempts
-// fall into far fewer buckets than there are attempts. Beside thousands of
-// failing partners, each retried every few seconds, a row is an endpoint
-// a flush: at ten seconds the upsert was a seventh of a storm's WAL.
-// Percentiles over hours do not notice thirty seconds, and those of all
-// but the busiest endpoints are read from the attempts. A crash loses at
-// most those seconds of counts; the attempts themselves are written with
-// their results.
-const HistogramFlushDefault = 30 * time.Second
+// wrote about a row per event; over ten seconds an endpoint's attempts
+// fall into far fewer buckets than there are attempts. Percentiles over
+// hours do not notice ten seconds. A crash loses at most those ten
+// seconds of counts; the attempts themselves are written with their
+// results.
+const HistogramFlushDefault = 10 * time.Second
 
 // histogramMode is the setting under which the histogram trigger on
 // postbox.attempts stands aside for the recorder, which counts in memory

@@ -70,19 +70,12 @@ func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) 
 	if sweep != 0 {
 		tb.cfg.SweepInterval = config.Duration(sweep)
 	}
-	ctx := context.Background()
 	rc := drainingLane(t, tb)
 	r := tb.start(t, relay.Options{})
 	if peer {
 		registerPeer(t, tb, r)
 	}
-	exec(t, tb.pool, `
-		CREATE TABLE claims_seen (n int NOT NULL);
-		INSERT INTO claims_seen VALUES (0);
-		CREATE FUNCTION count_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN UPDATE claims_seen SET n = n + 1; RETURN NULL; END $$;
-		CREATE TRIGGER count_claim AFTER UPDATE ON postbox.deliveries FOR EACH ROW
-		  WHEN (OLD.status = 'pending' AND NEW.status = 'in_flight') EXECUTE FUNCTION count_claim();`)
+	claims := countClaims(t, tb, "pending")
 	// The lane drains: it has delivered. Then transactions of 100, one
 	// after another, which the ingest writes faster than it delivers.
 	exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) VALUES ('bulk', '{}')`)
@@ -93,7 +86,7 @@ func keptBacklog(t *testing.T, peer bool, sweep time.Duration) (claimed, n int) 
 	tb.waitSettled(t, n, 2*time.Minute)
 	require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: n}, tb.deliveries(t))
 	rc.requireEachOnce(t, n)
-	require.NoError(t, tb.pool.QueryRow(ctx, `SELECT n FROM claims_seen`).Scan(&claimed))
+	claimed = claims()
 	if sweep == 0 {
 		// Each range of events under way is deleted once done with, well
 		// before a sweep would find it stale (claim.StaleClaimDefault).
@@ -170,6 +163,24 @@ func registerPeer(t *testing.T, tb *testBundle, r *relay.Relay) {
 			r.InstanceID(), at).Scan(&beats)
 		return beats == 1
 	})
+}
+
+// countClaims has a trigger count the deliveries claimed from status from
+// (their update to in_flight), and returns a reader of the count.
+func countClaims(t *testing.T, tb *testBundle, from string) func() int {
+	t.Helper()
+	exec(t, tb.pool, `
+		CREATE TABLE claims_seen (n int NOT NULL);
+		INSERT INTO claims_seen VALUES (0);
+		CREATE FUNCTION count_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN UPDATE claims_seen SET n = n + 1; RETURN NULL; END $$;
+		CREATE TRIGGER count_claim AFTER UPDATE ON postbox.deliveries FOR EACH ROW
+		  WHEN (OLD.status = '`+from+`' AND NEW.status = 'in_flight') EXECUTE FUNCTION count_claim();`)
+	return func() int {
+		var n int
+		require.NoError(t, tb.pool.QueryRow(context.Background(), `SELECT n FROM claims_seen`).Scan(&n))
+		return n
+	}
 }
 
 // seesPeers waits until r's heartbeats have seen the instances registered

@@ -49,13 +49,7 @@ func TestRetriesAreKeptByTheInstanceAlone(t *testing.T) {
 		if peer {
 			registerPeer(t, tb, r)
 		}
-		exec(t, tb.pool, `
-			CREATE TABLE claims_seen (n int NOT NULL);
-			INSERT INTO claims_seen VALUES (0);
-			CREATE FUNCTION count_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-			BEGIN UPDATE claims_seen SET n = n + 1; RETURN NULL; END $$;
-			CREATE TRIGGER count_claim AFTER UPDATE ON postbox.deliveries FOR EACH ROW
-			  WHEN (OLD.status = 'failed' AND NEW.status = 'in_flight') EXECUTE FUNCTION count_claim();`)
+		claims := countClaims(t, tb, "failed")
 		exec(t, tb.pool, `INSERT INTO postbox.outbox (endpoint, payload) SELECT 'flaky', jsonb_build_object('i', i) FROM generate_series(1, 10) i`)
 		tb.waitSettled(t, n, time.Minute)
 		require.Equal(t, map[postboxtype.DeliveryState]int{postboxtype.DeliveryDelivered: n}, tb.deliveries(t))
@@ -63,8 +57,7 @@ func TestRetriesAreKeptByTheInstanceAlone(t *testing.T) {
 		for id, c := range rc.byID() {
 			require.Equal(t, failures+1, c, id)
 		}
-		var claimed int
-		require.NoError(t, tb.pool.QueryRow(ctx, `SELECT n FROM claims_seen`).Scan(&claimed))
+		claimed := claims()
 		if peer {
 			require.Equal(t, n*failures, claimed, "every retry claimed from the queue")
 			return

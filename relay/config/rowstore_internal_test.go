@@ -41,7 +41,7 @@ func TestRowStoreAgainstAMap(t *testing.T) {
 		}
 		_, _, ok := s.find("ep-none")
 		require.False(t, ok)
-		require.Less(t, s.dead, max(compactMin, len(s.arena)/2)+4000, "dead bytes are compacted away")
+		require.Less(t, s.dead, max(compactMin, s.size/2)+4000, "dead bytes are compacted away")
 	}
 }
 

@@ -107,3 +107,18 @@ func TestTableKeepsRowsSmall(t *testing.T) {
 	require.True(t, te.Enabled)
 	runtime.KeepAlive(s)
 }
+
+// BenchmarkGCBeside100k is a whole collection with 100,000 rows applied:
+// what each cycle of the relay's collector marks beside the rows, the
+// pause its deliveries of the time wait out on two cores.
+func BenchmarkGCBeside100k(b *testing.B) {
+	s := memSyncer(b, 100000)
+	s.Held()
+	for b.Loop() {
+		runtime.GC()
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.HeapObjects), "heap-objects")
+	runtime.KeepAlive(s)
+}

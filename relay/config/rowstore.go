@@ -4,10 +4,11 @@ import "hash/maphash"
 
 // rowStore keeps the table's rows as text without a pointer per row: the
 // names and rows in chunks of bytes, their slots in one slice, and an
-// index from the name's hash to its first slot. None holds pointers, so
-// the collector marks them as a few dozen objects, not scans 300,000: with 100,000 rows kept as a map of entries, each cycle marked
-// 26 MB of them for 30–60 ms on two cores, and the deliveries committed
-// meanwhile waited for it (the latency p99 beside the rows).
+// index from the name's hash to its first slot. Only the chunks' list
+// holds pointers, one a chunk: kept as a map of entries (an entry, a name
+// and a text a row), 100,000 rows were objects every cycle of the
+// collector marked, and the deliveries committed meanwhile waited for it
+// (the latency p99 beside the rows; docs/benchmarks.md).
 type rowStore struct {
 	seed  maphash.Seed
 	mask  uint64           // of the hash: all ones but in tests of collisions
@@ -15,8 +16,8 @@ type rowStore struct {
 	slots []rowSlot
 	free  []int32 // slots of removed rows, to be reused
 	// chunks hold each used slot's name, then its row; filled in turn,
-	// never grown in place (a growing arena was copied again and again
-	// while 100,000 rows were read, the peak RSS of a start up by 10 MB).
+	// never grown in place (one arena grown by append was copied again
+	// and again while a start read the rows, and its peak RSS showed it).
 	chunks [][]byte
 	size   int // bytes written in chunks
 	dead   int // of size, those no used slot refers to

@@ -94,9 +94,9 @@ func TestTableKeepsRowsSmall(t *testing.T) {
 	objects := int64(after.HeapObjects) - int64(before.HeapObjects)
 	t.Logf("%.0f bytes a row, %d objects for %d rows", perRow, objects, n)
 	require.Less(t, perRow, 400.0, "bytes of heap per row applied (parsed and kept whole, a row took 850)")
-	// Each object is work for every cycle of the collector: kept an entry,
-	// a name and a text each, the rows made it mark for 30–60 ms at
-	// 100,000, and the deliveries of the time waited.
+	// Each object is work for every cycle of the collector: kept as an
+	// entry, a name and a text each, the rows made each cycle long, and
+	// the deliveries of the time waited for it.
 	require.Less(t, objects, int64(n/100), "heap objects for the rows applied (an entry, a name and a text a row: 3 a row)")
 
 	te, ok := s.Table().Get("p-42")

@@ -232,7 +232,7 @@ func (c *Config) NameOf(lane string) string {
 	if _, ok := c.Endpoints[lane]; ok {
 		return lane
 	}
-	if c.EndpointTable.entry(lane) != nil {
+	if c.EndpointTable.Has(lane) {
 		return lane
 	}
 	if i := strings.LastIndex(lane, LaneSep); i >= 0 {

@@ -48,14 +48,28 @@ type TableEndpoint struct {
 // them, safe for concurrent use. A change replaces one entry: the others
 // keep their resolution (see Config.Endpoint).
 type EndpointTable struct {
-	mu   sync.RWMutex
-	eps  map[string]*tableEntry
-	subs subIndex // the enabled endpoints' subscriptions (Subscribers)
+	mu sync.RWMutex
+	// rows are the rows applied, as text when the table can parse them
+	// again (ParseRowsWith): about 150 bytes each, parsed when asked for,
+	// in a store the collector does not scan (see rowStore). Rows given
+	// parsed are in parsed (tests, and tools that read a table whole).
+	rows   *rowStore
+	parsed map[string]*TableEndpoint
+	subs   subIndex // the enabled endpoints' subscriptions (Subscribers)
 	// parse parses a row kept as text (ParseRowsWith).
 	parse func(row []byte) TableEndpoint
 	// invalid, when set, names the invalid endpoints as whoever keeps
 	// the table computes them (KeepInvalid).
 	invalid atomic.Pointer[func() []string]
+
+	// resolved holds the resolutions of the endpoints looked up (those
+	// whose events are attempted), not of every row; a change of a row
+	// drops its own.
+	resolvedMu sync.Mutex
+	resolved   map[string]*tableResolved
+	// changes counts the changes applied (under mu): a resolution is kept
+	// only when none came between its read and its end.
+	changes uint64
 }
 
 // KeepInvalid has Invalid answer with f: the keeper of the table knows
@@ -76,28 +90,18 @@ func (t *EndpointTable) Invalid() ([]string, bool) {
 	return (*f)(), true
 }
 
-// tableEntry is one row applied. A row given as its columns' text
-// (ApplyRow, ReplaceWith) is kept so, about 150 bytes, and parsed again
-// when asked for (its resolution is kept once its events are attempted):
-// 100,000 rows kept parsed took 85 MB, a heap the collector marks again
-// and again. A row given parsed (Apply) is kept parsed.
-type tableEntry struct {
-	revision int64
-	te       *TableEndpoint
-	row      []byte
-	cache    atomic.Pointer[tableResolved]
-}
-
-// tableResolved is an entry resolved under one configuration: reloading
-// the file resolves each entry again when it is next looked up.
+// tableResolved is a row of a revision resolved under one configuration:
+// reloading the file resolves each row again when it is next looked up.
 type tableResolved struct {
-	cfg *Config
-	ep  Endpoint
+	cfg      *Config
+	revision int64
+	ep       Endpoint
 }
 
 // NewEndpointTable returns an empty table.
 func NewEndpointTable() *EndpointTable {
-	return &EndpointTable{eps: map[string]*tableEntry{}, subs: newSubIndex()}
+	return &EndpointTable{rows: newRowStore(0), parsed: map[string]*TableEndpoint{}, subs: newSubIndex(),
+		resolved: map[string]*tableResolved{}}
 }
 
 // ParseRowsWith has the table keep the rows given as text (ApplyRow,
@@ -109,23 +113,31 @@ func (t *EndpointTable) ParseRowsWith(parse func(row []byte) TableEndpoint) {
 	t.parse = parse
 }
 
-// newEntry keeps te, or row when it is given and the table can parse it.
-func (t *EndpointTable) newEntry(te TableEndpoint, row []byte) *tableEntry {
-	e := &tableEntry{revision: te.Revision}
+// put keeps te, as row when it is given and the table can parse it, in
+// rows and parsed.
+func (t *EndpointTable) put(rows *rowStore, parsed map[string]*TableEndpoint, te TableEndpoint, row []byte) {
 	if row != nil && t.parse != nil {
-		e.row = row
-	} else {
-		e.te = &te
+		rows.put(te.Name, row, te.Revision, false)
+		delete(parsed, te.Name)
+		return
 	}
-	return e
+	rows.put(te.Name, nil, te.Revision, true)
+	parsed[te.Name] = &te
 }
 
-// tableEndpoint is the row e keeps, parsed.
-func (t *EndpointTable) tableEndpoint(e *tableEntry) TableEndpoint {
-	if e.te != nil {
-		return *e.te
+// tableEndpoint is the row of slot i, parsed; t.mu is held.
+func (t *EndpointTable) tableEndpoint(rows *rowStore, parsed map[string]*TableEndpoint, i int32) TableEndpoint {
+	if rows.slots[i].parsed {
+		return *parsed[rows.name(i)]
 	}
-	return t.parse(e.row)
+	return t.parse(rows.row(i))
+}
+
+// forget drops name's resolution.
+func (t *EndpointTable) forget(name string) {
+	t.resolvedMu.Lock()
+	delete(t.resolved, name)
+	t.resolvedMu.Unlock()
 }
 
 // Apply puts te in, unless the table holds a later revision of it.
@@ -137,16 +149,18 @@ func (t *EndpointTable) Apply(te TableEndpoint) { t.ApplyRow(te, nil) }
 func (t *EndpointTable) ApplyRow(te TableEndpoint, row []byte) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cur, ok := t.eps[te.Name]
-	if ok && cur.revision > te.Revision {
+	i, _, ok := t.rows.find(te.Name)
+	if ok && t.rows.slots[i].revision > te.Revision {
 		return
 	}
 	if ok {
-		old := t.tableEndpoint(cur)
+		old := t.tableEndpoint(t.rows, t.parsed, i)
 		t.subs.remove(&old)
 	}
-	t.eps[te.Name] = t.newEntry(te, row)
+	t.put(t.rows, t.parsed, te, row)
 	t.subs.add(&te)
+	t.changes++
+	t.forget(te.Name)
 }
 
 // Remove takes name out, unless the table holds a revision of it later
@@ -154,10 +168,13 @@ func (t *EndpointTable) ApplyRow(te TableEndpoint, row []byte) {
 func (t *EndpointTable) Remove(name string, revision int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if cur, ok := t.eps[name]; ok && cur.revision <= revision {
-		old := t.tableEndpoint(cur)
+	if i, _, ok := t.rows.find(name); ok && t.rows.slots[i].revision <= revision {
+		old := t.tableEndpoint(t.rows, t.parsed, i)
 		t.subs.remove(&old)
-		delete(t.eps, name)
+		t.rows.remove(name)
+		delete(t.parsed, name)
+		t.changes++
+		t.forget(name)
 	}
 }
 
@@ -176,52 +193,67 @@ func (t *EndpointTable) Replace(eps []TableEndpoint) {
 // at a time as they are read, never all held in a slice beside the
 // table.
 func (t *EndpointTable) ReplaceWith(fill func(add func(te TableEndpoint, row []byte)) error) error {
-	m := map[string]*tableEntry{}
+	rows, parsed := newRowStore(0), map[string]*TableEndpoint{}
 	subs := newSubIndex()
 	err := fill(func(te TableEndpoint, row []byte) {
-		if cur, ok := m[te.Name]; ok {
-			old := t.tableEndpoint(cur)
+		if i, _, ok := rows.find(te.Name); ok {
+			old := t.tableEndpoint(rows, parsed, i)
 			subs.remove(&old)
 		}
-		m[te.Name] = t.newEntry(te, row)
+		t.put(rows, parsed, te, row)
 		subs.add(&te)
 	})
 	if err != nil {
 		return err
 	}
 	t.mu.Lock()
-	t.eps, t.subs = m, subs
+	t.rows, t.parsed, t.subs = rows, parsed, subs
+	t.changes++
+	t.resolvedMu.Lock()
+	t.resolved = map[string]*tableResolved{}
+	t.resolvedMu.Unlock()
 	t.mu.Unlock()
 	return nil
 }
 
 // Get returns the row applied for name.
 func (t *EndpointTable) Get(name string) (TableEndpoint, bool) {
-	e := t.entry(name)
-	if e == nil {
-		return TableEndpoint{}, false
-	}
-	return t.tableEndpoint(e), true
-}
-
-// Has reports whether the table holds name.
-func (t *EndpointTable) Has(name string) bool { return t.entry(name) != nil }
-
-// Revision is the revision applied for name (0 when there is none).
-func (t *EndpointTable) Revision(name string) int64 {
-	if e := t.entry(name); e != nil {
-		return e.revision
-	}
-	return 0
-}
-
-func (t *EndpointTable) entry(name string) *tableEntry {
 	if t == nil {
-		return nil
+		return TableEndpoint{}, false
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.eps[name]
+	i, _, ok := t.rows.find(name)
+	if !ok {
+		return TableEndpoint{}, false
+	}
+	return t.tableEndpoint(t.rows, t.parsed, i), true
+}
+
+// Has reports whether the table holds name.
+func (t *EndpointTable) Has(name string) bool {
+	_, ok := t.revision(name)
+	return ok
+}
+
+// Revision is the revision applied for name (0 when there is none).
+func (t *EndpointTable) Revision(name string) int64 {
+	rev, _ := t.revision(name)
+	return rev
+}
+
+// revision is name's revision applied, and whether the table has it.
+func (t *EndpointTable) revision(name string) (int64, bool) {
+	if t == nil {
+		return 0, false
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	i, _, ok := t.rows.find(name)
+	if !ok {
+		return 0, false
+	}
+	return t.rows.slots[i].revision, true
 }
 
 // Len is how many endpoints the table holds.
@@ -231,7 +263,7 @@ func (t *EndpointTable) Len() int {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return len(t.eps)
+	return t.rows.used
 }
 
 // Names are the table's endpoint names, sorted.
@@ -240,10 +272,8 @@ func (t *EndpointTable) Names() []string {
 		return nil
 	}
 	t.mu.RLock()
-	names := make([]string, 0, len(t.eps))
-	for n := range t.eps {
-		names = append(names, n)
-	}
+	names := make([]string, 0, t.rows.used)
+	t.rows.each(func(i int32) { names = append(names, t.rows.name(i)) })
 	t.mu.RUnlock()
 	sort.Strings(names)
 	return names
@@ -257,23 +287,43 @@ func (t *EndpointTable) Each(f func(TableEndpoint)) {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	for _, e := range t.eps {
-		f(t.tableEndpoint(e))
-	}
+	t.rows.each(func(i int32) { f(t.tableEndpoint(t.rows, t.parsed, i)) })
 }
 
 // tableEndpoint is name's settings from the table, resolved under c
-// (cached per configuration), and whether the table has it.
+// (kept per configuration and revision), and whether the table has it.
 func (c *Config) tableEndpoint(name string) (Endpoint, bool) {
-	e := c.EndpointTable.entry(name)
-	if e == nil {
+	t := c.EndpointTable
+	if t == nil {
 		return Endpoint{}, false
 	}
-	if r := e.cache.Load(); r != nil && r.cfg == c {
+	t.mu.RLock()
+	i, _, ok := t.rows.find(name)
+	if !ok {
+		t.mu.RUnlock()
+		return Endpoint{}, false
+	}
+	rev, changes := t.rows.slots[i].revision, t.changes
+	t.resolvedMu.Lock()
+	r := t.resolved[name]
+	t.resolvedMu.Unlock()
+	if r != nil && r.cfg == c && r.revision == rev {
+		t.mu.RUnlock()
 		return r.ep, true
 	}
-	ep := c.resolveTable(c.EndpointTable.tableEndpoint(e))
-	e.cache.Store(&tableResolved{cfg: c, ep: ep})
+	te := t.tableEndpoint(t.rows, t.parsed, i)
+	t.mu.RUnlock()
+	ep := c.resolveTable(te)
+	t.mu.RLock()
+	// Kept only while the row resolved is still the one applied: a change
+	// applied meanwhile dropped name's resolution, and must not find it
+	// again.
+	if t.changes == changes {
+		t.resolvedMu.Lock()
+		t.resolved[name] = &tableResolved{cfg: c, revision: rev, ep: ep}
+		t.resolvedMu.Unlock()
+	}
+	t.mu.RUnlock()
 	return ep, true
 }
 

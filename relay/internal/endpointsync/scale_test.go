@@ -79,7 +79,8 @@ func BenchmarkApplyOneChangeAmong100k(b *testing.B) {
 }
 
 // TestTableKeepsRowsSmall: the rows applied are kept as their text, a
-// few hundred bytes each, and read back as parsed.
+// few hundred bytes each, in a few objects for all of them, and read back
+// as parsed.
 func TestTableKeepsRowsSmall(t *testing.T) {
 	// Not parallel: it measures the heap.
 	const n = 20000
@@ -90,8 +91,13 @@ func TestTableKeepsRowsSmall(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	perRow := float64(after.HeapAlloc-before.HeapAlloc) / n
-	t.Logf("%.0f bytes a row", perRow)
+	objects := int64(after.HeapObjects) - int64(before.HeapObjects)
+	t.Logf("%.0f bytes a row, %d objects for %d rows", perRow, objects, n)
 	require.Less(t, perRow, 400.0, "bytes of heap per row applied (parsed and kept whole, a row took 850)")
+	// Each object is work for every cycle of the collector: kept as an
+	// entry, a name and a text each, the rows made each cycle long, and
+	// the deliveries of the time waited for it.
+	require.Less(t, objects, int64(n/100), "heap objects for the rows applied (an entry, a name and a text a row: 3 a row)")
 
 	te, ok := s.Table().Get("p-42")
 	require.True(t, ok)
@@ -99,5 +105,20 @@ func TestTableKeepsRowsSmall(t *testing.T) {
 	require.Equal(t, map[string]string{"X-Partner": "42"}, te.Settings.Headers)
 	require.Equal(t, int64(43), te.Revision)
 	require.True(t, te.Enabled)
+	runtime.KeepAlive(s)
+}
+
+// BenchmarkGCBeside100k is a whole collection with 100,000 rows applied:
+// what each cycle of the relay's collector marks beside the rows, the
+// pause its deliveries of the time wait out on two cores.
+func BenchmarkGCBeside100k(b *testing.B) {
+	s := memSyncer(b, 100000)
+	s.Held()
+	for b.Loop() {
+		runtime.GC()
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.HeapObjects), "heap-objects")
 	runtime.KeepAlive(s)
 }

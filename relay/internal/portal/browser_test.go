@@ -338,6 +338,14 @@ func TestPortalInBrowser(t *testing.T) {
 		require.Contains(t, a.text(t, ".banner.ok"), "Sent again")
 		require.Contains(t, a.text(t, "main"), "replayed by partner")
 		waitUntil(t, 30*time.Second, "the resend delivered", func() bool { return alpha.received(ids["clk_A_dead"]) == 2 })
+		// Arrived is not yet recorded: the recorder writes its batch a
+		// moment later.
+		waitUntil(t, 30*time.Second, "the resend recorded", func() bool {
+			var n int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM postbox.deliveries d JOIN postbox.events e ON e.id = d.event_pk
+				WHERE e.event_id = $1 AND d.status = 'delivered'`, ids["clk_A_dead"]).Scan(&n)
+			return n == 1
+		})
 		a.visit(t, "/portal/events/"+ids["clk_A_dead"], http.StatusOK)
 		require.Equal(t, 1, a.count(t, `section.delivery[data-by="partner"][data-status="delivered"]`))
 		require.Contains(t, a.text(t, `section.delivery[data-by="partner"]`), "Attempt 1 → HTTP 200", "a first attempt kept on its delivery's row")
